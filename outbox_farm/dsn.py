@@ -1,0 +1,43 @@
+"""Where the database is, and how to name it in logs without its password."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .errors import ConfigurationError
+
+
+def redact(dsn: str) -> str:
+    """The DSN with any password replaced by `***`, for logs and error messages."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def check_dsn(dsn: str) -> str:
+    """Refuse a DSN that libpq cannot even parse, with the reason."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"invalid DSN {redact(dsn)!r}: {exc}") from None
+    return dsn
+
+
+async def probe(dsn: str, timeout: float = 10.0) -> None:
+    """Connect once, so a wrong DSN fails at start with a clear message, not in a retry loop."""
+    check_dsn(dsn)
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(int(timeout), 1))
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"cannot connect to {redact(dsn)}: {str(exc).strip()}. Check --dsn / "
+            "OUTBOX_FARM_DSN, and that the server is running and reachable."
+        ) from None
+    await conn.close()

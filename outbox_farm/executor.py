@@ -1,0 +1,212 @@
+"""Executors: `concurrency` tasks per queue that run the handler and decide each row's fate.
+
+The decision (ack, retry after a delay, terminal with a reason) is made here and handed to the
+completer; nothing in this module writes to the database. A handler's exception is kept for
+the retry strategy and, cut to 8 KiB, for the DLQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from .completer import Completer
+from .errors import DeadLetter, Retry
+from .fetcher import Fetcher
+from .handler import AckPolicy, HandlerSpec
+from .message import Decision, Message
+from .metrics import metrics
+from .outcome import Kind, Outcome, Reason, describe_exception
+
+log = logging.getLogger("outbox_farm.executor")
+
+
+class HandlerTimeout(TimeoutError):
+    """The handler ran past its per-message timeout and was abandoned."""
+
+
+class NoDecision(RuntimeError):
+    """A manual-ack handler returned without calling ack(), nack() or reject()."""
+
+
+class Executors:
+    """The handler tasks of one queue."""
+
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        inbox: asyncio.Queue[Message | None],
+        fetcher: Fetcher,
+        completer: Completer,
+        threads: ThreadPoolExecutor | None,
+    ) -> None:
+        self.spec = spec
+        self.inbox = inbox
+        self.fetcher = fetcher
+        self.completer = completer
+        self.threads = threads
+        self.is_async = spec.is_async
+        self._tasks: list[asyncio.Task[None]] = []
+        m = metrics()
+        self._handler_seconds = m.handler_seconds.labels(spec.queue)
+        self._lag = m.delivery_lag.labels(spec.queue)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"outbox-farm-exec-{self.spec.queue}-{i}")
+            for i in range(self.spec.concurrency)
+        ]
+
+    async def stop(self, deadline: float) -> None:
+        """Release unstarted rows, let running handlers finish until `deadline` (monotonic).
+
+        Call after the fetcher stopped, so nothing new reaches the inbox.
+        """
+        released = 0
+        while not self.inbox.empty():
+            msg = self.inbox.get_nowait()
+            if msg is not None:
+                self.completer.put_nowait(self._outcome(msg, Kind.RELEASE))
+                released += 1
+        if released:
+            self.fetcher.done(released)
+        for _ in self._tasks:
+            self.inbox.put_nowait(None)
+        if not self._tasks:
+            return
+        _, running = await asyncio.wait(self._tasks, timeout=max(deadline - time.monotonic(), 0))
+        if running:
+            log.warning(
+                "%d handlers of queue %s still running at the stop deadline; cancelling them "
+                "(their rows are retried)", len(running), self.spec.queue,
+            )
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _work(self) -> None:
+        while True:
+            msg = await self.inbox.get()
+            if msg is None:
+                return
+            outcome = await self._deliver(msg)
+            await self.completer.put(outcome)
+            self.fetcher.done()
+
+    def _outcome(self, msg: Message, kind: Kind, **fields: object) -> Outcome:
+        return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count, **fields)  # type: ignore[arg-type]
+
+    async def _deliver(self, msg: Message) -> Outcome:
+        spec = self.spec
+        if spec.max_deliveries is not None and msg.deliveries_count > spec.max_deliveries:
+            log.error(
+                "row %s of queue %s was claimed %d times (max_deliveries=%d); giving up "
+                "without running the handler", msg.id, msg.queue, msg.deliveries_count,
+                spec.max_deliveries,
+                extra={"event": "terminal", "reason": "max_deliveries", "row_id": msg.id,
+                       "queue": msg.queue},
+            )
+            return self._outcome(msg, Kind.TERMINAL, reason=Reason.MAX_DELIVERIES)
+        since_claim = time.monotonic() - msg.received_monotonic
+        started_at = msg.claimed_at + timedelta(seconds=since_claim)  # database clock
+        self._lag.observe(max((started_at - msg.next_attempt_at).total_seconds(), 0.0))
+        began = time.perf_counter()
+        exc: Exception | None = None
+        try:
+            async with asyncio.timeout(spec.effective_timeout):
+                if self.is_async:
+                    await spec.func(msg)  # type: ignore[misc]
+                else:
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(self.threads, spec.func, msg)
+        except asyncio.CancelledError:
+            # Only a stop past its deadline cancels a handler: the row is tried again at once.
+            self.completer.put_nowait(
+                self._outcome(msg, Kind.RETRY, delay=0.0, ran=True, started_at=started_at)
+            )
+            self.fetcher.done()
+            raise
+        except TimeoutError as timeout:
+            exc = HandlerTimeout(
+                f"handler of queue {msg.queue!r} exceeded its timeout of "
+                f"{spec.effective_timeout:g}s"
+            )
+            exc.__cause__ = timeout
+        except Exception as error:
+            exc = error
+        duration = time.perf_counter() - began
+        self._handler_seconds.observe(duration)
+        return self._decide(msg, exc, started_at, duration)
+
+    def _decide(
+        self, msg: Message, exc: Exception | None, started_at: object, duration: float
+    ) -> Outcome:
+        spec = self.spec
+        decision = msg.decision
+        if decision is Decision.ACK:
+            return self._outcome(msg, Kind.ACK)
+        if decision is Decision.REJECT:
+            return self._terminal(msg, Reason.REJECTED, exc)
+        if decision is Decision.NACK:
+            delay = msg.nack_delay
+        elif exc is None:
+            if spec.ack is not AckPolicy.MANUAL:
+                return self._outcome(msg, Kind.ACK)
+            exc = NoDecision(f"manual-ack handler of queue {msg.queue!r} returned without "
+                             "ack(), nack() or reject(); retrying")
+            log.warning("%s (row %s)", exc, msg.id)
+            delay = None
+        elif isinstance(exc, DeadLetter):
+            return self._terminal(msg, Reason.REJECTED, exc)
+        elif isinstance(exc, Retry):
+            delay = exc.delay
+        elif spec.ack is AckPolicy.REJECT_ON_ERROR:
+            return self._terminal(msg, Reason.REJECTED, exc)
+        else:
+            delay = None
+        if delay is None:
+            delay = self._strategy_delay(msg, exc or NoDecision(), started_at, duration)
+            if delay is None:
+                return self._terminal(msg, Reason.RETRY_TERMINAL, exc)
+        if exc is not None:
+            log.warning(
+                "handler of queue %s failed on row %s (attempt %d): %s; retrying in %.3gs",
+                msg.queue, msg.id, msg.attempts_count + 1, describe_exception(exc), delay,
+                extra={"event": "retry", "row_id": msg.id, "queue": msg.queue},
+            )
+        return self._outcome(msg, Kind.RETRY, delay=delay, ran=True, started_at=started_at)
+
+    def _strategy_delay(
+        self, msg: Message, exc: BaseException, started_at: object, duration: float
+    ) -> float | None:
+        attempt = msg.attempts_count + 1
+        first = msg.first_attempt_at or started_at
+        elapsed = (started_at - first).total_seconds() + duration  # type: ignore[operator]
+        try:
+            delay = self.spec.retry.next_delay(attempt, exc, elapsed)
+            if delay is None:
+                return None
+            delay = float(delay)
+            if not math.isfinite(delay) or delay < 0:
+                raise ValueError(f"next_delay returned {delay!r}; expected seconds >= 0")
+            return delay
+        except Exception as strategy_error:
+            log.error(
+                "retry strategy %r failed for row %s of queue %s (%r); treating the failure "
+                "as terminal", self.spec.retry, msg.id, msg.queue, strategy_error,
+                extra={"event": "strategy_failed", "row_id": msg.id, "queue": msg.queue},
+            )
+            return None
+
+    def _terminal(self, msg: Message, reason: Reason, exc: BaseException | None) -> Outcome:
+        text = describe_exception(exc)
+        log.error(
+            "row %s of queue %s failed for good (%s): %s", msg.id, msg.queue, reason, text,
+            extra={"event": "terminal", "reason": str(reason), "row_id": msg.id,
+                   "queue": msg.queue},
+        )
+        return self._outcome(msg, Kind.TERMINAL, reason=reason, last_exception=text)

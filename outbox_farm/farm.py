@@ -1,0 +1,81 @@
+"""The Farm: one outbox table, its handlers, and the producer calls for it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigurationError
+from .handler import DEFAULT_RETRY, AckPolicy, HandlerFunc, HandlerSpec
+from .names import TableNames
+from .producer import Producer
+from .queries import Queries
+from .retry import RetryStrategy
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+class Farm(Producer):
+    """Configuration shared by producers and workers.
+
+    Producers only need the table names (`publish`, `apublish`, ...); workers also need the
+    handlers registered with `@farm.handler(queue)`. The DSN is not part of the farm: it comes
+    from the CLI or the environment, or is passed to `running()`.
+    """
+
+    def __init__(
+        self, table: str = "outbox", dlq_table: str | None = None, *, notify: bool = True
+    ) -> None:
+        self.names = TableNames.build(table, dlq_table)
+        super().__init__(Queries(self.names), notify=notify)
+        self.handlers: dict[str, HandlerSpec] = {}
+
+    def handler(
+        self,
+        queue: str,
+        *,
+        concurrency: int = 32,
+        max_deliveries: int | None = 25,
+        retry: RetryStrategy = DEFAULT_RETRY,
+        ack: AckPolicy | str = AckPolicy.ACK_ON_SUCCESS,
+        lease_ttl: float = 60.0,
+        timeout: float | None = None,
+        prefetch: int | None = None,
+    ) -> Callable[[HandlerFunc], HandlerFunc]:
+        """Register the decorated function (async or plain) as the handler of `queue`."""
+        if queue in self.handlers:
+            raise ConfigurationError(f"queue {queue!r} already has a handler")
+        if not isinstance(queue, str) or not queue or len(queue) > 255:
+            raise ConfigurationError(f"queue must be a non-empty string of <= 255 chars: {queue!r}")
+        try:
+            policy = AckPolicy(ack)
+        except ValueError:
+            choices = ", ".join(p.value for p in AckPolicy)
+            raise ConfigurationError(f"ack must be one of {choices}; got {ack!r}") from None
+
+        def register(func: HandlerFunc) -> HandlerFunc:
+            self.handlers[queue] = HandlerSpec(
+                queue, func, concurrency, max_deliveries, retry, policy, lease_ttl, timeout,
+                prefetch,
+            )
+            return func
+
+        return register
+
+    @asynccontextmanager
+    async def running(self, dsn: str, **options: Any) -> AsyncIterator[Runtime]:
+        """Run every handler of this farm in the current event loop until the block exits.
+
+        For embedding in an asyncio application (a web app's lifespan). Leaving the block is a
+        graceful stop; see `Runtime` for the options.
+        """
+        from .runtime import Runtime
+
+        runtime = Runtime(self, dsn, **options)
+        await runtime.start()
+        try:
+            yield runtime
+        finally:
+            await runtime.stop()

@@ -1,0 +1,177 @@
+"""The fetcher: one per queue, claims rows into the executors' inbox.
+
+It never holds more rows than the queue's capacity (executors plus prefetch), claims again at
+once when a claim came back full, and otherwise sleeps until the first of: a NOTIFY for its
+queue, the next due time it knows of (delayed rows, retries, expiring leases, so those fire on
+time), or a jittered poll interval that keeps processes from running in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from .backoff import Backoff
+from .handler import HandlerSpec
+from .message import Message
+from .metrics import metrics
+from .queries import Queries
+
+log = logging.getLogger("outbox_farm.fetcher")
+DUE_SLACK = 0.001  # wake a hair late rather than early: an early claim finds nothing
+
+
+class Fetcher:
+    """Claims for one queue.
+
+    State: `inflight` is raised by this task when it claims and lowered by executors (`done`)
+    when an outcome is handed to the completer; all on one event loop.
+    """
+
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        pool: AsyncConnectionPool[Any],
+        queries: Queries,
+        inbox: asyncio.Queue[Message | None],
+        *,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.queries = queries
+        self.inbox = inbox
+        self.poll_interval = poll_interval
+        self.capacity = spec.capacity
+        # Claim only when a worthwhile batch fits, unless nothing is in flight at all.
+        self.min_claim = max(1, self.capacity // 2)
+        self.inflight = 0
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Event()
+        self._due_at: float | None = None  # monotonic time of the earliest known due row
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._m = metrics()
+        self._claimed = self._m.claimed.labels(spec.queue)
+        self._inflight_gauge = self._m.inflight.labels(spec.queue)
+        self._fetch_seconds = self._m.fetch_seconds.labels(spec.queue)
+
+    # -- called by other components ------------------------------------------------------
+
+    def wake(self) -> None:
+        """Something may be claimable now (NOTIFY, listener reconnect)."""
+        self._wake.set()
+
+    def note_due(self, delay: float) -> None:
+        """A row of this queue becomes due in `delay` seconds (a retry just written)."""
+        due = time.monotonic() + delay
+        if self._due_at is None or due < self._due_at:
+            self._due_at = due
+            self._wake.set()  # re-arm the sleep with the earlier deadline
+
+    def done(self, n: int = 1) -> None:
+        """`n` claimed rows were handed to the completer."""
+        self.inflight -= n
+        self._inflight_gauge.dec(n)
+        self._slots.set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"outbox-farm-fetch-{self.spec.queue}")
+
+    async def stop(self) -> None:
+        """Stop claiming. A claim already sent is allowed to finish so its rows are known."""
+        self._stopping = True
+        self._wake.set()
+        self._slots.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        while not self._stopping:
+            free = self.capacity - self.inflight
+            if free < self.min_claim and self.inflight > 0:
+                self._slots.clear()
+                await self._slots.wait()
+                continue
+            self._wake.clear()
+            try:
+                got = await self._claim(free)
+                if got == free:
+                    backoff.reset()
+                    continue  # more may be waiting: claim again at once
+                wait = await self._next_wait()
+                backoff.reset()
+            except (psycopg.Error, OSError) as exc:
+                wait = backoff.next()
+                log.warning(
+                    "claim for queue %s failed (%s); retrying in %.2fs",
+                    self.spec.queue, str(exc).strip(), wait,
+                    extra={"event": "db_reconnect", "component": "fetcher",
+                           "queue": self.spec.queue},
+                )
+            if self._stopping:
+                return
+            try:
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _claim(self, limit: int) -> int:
+        started = time.perf_counter()
+        token = uuid.uuid4()
+        params = {
+            "queue": self.spec.queue,
+            "limit": limit,
+            "lease_ttl": self.spec.lease_ttl,
+            "token": token,
+        }
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self.queries["claim"], params, binary=True)
+            rows = await cursor.fetchall()
+        received = time.monotonic()
+        self._fetch_seconds.observe(time.perf_counter() - started)
+        if not rows:
+            return 0
+        self.inflight += len(rows)
+        self._claimed.inc(len(rows))
+        self._inflight_gauge.inc(len(rows))
+        queue = self.spec.queue
+        for (row_id, payload, headers, deliveries, attempts, created, due, first, timer_id,
+             claimed_at) in rows:
+            msg = Message(
+                row_id, queue, payload, headers or {}, deliveries, attempts, created, due,
+                first, timer_id, token, claimed_at, received_monotonic=received,
+            )
+            self.inbox.put_nowait(msg)
+        return len(rows)
+
+    async def _next_wait(self) -> float:
+        """Seconds to sleep: the poll interval, or less when something is due sooner."""
+        wait = self.poll_interval * random.uniform(0.9, 1.1)
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(
+                self.queries["next_due"],
+                {"queue": self.spec.queue, "lease_ttl": self.spec.lease_ttl},
+            )
+            row = await cursor.fetchone()
+        if row is not None and row[0] is not None:
+            wait = min(wait, max(float(row[0]), 0.0) + DUE_SLACK)
+        if self._due_at is not None:
+            local = self._due_at - time.monotonic()
+            if local <= 0:
+                self._due_at = None
+            wait = min(wait, max(local, 0.0) + DUE_SLACK)
+        return wait

@@ -1,0 +1,79 @@
+"""A registered handler and its per-queue delivery policy, validated at registration."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+from .message import Message
+from .retry import ExponentialBackoff, RetryStrategy, check_seconds
+
+HandlerFunc = Callable[[Message], Awaitable[Any]] | Callable[[Message], Any]
+
+DEFAULT_RETRY = ExponentialBackoff(first=1.0, factor=2.0, cap=300.0, jitter=0.2, max_attempts=10)
+
+
+class AckPolicy(enum.Enum):
+    """What a handler's return and exceptions mean for its row."""
+
+    ACK_ON_SUCCESS = "ack_on_success"  # return: delete; raise: retry per strategy
+    REJECT_ON_ERROR = "reject_on_error"  # return: delete; raise: terminal `rejected`
+    MANUAL = "manual"  # the handler calls msg.ack()/nack()/reject(); no decision: nack
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """One queue's handler and policy.
+
+    `timeout` defaults to 90% of `lease_ttl`, so a hung handler is abandoned (and its row
+    retried) before another process could take the row over. `max_deliveries` counts claims,
+    including claims whose process died; a row claimed more often goes to the DLQ unrun.
+    """
+
+    queue: str
+    func: HandlerFunc
+    concurrency: int = 32
+    max_deliveries: int | None = 25
+    retry: RetryStrategy = DEFAULT_RETRY
+    ack: AckPolicy = AckPolicy.ACK_ON_SUCCESS
+    lease_ttl: float = 60.0
+    timeout: float | None = None
+    prefetch: int | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.func):
+            raise ConfigurationError(f"handler for queue {self.queue!r} is not callable")
+        for what in ("concurrency", "prefetch", "max_deliveries"):
+            value = getattr(self, what)
+            if value is None and what != "concurrency":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{what} must be a whole number >= 1, got {value!r}")
+        if not isinstance(self.retry, RetryStrategy):
+            raise ConfigurationError(
+                f"retry must have a next_delay(attempt, exc, elapsed) method, got {self.retry!r}"
+            )
+        if not isinstance(self.ack, AckPolicy):
+            raise ConfigurationError(f"ack must be an AckPolicy, got {self.ack!r}")
+        check_seconds(self.lease_ttl, "lease_ttl", positive=True)
+        check_seconds(self.timeout, "timeout", allow_none=True, positive=True)
+
+    @property
+    def is_async(self) -> bool:
+        func = self.func
+        return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+            getattr(func, "__call__", None)  # noqa: B004 - async callable objects
+        )
+
+    @property
+    def effective_timeout(self) -> float:
+        return self.timeout if self.timeout is not None else self.lease_ttl * 0.9
+
+    @property
+    def capacity(self) -> int:
+        """Rows this queue may hold claimed at once: executors plus a prefetch buffer."""
+        return self.concurrency + (self.prefetch if self.prefetch is not None else self.concurrency)

@@ -1,0 +1,85 @@
+"""Prometheus metrics, created on first use.
+
+prometheus_client picks its storage (in-memory, or the multiprocess mmap files) when it is
+first imported, from PROMETHEUS_MULTIPROC_DIR. Nothing here imports it at module level, so
+the arbiter can set and wipe that directory before any child touches the library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+PREFIX = "outbox_farm_"
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.004, 0.006, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 300.0,
+)
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    claimed: Any
+    acked: Any
+    retried: Any
+    released: Any
+    terminal: Any
+    dlq_written: Any
+    lease_lost: Any
+    handler_seconds: Any
+    delivery_lag: Any
+    inflight: Any
+    fetch_seconds: Any
+    flush_seconds: Any
+    flush_batch_size: Any
+    backlog: Any
+    oldest_pending_age: Any
+    dlq_rows: Any
+
+
+@cache
+def metrics() -> Metrics:
+    """The process's metric objects (one set per process, in the default registry)."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    def counter(name: str, doc: str, *labels: str) -> Any:
+        return Counter(PREFIX + name, doc, labels)
+
+    def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
+        return Histogram(PREFIX + name, doc, labels, buckets=buckets)
+
+    def gauge(name: str, doc: str, mode: str, *labels: str) -> Any:
+        return Gauge(PREFIX + name, doc, labels, multiprocess_mode=mode)
+
+    return Metrics(
+        claimed=counter("claimed", "Rows claimed (deliveries).", "queue"),
+        acked=counter("acked", "Rows deleted after a successful handler run.", "queue"),
+        retried=counter("retried", "Rows scheduled for another attempt.", "queue"),
+        released=counter("released", "Claimed rows handed back unstarted at stop.", "queue"),
+        terminal=counter("terminal", "Rows that failed for good, by reason.", "queue", "reason"),
+        dlq_written=counter("dlq_written", "Rows archived in the DLQ, by reason.", "queue", "reason"),
+        lease_lost=counter(
+            "lease_lost", "Writes that matched no row: the lease was taken over.", "queue", "phase"
+        ),
+        handler_seconds=histogram(
+            "handler_seconds", "Handler run time.", ("queue",), LATENCY_BUCKETS
+        ),
+        delivery_lag=histogram(
+            "delivery_lag_seconds", "From a row's due time to its handler's start.",
+            ("queue",), LATENCY_BUCKETS,
+        ),
+        inflight=gauge("inflight", "Rows claimed and not yet completed.", "livesum", "queue"),
+        fetch_seconds=histogram("fetch_seconds", "Claim statement time.", ("queue",),
+                                LATENCY_BUCKETS),
+        flush_seconds=histogram("flush_seconds", "Completer flush time.", (), LATENCY_BUCKETS),
+        flush_batch_size=histogram("flush_batch_size", "Outcomes per completer flush.", (),
+                                   BATCH_BUCKETS),
+        backlog=gauge("backlog", "Rows in the outbox table.", "mostrecent", "queue"),
+        oldest_pending_age=gauge(
+            "oldest_pending_age_seconds", "Age of the oldest due row nobody holds.",
+            "mostrecent", "queue",
+        ),
+        dlq_rows=gauge("dlq_rows", "Rows in the DLQ table.", "mostrecent", "queue"),
+    )

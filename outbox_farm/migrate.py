@@ -1,0 +1,153 @@
+"""Versioned, forward-only schema migrations, applied under an advisory lock.
+
+Migrations are the `.sql` files of the top-level `migrations/` folder (carried inside the wheel
+as `outbox_farm/_migrations`). Each starts with `-- target: outbox` or `-- target: dlq` and uses
+the same `{placeholders}` as the runtime SQL, so one file serves any table name. What was
+applied is recorded per target table in `outbox_farm_migrations`; re-running is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from .errors import MigrationError
+from .names import TableNames
+
+_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_TARGET = re.compile(r"^-- target: (outbox|dlq)\s*$", re.MULTILINE)
+# One fixed key: every outbox_farm migrate run on a database takes turns, whatever the tables.
+_LOCK_KEY = 0x6F7574626F78  # "outbox"
+
+_BOOKKEEPING = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS outbox_farm_migrations (
+        target     text NOT NULL,
+        version    integer NOT NULL,
+        name       text NOT NULL,
+        checksum   text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (target, version)
+    )"""
+)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    target: str  # "outbox" or "dlq"
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+    def compose(self, names: TableNames) -> sql.Composed:
+        return sql.SQL(self.text).format(**names.identifiers())  # type: ignore[arg-type]
+
+
+def migrations_dir() -> Traversable:
+    """The migrations shipped in the wheel, or the source checkout's `migrations/`."""
+    packaged = resources.files("outbox_farm") / "_migrations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "migrations"
+
+
+def load_migrations(folder: Traversable | None = None) -> list[Migration]:
+    folder = folder or migrations_dir()
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _FILE.match(entry.name)
+        if not match:
+            continue
+        text = entry.read_text(encoding="utf-8")
+        target = _TARGET.search(text)
+        if not target:
+            raise MigrationError(f"migration {entry.name} has no '-- target: outbox|dlq' line")
+        found.append(Migration(int(match[1]), match[2], target[1], text))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"two migrations share a version number: {versions}")
+    if not found:
+        raise MigrationError(f"no migrations found in {folder}")
+    return found
+
+
+def selected(names: TableNames, migrations: list[Migration] | None = None) -> list[Migration]:
+    """The migrations that apply to these tables (DLQ ones only when a DLQ is configured)."""
+    return [
+        m for m in (migrations or load_migrations()) if m.target == "outbox" or names.dlq
+    ]
+
+
+def ddl(names: TableNames, conn: psycopg.Connection[object] | None = None) -> str:
+    """The whole schema as SQL text, for users whose migrations live in Alembic or Django."""
+    parts = []
+    for m in selected(names):
+        text = m.compose(names).as_string(conn)
+        parts.append(f"-- outbox_farm migration {m.version:04d}_{m.name}\n{text.strip()}\n")
+    return "\n".join(parts)
+
+
+@dataclass
+class MigrateResult:
+    applied: list[str]
+    already: list[str]
+
+
+def migrate(
+    conn: psycopg.Connection[object],
+    names: TableNames,
+    *,
+    progress: Callable[[str], None] = lambda _: None,
+) -> MigrateResult:
+    """Apply every pending migration, each in its own transaction, under an advisory lock.
+
+    The connection must not be inside a transaction. Two concurrent runs are safe: the second
+    waits for the lock and then finds nothing left to do.
+    """
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise MigrationError("migrate() needs a connection that is not inside a transaction")
+    previous_autocommit = conn.autocommit
+    conn.autocommit = True
+    result = MigrateResult([], [])
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", [_LOCK_KEY])
+        try:
+            conn.execute(_BOOKKEEPING)
+            for m in selected(names):
+                target = str(names.outbox if m.target == "outbox" else names.dlq)
+                label = f"{m.version:04d}_{m.name} on {target}"
+                done = conn.execute(
+                    "SELECT checksum FROM outbox_farm_migrations WHERE target = %s AND version = %s",
+                    [target, m.version],
+                ).fetchone()
+                if done is not None:
+                    result.already.append(label)
+                    continue
+                progress(f"applying {label}")
+                with conn.transaction():
+                    conn.execute(m.compose(names))
+                    conn.execute(
+                        "INSERT INTO outbox_farm_migrations (target, version, name, checksum)"
+                        " VALUES (%s, %s, %s, %s)",
+                        [target, m.version, m.name, m.checksum],
+                    )
+                result.applied.append(label)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+    except psycopg.Error as exc:
+        raise MigrationError(f"migration failed: {exc}".strip()) from exc
+    finally:
+        conn.autocommit = previous_autocommit
+    return result

@@ -1,0 +1,100 @@
+"""Table names and every identifier derived from them, validated once.
+
+Table names are user input. They are only ever used through `psycopg.sql.Identifier`, and the
+names Postgres would silently truncate (indexes, the NOTIFY channel) are refused instead: a
+truncated index name breaks the schema check and a truncated channel breaks wake-ups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from .errors import IdentifierError
+
+MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1 in a stock Postgres build
+
+
+def _check_identifier(name: str, what: str) -> str:
+    if not name:
+        raise IdentifierError(f"{what} is empty")
+    if "\x00" in name:
+        raise IdentifierError(f"{what} {name!r} contains a NUL byte")
+    size = len(name.encode("utf-8"))
+    if size > MAX_IDENTIFIER_BYTES:
+        raise IdentifierError(
+            f"{what} {name!r} is {size} bytes; Postgres keeps at most {MAX_IDENTIFIER_BYTES}. "
+            "Choose a shorter table name."
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QualifiedName:
+    """A table name, optionally schema-qualified as `schema.table`."""
+
+    schema: str | None
+    name: str
+
+    @classmethod
+    def parse(cls, text: str, what: str) -> QualifiedName:
+        if not isinstance(text, str):
+            raise IdentifierError(f"{what} must be a string, not {type(text).__name__}")
+        schema, dot, name = text.rpartition(".")
+        if dot and not schema:
+            raise IdentifierError(f"{what} {text!r} has an empty schema part")
+        _check_identifier(name, what)
+        if dot:
+            _check_identifier(schema, f"schema of {what}")
+        return cls(schema or None, name)
+
+    def identifier(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name) if self.schema else sql.Identifier(self.name)
+
+    def sibling(self, suffix: str, what: str) -> sql.Identifier:
+        """An index or constraint name next to this table (same schema for indexes)."""
+        return sql.Identifier(_check_identifier(self.name + suffix, what))
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+
+@dataclass(frozen=True)
+class TableNames:
+    """The outbox table, the optional DLQ table, and their derived identifiers."""
+
+    outbox: QualifiedName
+    dlq: QualifiedName | None
+
+    @classmethod
+    def build(cls, table: str = "outbox", dlq_table: str | None = None) -> TableNames:
+        names = cls(
+            QualifiedName.parse(table, "table name"),
+            QualifiedName.parse(dlq_table, "DLQ table name") if dlq_table is not None else None,
+        )
+        if names.dlq is not None and names.dlq == names.outbox:
+            raise IdentifierError("the DLQ table must differ from the outbox table")
+        names.identifiers()  # refuse over-long derived names now, not at first use
+        _check_identifier(names.channel, "NOTIFY channel name")
+        return names
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel: `outbox_<table>` (the table name without its schema)."""
+        return f"outbox_{self.outbox.name}"
+
+    def identifiers(self) -> dict[str, sql.Composable]:
+        """Placeholders for the SQL files and migrations."""
+        out = self.outbox
+        ids: dict[str, sql.Composable] = {
+            "outbox": out.identifier(),
+            "pending_idx": out.sibling("_pending_idx", "pending index name"),
+            "lease_idx": out.sibling("_lease_idx", "lease index name"),
+            "timer_idx": out.sibling("_timer_id_uq", "timer index name"),
+            "lease_ck": out.sibling("_lease_ck", "lease check name"),
+        }
+        if self.dlq is not None:
+            ids["dlq"] = self.dlq.identifier()
+            ids["dlq_idx"] = self.dlq.sibling("_queue_failed_idx", "DLQ index name")
+        return ids

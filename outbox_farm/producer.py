@@ -1,0 +1,298 @@
+"""Publishing: outbox rows written inside the caller's own transaction.
+
+The producer never commits, never opens a transaction and never takes a connection of its
+own: the row (and its NOTIFY, which Postgres delivers only at commit) shares the fate of the
+caller's domain writes. Arguments are validated completely before any SQL is sent, so a bad
+call leaves the caller's transaction untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import orjson
+import psycopg
+
+from .errors import ConfigurationError, DatabaseError, SchemaError
+from .queries import Queries
+
+TimerConflict = Literal["ignore", "extend"]
+CONTENT_TYPE = "content-type"
+MAX_NAME = 255  # queue and timer_id are varchar(255)
+
+
+def encode_body(body: object) -> tuple[bytes, str]:
+    """Bytes as they are, text as UTF-8, anything else as JSON (orjson), with its content type."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body), "application/octet-stream"
+    if isinstance(body, str):
+        return body.encode("utf-8"), "text/plain; charset=utf-8"
+    try:
+        return orjson.dumps(body), "application/json"
+    except TypeError as exc:
+        raise ConfigurationError(f"body cannot be encoded as JSON: {exc}") from None
+
+
+def _check_name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_NAME:
+        raise ConfigurationError(f"{what} is {len(value)} characters; at most {MAX_NAME}")
+    return value
+
+
+def _delay_seconds(activate_in: float | timedelta | None) -> float:
+    if activate_in is None:
+        return 0.0
+    seconds = (
+        activate_in.total_seconds() if isinstance(activate_in, timedelta) else activate_in
+    )
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ConfigurationError(f"activate_in must be seconds or a timedelta, got {seconds!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigurationError(f"activate_in must be finite and >= 0, got {seconds!r}")
+    return float(seconds)
+
+
+def _encode_headers(
+    headers: Mapping[str, Any] | None, correlation_id: str | None, content_type: str
+) -> str:
+    if headers is not None and not isinstance(headers, Mapping):
+        raise ConfigurationError(f"headers must be a mapping, got {type(headers).__name__}")
+    merged: dict[str, Any] = {CONTENT_TYPE: content_type, **(headers or {})}
+    if correlation_id is not None:
+        merged["correlation_id"] = _check_name(correlation_id, "correlation_id")
+    merged.setdefault("correlation_id", uuid.uuid4().hex)
+    try:
+        return orjson.dumps(merged).decode()
+    except TypeError as exc:
+        raise ConfigurationError(f"headers cannot be encoded as JSON: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Timing:
+    at: datetime | None
+    delay: float
+
+    @classmethod
+    def build(
+        cls, activate_in: float | timedelta | None, activate_at: datetime | None
+    ) -> Timing:
+        if activate_in is not None and activate_at is not None:
+            raise ConfigurationError("pass activate_in or activate_at, not both")
+        if activate_at is not None:
+            if not isinstance(activate_at, datetime):
+                raise ConfigurationError(f"activate_at must be a datetime, got {activate_at!r}")
+            if activate_at.tzinfo is None or activate_at.utcoffset() is None:
+                raise ConfigurationError(
+                    "activate_at must be timezone-aware (e.g. datetime.now(timezone.utc)); "
+                    "a naive time would be read in the database session's time zone"
+                )
+        return cls(activate_at, _delay_seconds(activate_in))
+
+
+class Producer:
+    """Builds and runs the publish statements for one outbox table."""
+
+    def __init__(self, queries: Queries, *, notify: bool = True) -> None:
+        self.queries = queries
+        self.notify = notify
+
+    def _one(
+        self,
+        body: object,
+        queue: str,
+        headers: Mapping[str, Any] | None,
+        correlation_id: str | None,
+        activate_in: float | timedelta | None,
+        activate_at: datetime | None,
+        timer_id: str | None,
+        on_timer_conflict: TimerConflict,
+        notify: bool | None,
+    ) -> tuple[psycopg.sql.Composed, dict[str, Any]]:
+        _check_name(queue, "queue")
+        if timer_id is not None:
+            _check_name(timer_id, "timer_id")
+        if on_timer_conflict not in ("ignore", "extend"):
+            raise ConfigurationError(
+                f"on_timer_conflict must be 'ignore' or 'extend', got {on_timer_conflict!r}"
+            )
+        timing = Timing.build(activate_in, activate_at)
+        payload, content_type = encode_body(body)
+        params = {
+            "queue": queue,
+            "payload": payload,
+            "headers": _encode_headers(headers, correlation_id, content_type),
+            "at": timing.at,
+            "delay": timing.delay,
+            "timer_id": timer_id,
+            "notify": self.notify if notify is None else notify,
+            "channel": self.queries.names.channel,
+        }
+        name = "publish_extend" if timer_id and on_timer_conflict == "extend" else "publish"
+        return self.queries[name], params
+
+    def _batch(
+        self,
+        bodies: Sequence[object],
+        queue: str,
+        headers: Mapping[str, Any] | None,
+        activate_in: float | timedelta | None,
+        activate_at: datetime | None,
+        notify: bool | None,
+    ) -> tuple[psycopg.sql.Composed, dict[str, Any]]:
+        _check_name(queue, "queue")
+        if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
+            raise ConfigurationError("publish_batch takes a sequence (list or tuple) of bodies")
+        timing = Timing.build(activate_in, activate_at)
+        payloads, header_texts = [], []
+        for body in bodies:
+            payload, content_type = encode_body(body)
+            payloads.append(payload)
+            header_texts.append(_encode_headers(headers, None, content_type))
+        params = {
+            "queue": queue,
+            "payloads": payloads,
+            "headers": header_texts,
+            "at": timing.at,
+            "delay": timing.delay,
+            "notify": self.notify if notify is None else notify,
+            "channel": self.queries.names.channel,
+        }
+        return self.queries["publish_batch"], params
+
+    def _cancel(self, queue: str, timer_id: str) -> tuple[psycopg.sql.Composed, dict[str, Any]]:
+        params = {"queue": _check_name(queue, "queue"), "timer_id": _check_name(timer_id, "timer_id")}
+        return self.queries["cancel_timer"], params
+
+    def translate(self, exc: psycopg.Error) -> DatabaseError:
+        """The producer's one error boundary."""
+        if isinstance(exc, psycopg.errors.UndefinedTable):
+            return SchemaError(
+                f"outbox table {self.queries.names.outbox} does not exist: run "
+                f"`outbox-farm migrate` (or apply `outbox-farm sql`) first ({exc})"
+            )
+        return DatabaseError(f"publish failed: {exc}")
+
+    # The public calls come in sync/async pairs over the same builders above; each pair only
+    # differs in how the statement is awaited.
+
+    def publish(
+        self,
+        conn: psycopg.Connection[Any],
+        body: object,
+        *,
+        queue: str,
+        headers: Mapping[str, Any] | None = None,
+        correlation_id: str | None = None,
+        activate_in: float | timedelta | None = None,
+        activate_at: datetime | None = None,
+        timer_id: str | None = None,
+        on_timer_conflict: TimerConflict = "ignore",
+        notify: bool | None = None,
+    ) -> int | None:
+        """Insert one row in the caller's transaction; return its id.
+
+        None means a timer with this `timer_id` already exists and was kept (`ignore`), or is
+        running and could not be moved (`extend`). The caller commits or rolls back.
+        """
+        query, params = self._one(
+            body, queue, headers, correlation_id, activate_in, activate_at,
+            timer_id, on_timer_conflict, notify,
+        )
+        try:
+            row = conn.execute(query, params).fetchone()
+        except psycopg.Error as exc:
+            raise self.translate(exc) from exc
+        return int(row[0]) if row else None
+
+    async def apublish(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        body: object,
+        *,
+        queue: str,
+        headers: Mapping[str, Any] | None = None,
+        correlation_id: str | None = None,
+        activate_in: float | timedelta | None = None,
+        activate_at: datetime | None = None,
+        timer_id: str | None = None,
+        on_timer_conflict: TimerConflict = "ignore",
+        notify: bool | None = None,
+    ) -> int | None:
+        """`publish` for an `AsyncConnection`."""
+        query, params = self._one(
+            body, queue, headers, correlation_id, activate_in, activate_at,
+            timer_id, on_timer_conflict, notify,
+        )
+        try:
+            row = await (await conn.execute(query, params)).fetchone()
+        except psycopg.Error as exc:
+            raise self.translate(exc) from exc
+        return int(row[0]) if row else None
+
+    def publish_batch(
+        self,
+        conn: psycopg.Connection[Any],
+        bodies: Sequence[object],
+        *,
+        queue: str,
+        headers: Mapping[str, Any] | None = None,
+        activate_in: float | timedelta | None = None,
+        activate_at: datetime | None = None,
+        notify: bool | None = None,
+    ) -> list[int]:
+        """Insert many rows of one queue in one round trip; ids in the order of `bodies`.
+
+        Each row gets its own correlation id. At most one NOTIFY is sent for the batch.
+        """
+        if not bodies:
+            return []
+        query, params = self._batch(bodies, queue, headers, activate_in, activate_at, notify)
+        try:
+            return [int(r[0]) for r in conn.execute(query, params).fetchall()]
+        except psycopg.Error as exc:
+            raise self.translate(exc) from exc
+
+    async def apublish_batch(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        bodies: Sequence[object],
+        *,
+        queue: str,
+        headers: Mapping[str, Any] | None = None,
+        activate_in: float | timedelta | None = None,
+        activate_at: datetime | None = None,
+        notify: bool | None = None,
+    ) -> list[int]:
+        """`publish_batch` for an `AsyncConnection`."""
+        if not bodies:
+            return []
+        query, params = self._batch(bodies, queue, headers, activate_in, activate_at, notify)
+        try:
+            return [int(r[0]) for r in await (await conn.execute(query, params)).fetchall()]
+        except psycopg.Error as exc:
+            raise self.translate(exc) from exc
+
+    def cancel_timer(self, conn: psycopg.Connection[Any], *, queue: str, timer_id: str) -> bool:
+        """Delete a pending timer; False if there is none or its handler is already running."""
+        query, params = self._cancel(queue, timer_id)
+        try:
+            return conn.execute(query, params).fetchone() is not None
+        except psycopg.Error as exc:
+            raise self.translate(exc) from exc
+
+    async def acancel_timer(
+        self, conn: psycopg.AsyncConnection[Any], *, queue: str, timer_id: str
+    ) -> bool:
+        """`cancel_timer` for an `AsyncConnection`."""
+        query, params = self._cancel(queue, timer_id)
+        try:
+            return await (await conn.execute(query, params)).fetchone() is not None
+        except psycopg.Error as exc:
+            raise self.translate(exc) from exc

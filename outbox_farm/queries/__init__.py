@@ -1,0 +1,55 @@
+"""All SQL of outbox_farm, as named blocks in the `.sql` files beside this module.
+
+A block starts with `-- name: <name>` followed by comment lines that say why the statement
+is shaped so. Table names are `{placeholders}` filled with `psycopg.sql.Identifier` once per
+`Queries` object; parameters are `%(name)s`. No SQL text is built any other way.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from psycopg import sql
+
+from ..names import TableNames
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def load_blocks() -> dict[str, str]:
+    """Every named block of every `.sql` file in this package, by name."""
+    blocks: dict[str, str] = {}
+    for entry in sorted(resources.files(__package__).iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _BLOCK.split(entry.read_text(encoding="utf-8"))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in blocks:
+                raise RuntimeError(f"SQL block {name!r} is defined twice")
+            blocks[name] = body.strip()
+    return blocks
+
+
+class Queries:
+    """The statements for one outbox (and optional DLQ) table, composed once."""
+
+    def __init__(self, names: TableNames) -> None:
+        self.names = names
+        identifiers = names.identifiers()
+        self._composed: dict[str, sql.Composed] = {}
+        for name, text in load_blocks().items():
+            try:
+                self._composed[name] = sql.SQL(text).format(**identifiers)  # type: ignore[arg-type]
+            except KeyError:
+                continue  # needs {dlq} and no DLQ table is configured
+
+    def __getitem__(self, name: str) -> sql.Composed:
+        try:
+            return self._composed[name]
+        except KeyError:
+            if name in load_blocks():
+                raise KeyError(f"SQL block {name!r} needs a DLQ table") from None
+            raise

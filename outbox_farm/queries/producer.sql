@@ -1,0 +1,60 @@
+-- name: publish
+-- One row, and its wake-up, in one statement and one round trip. The NOTIFY is sent only when
+-- a row was really inserted (a timer-id conflict returns no row) and is already due; Postgres
+-- folds identical notifications of one transaction into one.
+WITH ins AS (
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id)
+    VALUES (%(queue)s, %(payload)s, %(headers)s,
+            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(timer_id)s)
+    ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
+    RETURNING o.id, o.next_attempt_at
+)
+SELECT ins.id,
+       CASE WHEN %(notify)s AND ins.next_attempt_at <= now()
+            THEN pg_notify(%(channel)s, %(queue)s)::text END
+FROM ins
+
+-- name: publish_extend
+-- A timer publish with the `extend` policy: a pending timer with the same id is moved to the
+-- new due time and takes the new body. A timer whose handler is running (leased) is left
+-- alone, and the publish returns no id, so a running handler's ack cannot delete a newer timer.
+WITH ins AS (
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id)
+    VALUES (%(queue)s, %(payload)s, %(headers)s,
+            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(timer_id)s)
+    ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO UPDATE
+        SET payload = excluded.payload,
+            headers = excluded.headers,
+            next_attempt_at = excluded.next_attempt_at
+        WHERE o.acquired_token IS NULL
+    RETURNING o.id, o.next_attempt_at
+)
+SELECT ins.id,
+       CASE WHEN %(notify)s AND ins.next_attempt_at <= now()
+            THEN pg_notify(%(channel)s, %(queue)s)::text END
+FROM ins
+
+-- name: publish_batch
+-- Many bodies of one queue in one statement over arrays; WITH ORDINALITY keeps the returned
+-- ids in the order of the bodies. One NOTIFY for the whole batch when any row is due.
+WITH ins AS (
+    INSERT INTO {outbox} (queue, payload, headers, next_attempt_at)
+    SELECT %(queue)s, b.payload, b.headers,
+           coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8))
+    FROM unnest(%(payloads)s::bytea[], %(headers)s::jsonb[]) WITH ORDINALITY
+         AS b(payload, headers, n)
+    ORDER BY b.n
+    RETURNING id, next_attempt_at
+), wake AS (
+    SELECT pg_notify(%(channel)s, %(queue)s)
+    WHERE %(notify)s AND EXISTS (SELECT 1 FROM ins WHERE next_attempt_at <= now())
+)
+SELECT ins.id, (SELECT count(*) FROM wake) FROM ins ORDER BY ins.id
+
+-- name: cancel_timer
+-- Only a timer that is not running can be cancelled; a leased one finishes its delivery.
+DELETE FROM {outbox}
+WHERE queue = %(queue)s AND timer_id = %(timer_id)s AND acquired_token IS NULL
+RETURNING id

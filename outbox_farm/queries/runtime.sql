@@ -1,0 +1,108 @@
+-- name: claim
+-- Two index-served branches, each locking with SKIP LOCKED so concurrent fetchers never wait
+-- on each other: due rows nobody holds (pending index, in due order) and rows whose lease
+-- expired (lease index; there is no separate reaper). Every time is the database's clock.
+-- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery.
+WITH pending AS (
+    SELECT id FROM {outbox}
+    WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id FROM {outbox}
+    WHERE queue = %(queue)s AND acquired_token IS NOT NULL
+      AND acquired_at < now() - make_interval(secs => %(lease_ttl)s::float8)
+    ORDER BY acquired_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM (SELECT id FROM expired UNION ALL SELECT id FROM pending) AS c
+    LIMIT %(limit)s
+)
+UPDATE {outbox} AS o
+SET acquired_token = %(token)s, acquired_at = now(), deliveries_count = o.deliveries_count + 1
+FROM picked
+WHERE o.id = picked.id
+RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count, o.created_at,
+          o.next_attempt_at, o.first_attempt_at, o.timer_id, o.acquired_at
+
+-- name: next_due
+-- Seconds (database clock) until this queue next has something to claim: the earliest pending
+-- row or the earliest lease to expire. NULL when the queue is empty. Both minima are index
+-- lookups on the partial indexes.
+SELECT extract(epoch FROM least(
+    (SELECT min(next_attempt_at) FROM {outbox}
+      WHERE queue = %(queue)s AND acquired_token IS NULL),
+    (SELECT min(acquired_at) FROM {outbox}
+      WHERE queue = %(queue)s AND acquired_token IS NOT NULL)
+      + make_interval(secs => %(lease_ttl)s::float8)
+) - now())::float8
+
+-- name: ack
+-- Success: delete the rows this runner still holds. Rows not returned were lost to a newer
+-- lease (or are gone) and are reported as lease_lost.
+DELETE FROM {outbox} AS o
+USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+WHERE o.id = t.id AND o.acquired_token = t.token
+RETURNING o.id
+
+-- name: retry
+-- Handler ran and failed, try again later: count the attempt, set the next due time from the
+-- database clock, and give up the lease so any process may take the row when it is due.
+UPDATE {outbox} AS o
+SET next_attempt_at = now() + make_interval(secs => t.delay),
+    attempts_count = o.attempts_count + t.ran,
+    first_attempt_at = CASE WHEN t.ran > 0 THEN coalesce(o.first_attempt_at, t.started_at)
+                            ELSE o.first_attempt_at END,
+    last_attempt_at = CASE WHEN t.ran > 0 THEN t.started_at ELSE o.last_attempt_at END,
+    acquired_token = NULL,
+    acquired_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[], %(ran)s::int[],
+            %(started)s::timestamptz[]) AS t(id, token, delay, ran, started_at)
+WHERE o.id = t.id AND o.acquired_token = t.token
+RETURNING o.id
+
+-- name: release
+-- Claimed but never handed to a handler (graceful stop): clear the lease so another process
+-- takes the row at once, and take back the delivery this claim counted.
+UPDATE {outbox} AS o
+SET acquired_token = NULL, acquired_at = NULL,
+    deliveries_count = greatest(o.deliveries_count - 1, 0)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+WHERE o.id = t.id AND o.acquired_token = t.token
+RETURNING o.id
+
+-- name: dlq_move
+-- Terminal failure with a DLQ: the DELETE feeds the INSERT in one statement, so the row is
+-- either archived and gone, or (the INSERT failed) still here under its lease. A lost lease
+-- deletes nothing and therefore archives nothing.
+WITH t AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(reasons)s::text[],
+                         %(exceptions)s::text[]) AS t(id, token, reason, exc)
+), gone AS (
+    DELETE FROM {outbox} AS o
+    USING t
+    WHERE o.id = t.id AND o.acquired_token = t.token
+    RETURNING o.id, o.queue, o.payload, o.headers, o.deliveries_count, o.created_at,
+              o.timer_id, t.reason, t.exc
+)
+INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
+                   failure_reason, last_exception, timer_id)
+SELECT id, queue, payload, headers, deliveries_count, created_at, reason, exc, timer_id
+FROM gone
+RETURNING original_id
+
+-- name: gauges
+-- Database-derived gauges, one row per queue: backlog (rows not yet acked), age of the oldest
+-- due row nobody holds, both on the database clock.
+SELECT queue,
+       count(*)::bigint,
+       coalesce(extract(epoch FROM now() - min(next_attempt_at)
+                FILTER (WHERE acquired_token IS NULL AND next_attempt_at <= now())), 0)::float8
+FROM {outbox}
+GROUP BY queue
+
+-- name: dlq_gauges
+-- DLQ rows per queue.
+SELECT queue, count(*)::bigint FROM {dlq} GROUP BY queue

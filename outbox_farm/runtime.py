@@ -1,0 +1,180 @@
+"""One process's runtime: listener, fetchers, executors and completer over one pool.
+
+Database connections do not grow with concurrency: one pool of at most (queues + 2)
+connections serves the claims and the completer, plus one LISTEN connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+from psycopg.types.json import set_json_loads
+from psycopg_pool import AsyncConnectionPool
+
+from .completer import Completer
+from .dsn import probe, redact
+from .errors import ConfigurationError
+from .executor import Executors
+from .fetcher import Fetcher
+from .listener import Listener
+from .message import Message
+
+if TYPE_CHECKING:
+    from .farm import Farm
+
+log = logging.getLogger("outbox_farm.runtime")
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    set_json_loads(orjson.loads, conn)
+
+
+class Runtime:
+    """Runs a farm's handlers on the current event loop.
+
+    Options: `queues` (a subset of the farm's queues), `poll_interval` (seconds between polls
+    when idle; NOTIFY and known due times wake sooner), `flush_interval` / `flush_size` (the
+    completer's batch limits), `graceful_timeout` (how long `stop()` lets handlers finish),
+    `listen` (False: poll only).
+    """
+
+    def __init__(
+        self,
+        farm: Farm,
+        dsn: str,
+        *,
+        queues: list[str] | None = None,
+        poll_interval: float = 0.5,
+        flush_interval: float = 0.01,
+        flush_size: int = 1000,
+        graceful_timeout: float = 30.0,
+        listen: bool = True,
+    ) -> None:
+        if not farm.handlers:
+            raise ConfigurationError("the farm has no handlers: register one with @farm.handler")
+        unknown = sorted(set(queues or ()) - set(farm.handlers))
+        if unknown:
+            raise ConfigurationError(f"no handler registered for queues {unknown}")
+        self.farm = farm
+        self.dsn = dsn
+        self.specs = [farm.handlers[q] for q in (queues or farm.handlers)]
+        self.poll_interval = poll_interval
+        self.flush_interval = flush_interval
+        self.flush_size = flush_size
+        self.graceful_timeout = graceful_timeout
+        self.listen = listen
+        self.fetchers: dict[str, Fetcher] = {}
+        self.executors: dict[str, Executors] = {}
+        self.completer: Completer | None = None
+        self.listener: Listener | None = None
+        self.pool: AsyncConnectionPool[Any] | None = None
+        self._stack = AsyncExitStack()
+        self._stopped = asyncio.Event()
+        self._deadline = 0.0
+
+    async def start(self) -> None:
+        await probe(self.dsn)
+        stack = self._stack
+        # Closed last: everything below writes through it.
+        self.pool = AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=len(self.specs) + 2,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            check=AsyncConnectionPool.check_connection,
+            open=False,
+            name="outbox-farm",
+        )
+        await self.pool.open(wait=True, timeout=30)
+        stack.push_async_callback(self.pool.close)
+
+        self.completer = Completer(
+            self.pool, self.farm.queries, flush_interval=self.flush_interval,
+            flush_size=self.flush_size, on_retry=self._on_retry,
+        )
+        self.completer.start()
+        # Closed after the executors: their last outcomes must reach the final flush.
+        stack.push_async_callback(self._close_completer)
+
+        sync_slots = sum(s.concurrency for s in self.specs if not s.is_async)
+        threads = ThreadPoolExecutor(sync_slots, "outbox-farm-handler") if sync_slots else None
+        if threads is not None:
+            stack.callback(threads.shutdown, wait=False, cancel_futures=True)
+
+        for spec in self.specs:
+            inbox: asyncio.Queue[Message | None] = asyncio.Queue()
+            fetcher = Fetcher(
+                spec, self.pool, self.farm.queries, inbox, poll_interval=self.poll_interval
+            )
+            executors = Executors(spec, inbox, fetcher, self.completer, threads)
+            self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
+            executors.start()
+            stack.push_async_callback(self._stop_executors, executors)
+
+        if self.listen:
+            self.listener = Listener(
+                self.dsn, self.farm.names.channel, self._on_notify, self._wake_all
+            )
+            self.listener.start()
+            stack.push_async_callback(self.listener.close)
+
+        for fetcher in self.fetchers.values():
+            fetcher.start()
+        # Stopped first: no new claims once the stop began.
+        stack.push_async_callback(self._stop_fetchers)
+        log.info(
+            "outbox_farm running queues %s on %s",
+            ", ".join(s.queue for s in self.specs), redact(self.dsn),
+            extra={"event": "started"},
+        )
+
+    async def stop(self, graceful_timeout: float | None = None) -> None:
+        """Graceful stop, in this order: stop claiming; release rows not yet started and let
+        running handlers finish until the deadline; final completer flush; close the listener
+        and the pool. Safe to call twice."""
+        if self._stopped.is_set():
+            return
+        timeout = self.graceful_timeout if graceful_timeout is None else graceful_timeout
+        self._deadline = time.monotonic() + timeout
+        try:
+            await self._stack.aclose()
+        finally:
+            self._stopped.set()
+            log.info("outbox_farm stopped", extra={"event": "stopped"})
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # -- wiring --------------------------------------------------------------------------
+
+    def _on_notify(self, queue: str) -> None:
+        fetcher = self.fetchers.get(queue)
+        if fetcher is not None:
+            fetcher.wake()
+
+    def _wake_all(self) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.wake()
+
+    def _on_retry(self, queue: str, delay: float) -> None:
+        fetcher = self.fetchers.get(queue)
+        if fetcher is not None:
+            fetcher.note_due(delay)
+
+    async def _stop_fetchers(self) -> None:
+        await asyncio.gather(*(f.stop() for f in self.fetchers.values()))
+
+    async def _stop_executors(self, executors: Executors) -> None:
+        await executors.stop(self._deadline)
+
+    async def _close_completer(self) -> None:
+        assert self.completer is not None
+        await self.completer.close(timeout=max(self._deadline - time.monotonic(), 0) + 10.0)
