@@ -19,15 +19,23 @@ EPILOG = "Every option can also be set from the environment variable shown in it
 
 def _table_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option(
-        "--no-dlq", is_flag=True, envvar="OUTBOX_FARM_NO_DLQ",
+        "--no-dlq",
+        is_flag=True,
+        envvar="OUTBOX_FARM_NO_DLQ",
         help="Leave out the dead-letter table. [env OUTBOX_FARM_NO_DLQ]",
     )(func)
     func = click.option(
-        "--dlq-table", default="outbox_dlq", show_default=True, envvar="OUTBOX_FARM_DLQ_TABLE",
+        "--dlq-table",
+        default="outbox_dlq",
+        show_default=True,
+        envvar="OUTBOX_FARM_DLQ_TABLE",
         help="Dead-letter table name, optionally schema.table. [env OUTBOX_FARM_DLQ_TABLE]",
     )(func)
     func = click.option(
-        "--table", default="outbox", show_default=True, envvar="OUTBOX_FARM_TABLE",
+        "--table",
+        default="outbox",
+        show_default=True,
+        envvar="OUTBOX_FARM_TABLE",
         help="Outbox table name, optionally schema.table. [env OUTBOX_FARM_TABLE]",
     )(func)
     return func
@@ -35,7 +43,9 @@ def _table_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _dsn_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--dsn", envvar="OUTBOX_FARM_DSN", default=None,
+        "--dsn",
+        envvar="OUTBOX_FARM_DSN",
+        default=None,
         help="libpq connection string or postgresql:// URL. Without one, an embedded Postgres "
         "is started under ./.outbox-farm/pgdata (OUTBOX_FARM_DATA_DIR). [env OUTBOX_FARM_DSN]",
     )(func)

@@ -198,7 +198,9 @@ class Completer:
                     return
                 delay = backoff.next()
                 log.warning(
-                    "completer lost its database connection (%s); retrying in %.2fs", exc, delay,
+                    "completer lost its database connection (%s); retrying in %.2fs",
+                    exc,
+                    delay,
                     extra={"event": "db_reconnect", "component": "completer"},
                 )
                 await asyncio.sleep(delay)
@@ -230,9 +232,17 @@ class Completer:
         log.error(
             "%s write failed for row %s of queue %s: %s. The row stays in the outbox under its "
             "lease and is delivered again when the lease expires.%s",
-            stmt.phase, outcome.row_id, outcome.queue, str(exc).strip(), hint,
-            extra={"event": "write_failed", "phase": stmt.phase, "row_id": outcome.row_id,
-                   "queue": outcome.queue},
+            stmt.phase,
+            outcome.row_id,
+            outcome.queue,
+            str(exc).strip(),
+            hint,
+            extra={
+                "event": "write_failed",
+                "phase": stmt.phase,
+                "row_id": outcome.row_id,
+                "queue": outcome.queue,
+            },
         )
 
     def _account(self, stmt: _Statement, matched: set[int]) -> None:
@@ -253,9 +263,16 @@ class Completer:
             log.warning(
                 "lease lost: row %s of queue %s was taken over before its %s was written; "
                 "nothing was changed (lease_ttl shorter than the handler?)",
-                outcome.row_id, outcome.queue, stmt.phase,
-                extra={"event": "lease_lost", "phase": stmt.phase, "row_id": outcome.row_id,
-                       "queue": outcome.queue, "deliveries_count": outcome.deliveries_count},
+                outcome.row_id,
+                outcome.queue,
+                stmt.phase,
+                extra={
+                    "event": "lease_lost",
+                    "phase": stmt.phase,
+                    "row_id": outcome.row_id,
+                    "queue": outcome.queue,
+                    "deliveries_count": outcome.deliveries_count,
+                },
             )
         counter = {"ack": m.acked, "retry": m.retried, "release": m.released}.get(stmt.phase)
         if counter is not None:

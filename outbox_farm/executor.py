@@ -12,7 +12,8 @@ import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from .completer import Completer
 from .errors import DeadLetter, Retry
@@ -82,7 +83,9 @@ class Executors:
         if running:
             log.warning(
                 "%d handlers of queue %s still running at the stop deadline; cancelling them "
-                "(their rows are retried)", len(running), self.spec.queue,
+                "(their rows are retried)",
+                len(running),
+                self.spec.queue,
             )
             for task in running:
                 task.cancel()
@@ -97,18 +100,25 @@ class Executors:
             await self.completer.put(outcome)
             self.fetcher.done()
 
-    def _outcome(self, msg: Message, kind: Kind, **fields: object) -> Outcome:
-        return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count, **fields)  # type: ignore[arg-type]
+    def _outcome(self, msg: Message, kind: Kind, **fields: Any) -> Outcome:
+        return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count, **fields)
 
     async def _deliver(self, msg: Message) -> Outcome:
         spec = self.spec
         if spec.max_deliveries is not None and msg.deliveries_count > spec.max_deliveries:
             log.error(
                 "row %s of queue %s was claimed %d times (max_deliveries=%d); giving up "
-                "without running the handler", msg.id, msg.queue, msg.deliveries_count,
+                "without running the handler",
+                msg.id,
+                msg.queue,
+                msg.deliveries_count,
                 spec.max_deliveries,
-                extra={"event": "terminal", "reason": "max_deliveries", "row_id": msg.id,
-                       "queue": msg.queue},
+                extra={
+                    "event": "terminal",
+                    "reason": "max_deliveries",
+                    "row_id": msg.id,
+                    "queue": msg.queue,
+                },
             )
             return self._outcome(msg, Kind.TERMINAL, reason=Reason.MAX_DELIVERIES)
         since_claim = time.monotonic() - msg.received_monotonic
@@ -119,7 +129,7 @@ class Executors:
         try:
             async with asyncio.timeout(spec.effective_timeout):
                 if self.is_async:
-                    await spec.func(msg)  # type: ignore[misc]
+                    await spec.func(msg)
                 else:
                     loop = asyncio.get_running_loop()
                     await loop.run_in_executor(self.threads, spec.func, msg)
@@ -143,7 +153,7 @@ class Executors:
         return self._decide(msg, exc, started_at, duration)
 
     def _decide(
-        self, msg: Message, exc: Exception | None, started_at: object, duration: float
+        self, msg: Message, exc: Exception | None, started_at: datetime, duration: float
     ) -> Outcome:
         spec = self.spec
         decision = msg.decision
@@ -156,8 +166,10 @@ class Executors:
         elif exc is None:
             if spec.ack is not AckPolicy.MANUAL:
                 return self._outcome(msg, Kind.ACK)
-            exc = NoDecision(f"manual-ack handler of queue {msg.queue!r} returned without "
-                             "ack(), nack() or reject(); retrying")
+            exc = NoDecision(
+                f"manual-ack handler of queue {msg.queue!r} returned without "
+                "ack(), nack() or reject(); retrying"
+            )
             log.warning("%s (row %s)", exc, msg.id)
             delay = None
         elif isinstance(exc, DeadLetter):
@@ -175,17 +187,21 @@ class Executors:
         if exc is not None:
             log.warning(
                 "handler of queue %s failed on row %s (attempt %d): %s; retrying in %.3gs",
-                msg.queue, msg.id, msg.attempts_count + 1, describe_exception(exc), delay,
+                msg.queue,
+                msg.id,
+                msg.attempts_count + 1,
+                describe_exception(exc),
+                delay,
                 extra={"event": "retry", "row_id": msg.id, "queue": msg.queue},
             )
         return self._outcome(msg, Kind.RETRY, delay=delay, ran=True, started_at=started_at)
 
     def _strategy_delay(
-        self, msg: Message, exc: BaseException, started_at: object, duration: float
+        self, msg: Message, exc: BaseException, started_at: datetime, duration: float
     ) -> float | None:
         attempt = msg.attempts_count + 1
         first = msg.first_attempt_at or started_at
-        elapsed = (started_at - first).total_seconds() + duration  # type: ignore[operator]
+        elapsed = (started_at - first).total_seconds() + duration
         try:
             delay = self.spec.retry.next_delay(attempt, exc, elapsed)
             if delay is None:
@@ -197,7 +213,11 @@ class Executors:
         except Exception as strategy_error:
             log.error(
                 "retry strategy %r failed for row %s of queue %s (%r); treating the failure "
-                "as terminal", self.spec.retry, msg.id, msg.queue, strategy_error,
+                "as terminal",
+                self.spec.retry,
+                msg.id,
+                msg.queue,
+                strategy_error,
                 extra={"event": "strategy_failed", "row_id": msg.id, "queue": msg.queue},
             )
             return None
@@ -205,8 +225,16 @@ class Executors:
     def _terminal(self, msg: Message, reason: Reason, exc: BaseException | None) -> Outcome:
         text = describe_exception(exc)
         log.error(
-            "row %s of queue %s failed for good (%s): %s", msg.id, msg.queue, reason, text,
-            extra={"event": "terminal", "reason": str(reason), "row_id": msg.id,
-                   "queue": msg.queue},
+            "row %s of queue %s failed for good (%s): %s",
+            msg.id,
+            msg.queue,
+            reason,
+            text,
+            extra={
+                "event": "terminal",
+                "reason": str(reason),
+                "row_id": msg.id,
+                "queue": msg.queue,
+            },
         )
         return self._outcome(msg, Kind.TERMINAL, reason=reason, last_exception=text)

@@ -57,7 +57,14 @@ class Farm(Producer):
 
         def register(func: HandlerFunc) -> HandlerFunc:
             self.handlers[queue] = HandlerSpec(
-                queue, func, concurrency, max_deliveries, retry, policy, lease_ttl, timeout,
+                queue,
+                func,
+                concurrency,
+                max_deliveries,
+                retry,
+                policy,
+                lease_ttl,
+                timeout,
                 prefetch,
             )
             return func

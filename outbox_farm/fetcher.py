@@ -117,9 +117,14 @@ class Fetcher:
                 wait = backoff.next()
                 log.warning(
                     "claim for queue %s failed (%s); retrying in %.2fs",
-                    self.spec.queue, str(exc).strip(), wait,
-                    extra={"event": "db_reconnect", "component": "fetcher",
-                           "queue": self.spec.queue},
+                    self.spec.queue,
+                    str(exc).strip(),
+                    wait,
+                    extra={
+                        "event": "db_reconnect",
+                        "component": "fetcher",
+                        "queue": self.spec.queue,
+                    },
                 )
             if self._stopping:
                 return
@@ -149,11 +154,32 @@ class Fetcher:
         self._claimed.inc(len(rows))
         self._inflight_gauge.inc(len(rows))
         queue = self.spec.queue
-        for (row_id, payload, headers, deliveries, attempts, created, due, first, timer_id,
-             claimed_at) in rows:
+        for (
+            row_id,
+            payload,
+            headers,
+            deliveries,
+            attempts,
+            created,
+            due,
+            first,
+            timer_id,
+            claimed_at,
+        ) in rows:
             msg = Message(
-                row_id, queue, payload, headers or {}, deliveries, attempts, created, due,
-                first, timer_id, token, claimed_at, received_monotonic=received,
+                row_id,
+                queue,
+                payload,
+                headers or {},
+                deliveries,
+                attempts,
+                created,
+                due,
+                first,
+                timer_id,
+                token,
+                claimed_at,
+                received_monotonic=received,
             )
             self.inbox.put_nowait(msg)
         return len(rows)

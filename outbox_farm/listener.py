@@ -50,9 +50,7 @@ class Listener:
         warned = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True
-                ) as conn:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self.connected.set()
                     backoff.reset()
@@ -70,7 +68,9 @@ class Listener:
                 if not warned:
                     log.warning(
                         "LISTEN %s failed (%s); falling back to polling, reconnecting in the "
-                        "background", self.channel, str(exc).strip(),
+                        "background",
+                        self.channel,
+                        str(exc).strip(),
                         extra={"event": "listen_failed", "channel": self.channel},
                     )
                     warned = True

@@ -13,8 +13,24 @@ from typing import Any
 
 PREFIX = "outbox_farm_"
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.004, 0.006, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-    10.0, 30.0, 60.0, 300.0,
+    0.0005,
+    0.001,
+    0.002,
+    0.004,
+    0.006,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
 )
 BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 
@@ -50,7 +66,7 @@ def metrics() -> Metrics:
     def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
         return Histogram(PREFIX + name, doc, labels, buckets=buckets)
 
-    def gauge(name: str, doc: str, mode: str, *labels: str) -> Any:
+    def gauge(name: str, doc: str, mode: Any, *labels: str) -> Any:
         return Gauge(PREFIX + name, doc, labels, multiprocess_mode=mode)
 
     return Metrics(
@@ -59,7 +75,9 @@ def metrics() -> Metrics:
         retried=counter("retried", "Rows scheduled for another attempt.", "queue"),
         released=counter("released", "Claimed rows handed back unstarted at stop.", "queue"),
         terminal=counter("terminal", "Rows that failed for good, by reason.", "queue", "reason"),
-        dlq_written=counter("dlq_written", "Rows archived in the DLQ, by reason.", "queue", "reason"),
+        dlq_written=counter(
+            "dlq_written", "Rows archived in the DLQ, by reason.", "queue", "reason"
+        ),
         lease_lost=counter(
             "lease_lost", "Writes that matched no row: the lease was taken over.", "queue", "phase"
         ),
@@ -67,19 +85,25 @@ def metrics() -> Metrics:
             "handler_seconds", "Handler run time.", ("queue",), LATENCY_BUCKETS
         ),
         delivery_lag=histogram(
-            "delivery_lag_seconds", "From a row's due time to its handler's start.",
-            ("queue",), LATENCY_BUCKETS,
+            "delivery_lag_seconds",
+            "From a row's due time to its handler's start.",
+            ("queue",),
+            LATENCY_BUCKETS,
         ),
         inflight=gauge("inflight", "Rows claimed and not yet completed.", "livesum", "queue"),
-        fetch_seconds=histogram("fetch_seconds", "Claim statement time.", ("queue",),
-                                LATENCY_BUCKETS),
+        fetch_seconds=histogram(
+            "fetch_seconds", "Claim statement time.", ("queue",), LATENCY_BUCKETS
+        ),
         flush_seconds=histogram("flush_seconds", "Completer flush time.", (), LATENCY_BUCKETS),
-        flush_batch_size=histogram("flush_batch_size", "Outcomes per completer flush.", (),
-                                   BATCH_BUCKETS),
+        flush_batch_size=histogram(
+            "flush_batch_size", "Outcomes per completer flush.", (), BATCH_BUCKETS
+        ),
         backlog=gauge("backlog", "Rows in the outbox table.", "mostrecent", "queue"),
         oldest_pending_age=gauge(
-            "oldest_pending_age_seconds", "Age of the oldest due row nobody holds.",
-            "mostrecent", "queue",
+            "oldest_pending_age_seconds",
+            "Age of the oldest due row nobody holds.",
+            "mostrecent",
+            "queue",
         ),
         dlq_rows=gauge("dlq_rows", "Rows in the DLQ table.", "mostrecent", "queue"),
     )

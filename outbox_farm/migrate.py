@@ -21,22 +21,12 @@ from psycopg import sql
 
 from .errors import MigrationError
 from .names import TableNames
+from .queries import load_blocks
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _TARGET = re.compile(r"^-- target: (outbox|dlq)\s*$", re.MULTILINE)
 # One fixed key: every outbox_farm migrate run on a database takes turns, whatever the tables.
 _LOCK_KEY = 0x6F7574626F78  # "outbox"
-
-_BOOKKEEPING = sql.SQL(
-    """CREATE TABLE IF NOT EXISTS outbox_farm_migrations (
-        target     text NOT NULL,
-        version    integer NOT NULL,
-        name       text NOT NULL,
-        checksum   text NOT NULL,
-        applied_at timestamptz NOT NULL DEFAULT now(),
-        PRIMARY KEY (target, version)
-    )"""
-)
 
 
 @dataclass(frozen=True)
@@ -51,7 +41,7 @@ class Migration:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
     def compose(self, names: TableNames) -> sql.Composed:
-        return sql.SQL(self.text).format(**names.identifiers())  # type: ignore[arg-type]
+        return sql.SQL(self.text).format(**names.identifiers())
 
 
 def migrations_dir() -> Traversable:
@@ -85,9 +75,7 @@ def load_migrations(folder: Traversable | None = None) -> list[Migration]:
 
 def selected(names: TableNames, migrations: list[Migration] | None = None) -> list[Migration]:
     """The migrations that apply to these tables (DLQ ones only when a DLQ is configured)."""
-    return [
-        m for m in (migrations or load_migrations()) if m.target == "outbox" or names.dlq
-    ]
+    return [m for m in (migrations or load_migrations()) if m.target == "outbox" or names.dlq]
 
 
 def ddl(names: TableNames, conn: psycopg.Connection[object] | None = None) -> str:
@@ -122,30 +110,26 @@ def migrate(
     conn.autocommit = True
     result = MigrateResult([], [])
     try:
-        conn.execute("SELECT pg_advisory_lock(%s)", [_LOCK_KEY])
+        sql_ = load_blocks()
+        conn.execute(sql_["migrate_lock"], {"key": _LOCK_KEY})
         try:
-            conn.execute(_BOOKKEEPING)
+            conn.execute(sql_["migrations_table"])
             for m in selected(names):
                 target = str(names.outbox if m.target == "outbox" else names.dlq)
                 label = f"{m.version:04d}_{m.name} on {target}"
-                done = conn.execute(
-                    "SELECT checksum FROM outbox_farm_migrations WHERE target = %s AND version = %s",
-                    [target, m.version],
-                ).fetchone()
-                if done is not None:
+                key = {"target": target, "version": m.version}
+                if conn.execute(sql_["migration_applied"], key).fetchone() is not None:
                     result.already.append(label)
                     continue
                 progress(f"applying {label}")
                 with conn.transaction():
                     conn.execute(m.compose(names))
                     conn.execute(
-                        "INSERT INTO outbox_farm_migrations (target, version, name, checksum)"
-                        " VALUES (%s, %s, %s, %s)",
-                        [target, m.version, m.name, m.checksum],
+                        sql_["migration_record"], {**key, "name": m.name, "checksum": m.checksum}
                     )
                 result.applied.append(label)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+            conn.execute(sql_["migrate_unlock"], {"key": _LOCK_KEY})
     except psycopg.Error as exc:
         raise MigrationError(f"migration failed: {exc}".strip()) from exc
     finally:

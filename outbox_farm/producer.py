@@ -49,9 +49,7 @@ def _check_name(value: object, what: str) -> str:
 def _delay_seconds(activate_in: float | timedelta | None) -> float:
     if activate_in is None:
         return 0.0
-    seconds = (
-        activate_in.total_seconds() if isinstance(activate_in, timedelta) else activate_in
-    )
+    seconds = activate_in.total_seconds() if isinstance(activate_in, timedelta) else activate_in
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ConfigurationError(f"activate_in must be seconds or a timedelta, got {seconds!r}")
     if not math.isfinite(seconds) or seconds < 0:
@@ -80,9 +78,7 @@ class Timing:
     delay: float
 
     @classmethod
-    def build(
-        cls, activate_in: float | timedelta | None, activate_at: datetime | None
-    ) -> Timing:
+    def build(cls, activate_in: float | timedelta | None, activate_at: datetime | None) -> Timing:
         if activate_in is not None and activate_at is not None:
             raise ConfigurationError("pass activate_in or activate_at, not both")
         if activate_at is not None:
@@ -167,7 +163,10 @@ class Producer:
         return self.queries["publish_batch"], params
 
     def _cancel(self, queue: str, timer_id: str) -> tuple[psycopg.sql.Composed, dict[str, Any]]:
-        params = {"queue": _check_name(queue, "queue"), "timer_id": _check_name(timer_id, "timer_id")}
+        params = {
+            "queue": _check_name(queue, "queue"),
+            "timer_id": _check_name(timer_id, "timer_id"),
+        }
         return self.queries["cancel_timer"], params
 
     def translate(self, exc: psycopg.Error) -> DatabaseError:
@@ -202,8 +201,15 @@ class Producer:
         running and could not be moved (`extend`). The caller commits or rolls back.
         """
         query, params = self._one(
-            body, queue, headers, correlation_id, activate_in, activate_at,
-            timer_id, on_timer_conflict, notify,
+            body,
+            queue,
+            headers,
+            correlation_id,
+            activate_in,
+            activate_at,
+            timer_id,
+            on_timer_conflict,
+            notify,
         )
         try:
             row = conn.execute(query, params).fetchone()
@@ -227,8 +233,15 @@ class Producer:
     ) -> int | None:
         """`publish` for an `AsyncConnection`."""
         query, params = self._one(
-            body, queue, headers, correlation_id, activate_in, activate_at,
-            timer_id, on_timer_conflict, notify,
+            body,
+            queue,
+            headers,
+            correlation_id,
+            activate_in,
+            activate_at,
+            timer_id,
+            on_timer_conflict,
+            notify,
         )
         try:
             row = await (await conn.execute(query, params)).fetchone()

@@ -23,7 +23,9 @@ class RetryStrategy(Protocol):
         ...
 
 
-def check_seconds(value: object, what: str, *, allow_none: bool = False, positive: bool = False) -> None:
+def check_seconds(
+    value: object, what: str, *, allow_none: bool = False, positive: bool = False
+) -> None:
     """Refuse NaN, infinities, negatives (and zero when `positive`) at configuration time."""
     if value is None and allow_none:
         return
@@ -120,8 +122,9 @@ class ExponentialBackoff(_Bounded):
         super().__post_init__()
         check_seconds(self.first, "first")
         check_seconds(self.cap, "cap")
-        if not (isinstance(self.factor, int | float) and math.isfinite(self.factor)
-                and self.factor >= 1):
+        if not (
+            isinstance(self.factor, int | float) and math.isfinite(self.factor) and self.factor >= 1
+        ):
             raise ConfigurationError(f"factor must be a finite number >= 1, got {self.factor!r}")
 
     def base_delay(self, attempt: int) -> float:

@@ -97,8 +97,11 @@ class Runtime:
         stack.push_async_callback(self.pool.close)
 
         self.completer = Completer(
-            self.pool, self.farm.queries, flush_interval=self.flush_interval,
-            flush_size=self.flush_size, on_retry=self._on_retry,
+            self.pool,
+            self.farm.queries,
+            flush_interval=self.flush_interval,
+            flush_size=self.flush_size,
+            on_retry=self._on_retry,
         )
         self.completer.start()
         # Closed after the executors: their last outcomes must reach the final flush.
@@ -132,7 +135,8 @@ class Runtime:
         stack.push_async_callback(self._stop_fetchers)
         log.info(
             "outbox_farm running queues %s on %s",
-            ", ".join(s.queue for s in self.specs), redact(self.dsn),
+            ", ".join(s.queue for s in self.specs),
+            redact(self.dsn),
             extra={"event": "started"},
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -94,25 +95,10 @@ def _lease_check_ok(definition: str) -> bool:
     }
 
 
-def _check_table(
-    conn: psycopg.Connection[object],
-    table: QualifiedName,
-    columns: dict[str, tuple[str, bool, bool]],
-    indexes: tuple[ExpectedIndex, ...],
-    lease_check: bool,
+def _check_columns(
+    label: str, live: dict[str, tuple[str, bool, bool]], columns: dict[str, tuple[str, bool, bool]]
 ) -> list[Problem]:
-    sql_ = load_blocks()
-    label = str(table)
-    row = conn.execute(sql_["table_oid"], {"table": label}).fetchone()
-    oid = row[0] if row else None  # type: ignore[index]
-    if oid is None:
-        return [Problem(label, "table does not exist; run `outbox-farm migrate`")]
     problems: list[Problem] = []
-
-    live = {
-        name: (typ, notnull, hasdef)
-        for name, typ, notnull, hasdef in conn.execute(sql_["columns"], {"oid": oid})  # type: ignore[misc]
-    }
     for name, (typ, notnull, needs_default) in columns.items():
         if name not in live:
             problems.append(Problem(label, f"column {name} is missing (expected {typ})"))
@@ -121,42 +107,62 @@ def _check_table(
         if live_type != typ:
             problems.append(Problem(label, f"column {name} is {live_type}, expected {typ}"))
         if live_notnull != notnull:
-            want = "NOT NULL" if notnull else "nullable"
-            problems.append(Problem(label, f"column {name} should be {want}"))
+            expected = "NOT NULL" if notnull else "nullable"
+            problems.append(Problem(label, f"column {name} should be {expected}"))
         if needs_default and not live_default:
             problems.append(Problem(label, f"column {name} has lost its default"))
+    return problems
 
-    live_indexes = list(conn.execute(sql_["indexes"], {"oid": oid}))
-    if not any(primary and cols == ["id"] for _, cols, _, primary, _ in live_indexes):  # type: ignore[misc]
+
+def _check_index(label: str, want: ExpectedIndex, live_indexes: list[Any]) -> Problem | None:
+    candidates = [
+        (index_name, unique, _normalise(pred))
+        for index_name, index_cols, unique, _, pred in live_indexes
+        if tuple(index_cols) == want.columns
+    ]
+    wanted_pred = _normalise(want.predicate)
+    if any(u == want.unique and p == wanted_pred for _, u, p in candidates):
+        return None
+    cols = ", ".join(want.columns)
+    if not candidates:
+        return Problem(label, f"{want.role} on ({cols}) is missing; {FIX_HINT}")
+    index_name, _, pred = candidates[0]
+    if pred == wanted_pred:
+        issue = "must be UNIQUE" if want.unique else "must not be UNIQUE"
+    elif pred is None:
+        issue = f"is not partial (expected WHERE {want.predicate})"
+    elif wanted_pred is None:
+        issue = f"is partial (WHERE {pred}) but must cover every row"
+    else:
+        issue = f"has predicate WHERE {pred}, expected WHERE {want.predicate}"
+    return Problem(label, f"{want.role} {index_name} on ({cols}) {issue}; {FIX_HINT}")
+
+
+def _check_table(
+    conn: psycopg.Connection[Any],
+    table: QualifiedName,
+    columns: dict[str, tuple[str, bool, bool]],
+    indexes: tuple[ExpectedIndex, ...],
+    lease_check: bool,
+) -> list[Problem]:
+    sql_ = load_blocks()
+    label = str(table)
+    row = conn.execute(sql_["table_oid"], {"table": label}).fetchone()
+    oid = row[0] if row else None
+    if oid is None:
+        return [Problem(label, "table does not exist; run `outbox-farm migrate`")]
+
+    rows: list[Any] = conn.execute(sql_["columns"], {"oid": oid}).fetchall()
+    problems = _check_columns(label, {r[0]: (r[1], r[2], r[3]) for r in rows}, columns)
+
+    live_indexes: list[Any] = conn.execute(sql_["indexes"], {"oid": oid}).fetchall()
+    if not any(primary and cols == ["id"] for _, cols, _, primary, _ in live_indexes):
         problems.append(Problem(label, "primary key on id is missing"))
-    for want in indexes:
-        candidates = [
-            (name, unique, _normalise(pred))
-            for name, cols, unique, _, pred in live_indexes  # type: ignore[misc]
-            if tuple(cols) == want.columns
-        ]
-        wanted_pred = _normalise(want.predicate)
-        if any(u == want.unique and p == wanted_pred for _, u, p in candidates):
-            continue
-        cols = ", ".join(want.columns)
-        if not candidates:
-            problems.append(Problem(label, f"{want.role} on ({cols}) is missing; {FIX_HINT}"))
-            continue
-        name, unique, pred = candidates[0]
-        if pred != wanted_pred:
-            if pred is None:
-                issue = f"is not partial (expected WHERE {want.predicate})"
-            elif wanted_pred is None:
-                issue = f"is partial (WHERE {pred}) but must cover every row"
-            else:
-                issue = f"has predicate WHERE {pred}, expected WHERE {want.predicate}"
-        else:
-            issue = "must be UNIQUE" if want.unique else "must not be UNIQUE"
-        problems.append(Problem(label, f"{want.role} {name} on ({cols}) {issue}; {FIX_HINT}"))
+    problems += [p for want in indexes if (p := _check_index(label, want, live_indexes))]
 
     if lease_check:
-        checks = list(conn.execute(sql_["checks"], {"oid": oid}))
-        if not any(_lease_check_ok(definition) for _, definition in checks):  # type: ignore[misc]
+        checks: list[Any] = conn.execute(sql_["checks"], {"oid": oid}).fetchall()
+        if not any(_lease_check_ok(definition) for _, definition in checks):
             problems.append(
                 Problem(
                     label,
@@ -168,7 +174,7 @@ def _check_table(
 
 
 def check_schema(
-    conn: psycopg.Connection[object], table: str = "outbox", dlq_table: str | None = None
+    conn: psycopg.Connection[Any], table: str = "outbox", dlq_table: str | None = None
 ) -> list[Problem]:
     """Every difference between the live schema and what the farm needs; empty when fine.
 

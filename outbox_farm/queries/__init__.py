@@ -42,7 +42,7 @@ class Queries:
         self._composed: dict[str, sql.Composed] = {}
         for name, text in load_blocks().items():
             try:
-                self._composed[name] = sql.SQL(text).format(**identifiers)  # type: ignore[arg-type]
+                self._composed[name] = sql.SQL(text).format(**identifiers)
             except KeyError:
                 continue  # needs {dlq} and no DLQ table is configured
 

@@ -1,0 +1,27 @@
+-- name: migrations_table
+-- What `outbox-farm migrate` applied, per target table, so re-runs are no-ops.
+CREATE TABLE IF NOT EXISTS outbox_farm_migrations (
+    target     text NOT NULL,
+    version    integer NOT NULL,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (target, version)
+)
+
+-- name: migration_applied
+-- The checksum of an applied migration, if it was applied.
+SELECT checksum FROM outbox_farm_migrations WHERE target = %(target)s AND version = %(version)s
+
+-- name: migration_record
+-- Written in the same transaction as the migration itself.
+INSERT INTO outbox_farm_migrations (target, version, name, checksum)
+VALUES (%(target)s, %(version)s, %(name)s, %(checksum)s)
+
+-- name: migrate_lock
+-- Session-level, so it spans the per-migration transactions; concurrent runs take turns.
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: migrate_unlock
+-- Released explicitly; a crashed run releases it by ending its session.
+SELECT pg_advisory_unlock(%(key)s)
