@@ -1,0 +1,38 @@
+# outbox_farm developer tasks. `make` (or `make help`) lists them.
+.DEFAULT_GOAL := help
+PY ?= .venv/bin/python
+LOCAL_DSN ?= host=127.0.0.1 port=5432 user=postgres dbname=test
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.venv:
+	python3 -m venv .venv
+
+.PHONY: install
+install: .venv ## Install the package with test and load-test extras into .venv
+	$(PY) -m pip install -e '.[test,load]'
+
+.PHONY: test
+test: ## Run the whole suite (embedded Postgres unless OUTBOX_FARM_TEST_DSN is set)
+	$(PY) -m pytest
+
+.PHONY: test-local
+test-local: ## Run the suite against the local server ($(LOCAL_DSN))
+	OUTBOX_FARM_TEST_DSN="$(LOCAL_DSN)" $(PY) -m pytest
+
+.PHONY: lint
+lint: ## ruff (lint + format check) and mypy --strict on the package
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check outbox_farm
+	$(PY) -m mypy
+
+.PHONY: bench
+bench: ## Producer and single-process runtime benchmarks against the local server
+	$(PY) loadtests/bench_producer.py --dsn "$(LOCAL_DSN)"
+	$(PY) loadtests/bench_runtime.py --dsn "$(LOCAL_DSN)"
+
+.PHONY: ci
+ci: ## What CI runs, from a clean venv
+	CI=true bash .ci/run
