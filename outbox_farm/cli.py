@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -153,3 +154,194 @@ def sql_(table: str, dlq_table: str, no_dlq: bool) -> None:
     from .migrate import ddl
 
     click.echo(ddl(_names(table, dlq_table, no_dlq)))
+
+
+def _prepare_metrics_dir(path: str | None) -> str:
+    """Set (and wipe) PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client."""
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(path or tempfile.mkdtemp(prefix="outbox-farm-metrics-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.db"):
+        stale.unlink()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    return str(folder)
+
+
+@main.command(epilog=EPILOG)
+@click.argument("app", envvar="OUTBOX_FARM_APP")
+@_dsn_option
+@click.option(
+    "--procs",
+    type=click.IntRange(1, 512),
+    envvar="OUTBOX_FARM_PROCS",
+    default=os.cpu_count() or 1,
+    show_default="number of CPUs",
+    help="Worker processes. About one per core. [env OUTBOX_FARM_PROCS]",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 10_000),
+    envvar="OUTBOX_FARM_CONCURRENCY",
+    default=None,
+    help="Override every handler's concurrency (handler runs at once "
+    "per process). Connections do not grow with it. [env OUTBOX_FARM_CONCURRENCY]",
+)
+@click.option(
+    "--queues",
+    envvar="OUTBOX_FARM_QUEUES",
+    default=None,
+    help="Comma-separated subset of queues to run (default: all handlers). "
+    "[env OUTBOX_FARM_QUEUES]",
+)
+@click.option(
+    "--graceful-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    envvar="OUTBOX_FARM_GRACEFUL_TIMEOUT",
+    help="Seconds running handlers get to finish on SIGTERM; keep systemd's "
+    "TimeoutStopSec above it. [env OUTBOX_FARM_GRACEFUL_TIMEOUT]",
+)
+@click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(1),
+    default=30.0,
+    show_default=True,
+    envvar="OUTBOX_FARM_HEARTBEAT_TIMEOUT",
+    help="A worker whose event loop is blocked this long is killed and replaced. "
+    "[env OUTBOX_FARM_HEARTBEAT_TIMEOUT]",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(0.01),
+    default=0.5,
+    show_default=True,
+    envvar="OUTBOX_FARM_POLL_INTERVAL",
+    help="Seconds between polls when idle (NOTIFY and due times wake workers "
+    "sooner). [env OUTBOX_FARM_POLL_INTERVAL]",
+)
+@click.option(
+    "--metrics-bind",
+    default="127.0.0.1:9464",
+    show_default=True,
+    envvar="OUTBOX_FARM_METRICS_BIND",
+    help="host:port for /metrics and /healthz; empty to turn off. [env OUTBOX_FARM_METRICS_BIND]",
+)
+@click.option(
+    "--metrics-dir",
+    default=None,
+    envvar="PROMETHEUS_MULTIPROC_DIR",
+    help="Directory for the per-process metric files (wiped at start; default: a new "
+    "temporary one). [env PROMETHEUS_MULTIPROC_DIR]",
+)
+@click.option(
+    "--migrate/--no-migrate",
+    "run_migrate",
+    default=None,
+    envvar="OUTBOX_FARM_MIGRATE",
+    help="Apply migrations before starting (default: only for the embedded "
+    "database). [env OUTBOX_FARM_MIGRATE]",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="OUTBOX_FARM_LOG_FORMAT",
+    help="One line per event, as text or JSON. [env OUTBOX_FARM_LOG_FORMAT]",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    envvar="OUTBOX_FARM_LOG_LEVEL",
+    help="[env OUTBOX_FARM_LOG_LEVEL]",
+)
+def start(
+    app: str,
+    dsn: str | None,
+    procs: int,
+    concurrency: int | None,
+    queues: str | None,
+    graceful_timeout: float,
+    heartbeat_timeout: float,
+    poll_interval: float,
+    metrics_bind: str,
+    metrics_dir: str | None,
+    run_migrate: bool | None,
+    log_format: str,
+    log_level: str,
+) -> None:
+    """Run the farm APP (`package.module:farm`) in N supervised worker processes.
+
+    The arbiter imports APP and checks the database once, then forks --procs workers, restarts
+    any that die, and serves /metrics and /healthz. SIGTERM/SIGINT drain gracefully, SIGQUIT
+    stops at once, SIGHUP replaces every worker one at a time, SIGTTIN/SIGTTOU add or remove one.
+    """
+    import dataclasses
+
+    from .app import load_farm
+    from .logs import configure
+
+    configure(log_format, log_level)
+    _prepare_metrics_dir(metrics_dir)
+    try:
+        farm = load_farm(app)
+    except OutboxFarmError as exc:
+        raise click.ClickException(str(exc)) from None
+    if concurrency is not None:
+        farm.handlers = {
+            q: dataclasses.replace(spec, concurrency=concurrency)
+            for q, spec in farm.handlers.items()
+        }
+    selected = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+    unknown = sorted(set(selected or ()) - set(farm.handlers))
+    if unknown:
+        raise click.UsageError(f"--queues names queues with no handler: {', '.join(unknown)}")
+    with _database(dsn) as url:
+        with _connect(url) as conn:
+            if run_migrate or (run_migrate is None and not dsn):
+                from .migrate import migrate as apply
+
+                result = apply(conn, farm.names)
+                click.echo(f"migrate: {len(result.applied)} applied", err=True)
+            missing = [
+                str(t)
+                for t in (farm.names.outbox, farm.names.dlq)
+                if t and conn.execute("SELECT to_regclass(%s)", [str(t)]).fetchone() == (None,)
+            ]
+        if missing:
+            raise click.ClickException(
+                f"table(s) {', '.join(missing)} do not exist: run `outbox-farm migrate` first"
+            )
+        from .arbiter import Arbiter
+
+        with tempfile_dir() as state:
+            arbiter = Arbiter(
+                farm,
+                url,
+                procs,
+                state,
+                runtime_options={
+                    "poll_interval": poll_interval,
+                    "queues": selected,
+                    "graceful_timeout": graceful_timeout,
+                },
+                graceful_timeout=graceful_timeout,
+                heartbeat_timeout=heartbeat_timeout,
+                metrics_bind=metrics_bind or None,
+            )
+            code = arbiter.run()
+    sys.exit(code)
+
+
+@contextmanager
+def tempfile_dir() -> Iterator[Any]:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="outbox-farm-state-") as folder:
+        yield Path(folder)

@@ -18,6 +18,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from . import gauges
 from .completer import Completer
 from .dsn import probe, redact
 from .errors import ConfigurationError
@@ -32,6 +33,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("outbox_farm.runtime")
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(orjson.loads, conn)
 
@@ -42,7 +48,8 @@ class Runtime:
     Options: `queues` (a subset of the farm's queues), `poll_interval` (seconds between polls
     when idle; NOTIFY and known due times wake sooner), `flush_interval` / `flush_size` (the
     completer's batch limits), `graceful_timeout` (how long `stop()` lets handlers finish),
-    `listen` (False: poll only).
+    `listen` (False: poll only), `gauges_interval` (refresh the database-derived gauges every
+    so many seconds; one process of a farm does it).
     """
 
     def __init__(
@@ -56,6 +63,7 @@ class Runtime:
         flush_size: int = 1000,
         graceful_timeout: float = 30.0,
         listen: bool = True,
+        gauges_interval: float | None = None,
     ) -> None:
         if not farm.handlers:
             raise ConfigurationError("the farm has no handlers: register one with @farm.handler")
@@ -70,6 +78,7 @@ class Runtime:
         self.flush_size = flush_size
         self.graceful_timeout = graceful_timeout
         self.listen = listen
+        self.gauges_interval = gauges_interval
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
         self.completer: Completer | None = None
@@ -95,6 +104,13 @@ class Runtime:
         )
         await self.pool.open(wait=True, timeout=30)
         stack.push_async_callback(self.pool.close)
+
+        if self.gauges_interval:
+            queues = [s.queue for s in self.specs]
+            task = asyncio.create_task(
+                gauges.run(self.pool, self.farm.queries, queues, self.gauges_interval)
+            )
+            stack.push_async_callback(_cancel, task)
 
         self.completer = Completer(
             self.pool,

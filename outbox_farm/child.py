@@ -1,0 +1,92 @@
+"""What a forked worker process runs: the runtime on its own uvloop, plus a heartbeat.
+
+The heartbeat is a file whose mtime the child refreshes every second from its event loop; an
+event loop blocked past the arbiter's timeout stops refreshing it and the child is replaced.
+The first refresh happens only after the runtime started, so it also marks "booted".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import psycopg
+
+from .errors import OutboxFarmError
+from .farm import Farm
+from .runtime import Runtime
+
+log = logging.getLogger("outbox_farm.child")
+BOOT_ERROR = 3  # exit status of a child that could not start its runtime
+HEARTBEAT_EVERY = 1.0
+
+
+class BootError(Exception):
+    """The runtime could not start."""
+
+
+def run_child(
+    farm: Farm, dsn: str, heartbeat: Path, gauges: bool, options: dict[str, Any]
+) -> NoReturn:
+    """Entry point right after fork; never returns (os._exit skips the parent's atexit)."""
+    for sig in (
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGQUIT,
+        signal.SIGHUP,
+        signal.SIGTTIN,
+        signal.SIGTTOU,
+        signal.SIGCHLD,
+    ):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    code = 0
+    try:
+        import uvloop
+
+        uvloop.run(_main(farm, dsn, heartbeat, gauges, options))
+    except BootError as exc:
+        log.error("worker could not start: %s", exc, extra={"event": "boot_failed"})
+        code = BOOT_ERROR
+    except BaseException:
+        log.exception("worker crashed", extra={"event": "worker_crashed"})
+        code = 1
+    finally:
+        logging.shutdown()
+    os._exit(code)
+
+
+async def _heartbeat(path: Path) -> None:
+    while True:
+        now = time.time()
+        os.utime(path, (now, now))
+        await asyncio.sleep(HEARTBEAT_EVERY)
+
+
+async def _main(
+    farm: Farm, dsn: str, heartbeat: Path, gauges: bool, options: dict[str, Any]
+) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    # Immediate stop: no drain; claimed rows come back when their leases expire.
+    loop.add_signal_handler(signal.SIGQUIT, os._exit, 0)
+    runtime = Runtime(farm, dsn, gauges_interval=5.0 if gauges else None, **options)
+    try:
+        await runtime.start()
+    except (OutboxFarmError, psycopg.Error, OSError) as exc:
+        await runtime.stop(0)
+        raise BootError(str(exc)) from exc
+    beat = asyncio.create_task(_heartbeat(heartbeat))
+    try:
+        await stop.wait()
+        log.info("draining", extra={"event": "draining"})
+        await runtime.stop()
+    finally:
+        beat.cancel()
