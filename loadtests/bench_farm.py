@@ -1,0 +1,221 @@
+"""Farm benchmark: drain throughput of `outbox-farm start --procs N`, and worker memory.
+
+    python loadtests/bench_farm.py --dsn "host=127.0.0.1 user=postgres dbname=test"
+    python loadtests/bench_farm.py --steady 300        # the 5-minute memory run
+
+For each --procs value: pre-load --rows rows, start the real CLI as a subprocess with a no-op
+handler, and time from the first row leaving the table to the table being empty (process
+start-up is not counted). Then, with --steady S, publish at --rate messages/s for S seconds
+against --procs 2 and report each worker's resident memory at the start and the end.
+Runs in a scratch database that is dropped at the end; loopback only; bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from outbox_farm import Farm
+from outbox_farm.migrate import migrate
+
+APP = """
+from outbox_farm import Farm
+farm = Farm(dlq_table="outbox_dlq")
+
+@farm.handler("bench", concurrency=64)
+async def handle(msg):
+    pass
+"""
+CLI = str(Path(sys.executable).parent / "outbox-farm")
+
+
+def scratch_database(admin_dsn: str) -> str:
+    name = f"outbox_farm_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = name
+    return make_conninfo(**params)
+
+
+def drop_database(admin_dsn: str, dsn: str) -> None:
+    name = conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name)))
+        )
+
+
+def preload(dsn: str, rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+        conn.execute(
+            "INSERT INTO outbox (queue, payload) SELECT 'bench', '\\x7b7d' "
+            "FROM generate_series(1, %s)",
+            [rows],
+        )
+        conn.execute("VACUUM ANALYZE outbox")
+
+
+def count(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    return int(row[0]) if row else 0
+
+
+def start_farm(dsn: str, procs: int, appdir: Path, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            CLI,
+            "start",
+            "benchapp:farm",
+            "--procs",
+            str(procs),
+            "--dsn",
+            dsn,
+            "--metrics-bind",
+            "",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=appdir,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_farm(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def drain(dsn: str, procs: int, rows: int, appdir: Path) -> float:
+    preload(dsn, rows)
+    proc = start_farm(dsn, procs, appdir, appdir / f"drain-{procs}.log")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 300
+            while count(conn) == rows:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit(f"farm did not start; see {appdir}/drain-{procs}.log")
+                time.sleep(0.005)
+            began, left_at_start = time.perf_counter(), count(conn)
+            while (left := count(conn)) > 0:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"drain did not finish: {left} rows left")
+                time.sleep(0.02)
+            elapsed = time.perf_counter() - began
+    finally:
+        stop_farm(proc)
+    return left_at_start / elapsed
+
+
+def steady(dsn: str, seconds: float, rate: float, appdir: Path) -> dict[str, object]:
+    farm = Farm(dlq_table="outbox_dlq")
+    proc = start_farm(dsn, 2, appdir, appdir / "steady.log")
+    stop = threading.Event()
+
+    def produce() -> None:
+        with psycopg.connect(dsn) as conn:
+            interval, next_at = 1.0 / rate, time.perf_counter()
+            while not stop.is_set():
+                with conn.transaction():
+                    farm.publish_batch(conn, [{"n": i} for i in range(10)], queue="bench")
+                next_at += 10 * interval
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+
+    try:
+        time.sleep(3)
+        children = psutil.Process(proc.pid).children()
+        start_rss = {c.pid: c.memory_info().rss for c in children}
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(min(10.0, max(end - time.monotonic(), 0)))
+            print(f"  steady: {int(end - time.monotonic())} s left", file=sys.stderr)
+        end_rss = {c.pid: c.memory_info().rss for c in children if c.is_running()}
+        stop.set()
+        producer.join()
+    finally:
+        stop_farm(proc)
+    mib = 1024 * 1024
+    return {
+        "seconds": seconds,
+        "rate": rate,
+        "rss_start_mib": {str(p): round(v / mib, 1) for p, v in start_rss.items()},
+        "rss_end_mib": {str(p): round(v / mib, 1) for p, v in end_rss.items()},
+        "growth_pct": {
+            str(p): round(100 * (end_rss[p] - start_rss[p]) / start_rss[p], 1)
+            for p in end_rss
+            if p in start_rss
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("OUTBOX_FARM_DSN"))
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--procs", default="1,2", help="comma-separated --procs values")
+    parser.add_argument("--steady", type=float, default=0, help="seconds of steady load (0: skip)")
+    parser.add_argument("--rate", type=float, default=2000, help="messages/s during --steady")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args()
+    server = None
+    admin = args.dsn
+    if not admin:
+        from outbox_farm.embedded import start_embedded
+
+        admin, server = start_embedded(Path(tempfile.mkdtemp()) / "pgdata", delete=True)
+    dsn = scratch_database(admin)
+    results: dict[str, object] = {}
+    try:
+        with psycopg.connect(dsn) as conn:
+            migrate(conn, Farm(dlq_table="outbox_dlq").names)
+        with tempfile.TemporaryDirectory() as folder:
+            appdir = Path(folder)
+            (appdir / "benchapp.py").write_text(APP)
+            for procs in [int(p) for p in args.procs.split(",")]:
+                print(f"draining {args.rows} rows with --procs {procs} ...", file=sys.stderr)
+                results[f"drain_procs_{procs}_msg_per_s"] = round(
+                    drain(dsn, procs, args.rows, appdir)
+                )
+            if args.steady:
+                results["steady"] = steady(dsn, args.steady, args.rate, appdir)
+    finally:
+        drop_database(admin, dsn)
+        if server is not None:
+            server.cleanup()
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"\n{'measure':36} {'value':>12}  target")
+    for key, value in results.items():
+        if key.startswith("drain"):
+            target = ">= 20,000 (procs 2)" if key.endswith("2_msg_per_s") else ""
+            print(f"{key:36} {value:>12,}  {target}")
+    if "steady" in results:
+        print(json.dumps(results["steady"], indent=2), "\n  target: < 100 MiB, growth <= 10%")
+
+
+if __name__ == "__main__":
+    main()
