@@ -311,7 +311,11 @@ def start(
             missing = [
                 str(t)
                 for t in (farm.names.outbox, farm.names.dlq)
-                if t and conn.execute("SELECT to_regclass(%s)", [str(t)]).fetchone() == (None,)
+                if t
+                and conn.execute(
+                    "SELECT to_regclass(%s)", [t.identifier().as_string(conn)]
+                ).fetchone()
+                == (None,)
             ]
         if missing:
             raise click.ClickException(
@@ -345,3 +349,7 @@ def tempfile_dir() -> Iterator[Any]:
 
     with tempfile.TemporaryDirectory(prefix="outbox-farm-state-") as folder:
         yield Path(folder)
+
+
+if __name__ == "__main__":
+    main()

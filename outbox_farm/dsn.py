@@ -9,13 +9,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .errors import ConfigurationError
 
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)", re.IGNORECASE)
+
 
 def redact(dsn: str) -> str:
     """The DSN with any password replaced by `***`, for logs and error messages."""
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.Error:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+        return _KV_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", dsn))
     if "password" in params:
         params["password"] = "***"
     return make_conninfo(**params)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -78,7 +79,7 @@ def selected(names: TableNames, migrations: list[Migration] | None = None) -> li
     return [m for m in (migrations or load_migrations()) if m.target == "outbox" or names.dlq]
 
 
-def ddl(names: TableNames, conn: psycopg.Connection[object] | None = None) -> str:
+def ddl(names: TableNames, conn: psycopg.Connection[Any] | None = None) -> str:
     """The whole schema as SQL text, for users whose migrations live in Alembic or Django."""
     parts = []
     for m in selected(names):
@@ -94,7 +95,7 @@ class MigrateResult:
 
 
 def migrate(
-    conn: psycopg.Connection[object],
+    conn: psycopg.Connection[Any],
     names: TableNames,
     *,
     progress: Callable[[str], None] = lambda _: None,
@@ -118,7 +119,14 @@ def migrate(
                 target = str(names.outbox if m.target == "outbox" else names.dlq)
                 label = f"{m.version:04d}_{m.name} on {target}"
                 key = {"target": target, "version": m.version}
-                if conn.execute(sql_["migration_applied"], key).fetchone() is not None:
+                applied = conn.execute(sql_["migration_applied"], key).fetchone()
+                if applied is not None:
+                    if applied[0] != m.checksum:
+                        progress(
+                            f"warning: {label} was applied from a different text "
+                            "(edited after it ran?); migrations are forward-only, add a "
+                            "new one instead"
+                        )
                     result.already.append(label)
                     continue
                 progress(f"applying {label}")

@@ -176,7 +176,7 @@ class Producer:
                 f"outbox table {self.queries.names.outbox} does not exist: run "
                 f"`outbox-farm migrate` (or apply `outbox-farm sql`) first ({exc})"
             )
-        return DatabaseError(f"publish failed: {exc}")
+        return DatabaseError(f"outbox write failed: {exc}")
 
     # The public calls come in sync/async pairs over the same builders above; each pair only
     # differs in how the statement is awaited.
@@ -264,9 +264,9 @@ class Producer:
 
         Each row gets its own correlation id. At most one NOTIFY is sent for the batch.
         """
-        if not bodies:
-            return []
         query, params = self._batch(bodies, queue, headers, activate_in, activate_at, notify)
+        if not params["payloads"]:
+            return []
         try:
             return [int(r[0]) for r in conn.execute(query, params).fetchall()]
         except psycopg.Error as exc:
@@ -284,9 +284,9 @@ class Producer:
         notify: bool | None = None,
     ) -> list[int]:
         """`publish_batch` for an `AsyncConnection`."""
-        if not bodies:
-            return []
         query, params = self._batch(bodies, queue, headers, activate_in, activate_at, notify)
+        if not params["payloads"]:
+            return []
         try:
             return [int(r[0]) for r in await (await conn.execute(query, params)).fetchall()]
         except psycopg.Error as exc:

@@ -147,7 +147,8 @@ def _check_table(
 ) -> list[Problem]:
     sql_ = load_blocks()
     label = str(table)
-    row = conn.execute(sql_["table_oid"], {"table": label}).fetchone()
+    quoted = table.identifier().as_string(conn)
+    row = conn.execute(sql_["table_oid"], {"table": quoted}).fetchone()
     oid = row[0] if row else None
     if oid is None:
         return [Problem(label, "table does not exist; run `outbox-farm migrate`")]

@@ -9,7 +9,8 @@ FROM pg_attribute AS a
 WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped
 
 -- name: indexes
--- Each index with its key columns in order, uniqueness and partial predicate (NULL if none).
+-- Each usable index with its key columns in order, uniqueness and partial predicate (NULL if
+-- none). An INVALID index (a failed CREATE INDEX CONCURRENTLY) serves no query: left out.
 SELECT c.relname,
        array(SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
              JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
@@ -19,7 +20,7 @@ SELECT c.relname,
        pg_get_expr(i.indpred, i.indrelid)
 FROM pg_index AS i
 JOIN pg_class AS c ON c.oid = i.indexrelid
-WHERE i.indrelid = %(oid)s
+WHERE i.indrelid = %(oid)s AND i.indisvalid
 
 -- name: checks
 -- CHECK constraints by definition; the lease check is matched by what it says, not its name.

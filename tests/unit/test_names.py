@@ -155,9 +155,7 @@ def test_identifiers_are_quoted_not_interpolated() -> None:
     assert rendered(names)["outbox"] == '"we""ird; DROP TABLE x"'
 
 
-@pytest.mark.parametrize(
-    ("table", "dlq"), [("outbox", "outbox"), ("app.jobs", "app.jobs")]
-)
+@pytest.mark.parametrize(("table", "dlq"), [("outbox", "outbox"), ("app.jobs", "app.jobs")])
 def test_dlq_equal_to_outbox_is_refused(table: str, dlq: str) -> None:
     with pytest.raises(IdentifierError, match="DLQ table must differ from the outbox table"):
         TableNames.build(table, dlq)

@@ -110,9 +110,7 @@ def test_activate_in_must_be_a_number_or_timedelta(farm: Farm, activate_in: Any)
 
 def test_activate_in_and_activate_at_together_are_refused(farm: Farm) -> None:
     with pytest.raises(ConfigurationError, match="activate_in or activate_at, not both"):
-        farm.publish(
-            CONN, b"x", queue="q", activate_in=5, activate_at=datetime.now(UTC)
-        )
+        farm.publish(CONN, b"x", queue="q", activate_in=5, activate_at=datetime.now(UTC))
 
 
 def test_naive_activate_at_is_refused(farm: Farm) -> None:
@@ -130,9 +128,7 @@ def test_batch_timing_is_checked(farm: Farm) -> None:
     with pytest.raises(ConfigurationError, match="activate_in must be finite"):
         farm.publish_batch(CONN, [b"x"], queue="q", activate_in=math.nan)
     with pytest.raises(ConfigurationError, match="timezone-aware"):
-        farm.publish_batch(
-            CONN, [b"x"], queue="q", activate_at=datetime(2030, 1, 1)
-        )
+        farm.publish_batch(CONN, [b"x"], queue="q", activate_at=datetime(2030, 1, 1))
 
 
 # --- timers, headers, bodies ----------------------------------------------------------------
@@ -178,7 +174,8 @@ def test_batch_headers_are_checked(farm: Farm) -> None:
 
 
 @pytest.mark.parametrize(
-    "bodies", ["abc", b"abc", {"a": 1}, {b"a"}, (b for b in [b"x"])],
+    "bodies",
+    ["abc", b"abc", {"a": 1}, {b"a"}, (b for b in [b"x"])],
     ids=["str", "bytes", "dict", "set", "generator"],
 )
 def test_publish_batch_needs_a_sequence(farm: Farm, bodies: Any) -> None:
@@ -191,19 +188,11 @@ def test_empty_batch_sends_nothing(farm: Farm) -> None:
     assert farm.publish_batch(CONN, (), queue="q") == []
 
 
-EMPTY_BATCH_BUG = (
-    "publish_batch/apublish_batch return [] for an empty batch before validating their "
-    "arguments, so an empty str or an invalid queue is accepted whenever the batch is empty"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=EMPTY_BATCH_BUG)
 def test_empty_str_batch_is_refused_like_a_non_empty_one(farm: Farm) -> None:
     with pytest.raises(ConfigurationError, match="takes a sequence"):
         farm.publish_batch(CONN, "", queue="q")
 
 
-@pytest.mark.xfail(strict=True, reason=EMPTY_BATCH_BUG)
 def test_empty_batch_queue_is_still_validated(farm: Farm) -> None:
     with pytest.raises(ConfigurationError, match="queue must be a non-empty string"):
         farm.publish_batch(CONN, [], queue="")
@@ -234,7 +223,8 @@ def test_async_calls_validate_before_sql(farm: Farm) -> None:
 
 
 @pytest.mark.parametrize(
-    "body", [b"\x00\xffraw", bytearray(b"\x00\xffraw"), memoryview(b"\x00\xffraw")],
+    "body",
+    [b"\x00\xffraw", bytearray(b"\x00\xffraw"), memoryview(b"\x00\xffraw")],
     ids=["bytes", "bytearray", "memoryview"],
 )
 def test_bytes_are_kept_as_they_are(body: Any) -> None:

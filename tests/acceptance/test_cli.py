@@ -1,0 +1,200 @@
+"""The `outbox-farm` command as a user runs it: a real process against a real database.
+
+`python -m outbox_farm.cli` does nothing (the module has no `__main__` block), so the tests run
+the installed console script next to the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+
+def _script() -> str:
+    beside = Path(sys.executable).parent / "outbox-farm"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("outbox-farm")
+    assert found, "the outbox-farm console script is not installed"
+    return found
+
+
+CLI = _script()
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def regclass(dsn: str, name: str) -> Any:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT to_regclass(%s)::text", [name]).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_migrate_then_migrate_again(empty_dsn: str) -> None:
+    first = run("migrate", "--dsn", empty_dsn)
+    assert first.returncode == 0, first.stderr
+    assert "  applying 0001_outbox on outbox" in first.stdout
+    assert "  applying 0002_dlq on outbox_dlq" in first.stdout
+    assert "migrate: 2 applied, 0 already up to date (outbox, outbox_dlq)" in first.stdout
+    assert regclass(empty_dsn, "outbox") == "outbox"
+    assert regclass(empty_dsn, "outbox_dlq") == "outbox_dlq"
+
+    second = run("migrate", "--dsn", empty_dsn)
+    assert second.returncode == 0, second.stderr
+    assert "applying" not in second.stdout
+    assert "migrate: 0 applied, 2 already up to date" in second.stdout
+
+
+def test_check_ok(dsn: str) -> None:
+    result = run("check", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "check: schema OK (outbox, outbox_dlq)"
+
+
+def test_check_reports_a_dropped_index(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP INDEX outbox_pending_idx")
+    result = run("check", "--dsn", dsn)
+    assert result.returncode == 1
+    assert "check: 1 problem(s) found (outbox, outbox_dlq):" in result.stdout
+    assert "  - outbox: pending index on (queue, next_attempt_at) is missing" in result.stdout
+
+
+def test_check_on_an_empty_database_names_both_tables(empty_dsn: str) -> None:
+    result = run("check", "--dsn", empty_dsn)
+    assert result.returncode == 1
+    assert "outbox: table does not exist" in result.stdout
+    assert "outbox_dlq: table does not exist" in result.stdout
+
+
+def test_no_dlq(empty_dsn: str) -> None:
+    migrated = run("migrate", "--dsn", empty_dsn, "--no-dlq")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "migrate: 1 applied, 0 already up to date (outbox)" in migrated.stdout
+    assert "dlq" not in migrated.stdout
+    assert regclass(empty_dsn, "outbox_dlq") is None
+
+    ok = run("check", "--dsn", empty_dsn, "--no-dlq")
+    assert ok.returncode == 0, ok.stdout
+    assert "check: schema OK (outbox)" in ok.stdout
+
+    with_dlq = run("check", "--dsn", empty_dsn)
+    assert with_dlq.returncode == 1
+    assert "outbox_dlq: table does not exist" in with_dlq.stdout
+
+
+def test_renamed_tables_from_the_command_line(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA app")
+    names = ["--table", "app.jobs", "--dlq-table", "app.jobs_dlq"]
+    migrated = run("migrate", "--dsn", empty_dsn, *names)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "(app.jobs, app.jobs_dlq)" in migrated.stdout
+    assert regclass(empty_dsn, "app.jobs") == "app.jobs"
+    checked = run("check", "--dsn", empty_dsn, *names)
+    assert checked.returncode == 0, checked.stdout
+    assert "check: schema OK (app.jobs, app.jobs_dlq)" in checked.stdout
+
+
+def test_sql_prints_the_ddl() -> None:
+    result = run("sql")
+    assert result.returncode == 0, result.stderr
+    assert 'CREATE TABLE IF NOT EXISTS "outbox" (' in result.stdout
+    assert 'CREATE TABLE IF NOT EXISTS "outbox_dlq" (' in result.stdout
+    assert 'CREATE INDEX IF NOT EXISTS "outbox_pending_idx"' in result.stdout
+    assert "{outbox}" not in result.stdout
+
+
+def test_sql_honours_table_options() -> None:
+    result = run("sql", "--table", "app.jobs", "--no-dlq")
+    assert result.returncode == 0, result.stderr
+    assert 'CREATE TABLE IF NOT EXISTS "app"."jobs" (' in result.stdout
+    assert '"jobs_pending_idx"' in result.stdout
+    assert result.stdout.count("CREATE TABLE") == 1
+    assert "0002_dlq" not in result.stdout
+
+
+def test_sql_output_applies_cleanly(empty_dsn: str) -> None:
+    printed = run("sql")
+    assert printed.returncode == 0
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(printed.stdout)
+    checked = run("check", "--dsn", empty_dsn)
+    assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize(
+    "bad_dsn",
+    [
+        "host=127.0.0.1 port=1 user=postgres password=secret dbname=nowhere",
+        "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+    ],
+    ids=["keywords", "url"],
+)
+@pytest.mark.parametrize("command", ["migrate", "check"])
+def test_unreachable_server_fails_fast_without_the_password(command: str, bad_dsn: str) -> None:
+    started = time.monotonic()
+    result = run(command, "--dsn", bad_dsn, timeout=20)
+    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode == 1  # a ClickException, not a traceback
+    assert "cannot connect" in result.stderr
+    assert "Traceback" not in output
+    assert "secret" not in output
+    assert "***" in result.stderr
+    assert elapsed < 10
+
+
+@pytest.mark.parametrize(
+    "bad_dsn",
+    [
+        "postgresql://postgres:secret@127.0.0.1/db?bogus=1",
+        "host=127.0.0.1 password=secret bogus=1",
+        "host=127.0.0.1 password=secret nonsense",
+        "host=127.0.0.1 password='secret",
+        "postgresql://127.0.0.1/db?password=secret&bogus=1",
+    ],
+    ids=["url-userinfo", "unknown-keyword", "missing-equals", "unterminated-quote", "url-query"],
+)
+def test_unparseable_dsn_is_refused_without_the_password(bad_dsn: str) -> None:
+    result = run("check", "--dsn", bad_dsn)
+    assert result.returncode == 1
+    assert "invalid DSN" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "secret" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", ["sql", "migrate", "check"])
+def test_too_long_table_is_a_usage_error(command: str) -> None:
+    # No --dsn and no embedded start: the name is refused before anything connects.
+    result = run(command, "--table", "t" * 64)
+    assert result.returncode == 2
+    assert "is 64 bytes; Postgres keeps at most 63" in result.stderr
+    assert "embedded" not in result.stderr
+
+
+def test_too_long_derived_name_is_a_usage_error() -> None:
+    result = run("sql", "--table", "t" * 52)
+    assert result.returncode == 2
+    assert "pending index name" in result.stderr
+    assert result.stdout == ""
+
+
+def test_same_dlq_and_outbox_is_a_usage_error() -> None:
+    result = run("sql", "--table", "jobs", "--dlq-table", "jobs")
+    assert result.returncode == 2
+    assert "the DLQ table must differ from the outbox table" in result.stderr

@@ -1,0 +1,197 @@
+"""Migrations against a real database: idempotent, concurrency-safe, any table names."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox_farm.errors import MigrationError
+from outbox_farm.migrate import MigrateResult, ddl, migrate
+from outbox_farm.names import TableNames
+from outbox_farm.schema_check import check_schema
+
+DEFAULT = TableNames.build("outbox", "outbox_dlq")
+
+
+def regclass(conn: psycopg.Connection[Any], name: str) -> str | None:
+    row = conn.execute("SELECT to_regclass(%s)::text", [name]).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def records(conn: psycopg.Connection[Any]) -> list[tuple[str, int, str]]:
+    return conn.execute(
+        "SELECT target, version, name FROM outbox_farm_migrations ORDER BY target, version"
+    ).fetchall()
+
+
+def test_migrate_creates_both_tables(empty_dsn: str) -> None:
+    lines: list[str] = []
+    with psycopg.connect(empty_dsn) as conn:
+        result = migrate(conn, DEFAULT, progress=lines.append)
+        # The connection is handed back as it came: not autocommit, idle.
+        assert conn.autocommit is False
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert result.applied == ["0001_outbox on outbox", "0002_dlq on outbox_dlq"]
+        assert result.already == []
+        assert lines == ["applying 0001_outbox on outbox", "applying 0002_dlq on outbox_dlq"]
+        assert regclass(conn, "outbox") == "outbox"
+        assert regclass(conn, "outbox_dlq") == "outbox_dlq"
+        assert records(conn) == [("outbox", 1, "outbox"), ("outbox_dlq", 2, "dlq")]
+        assert check_schema(conn, "outbox", "outbox_dlq") == []
+
+
+def test_second_run_applies_nothing(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn) as conn:
+        migrate(conn, DEFAULT)
+        lines: list[str] = []
+        again = migrate(conn, DEFAULT, progress=lines.append)
+        assert again.applied == []
+        assert again.already == ["0001_outbox on outbox", "0002_dlq on outbox_dlq"]
+        assert lines == []
+        assert len(records(conn)) == 2
+
+
+def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn) as conn:
+        conn.execute("SELECT 1")  # opens a transaction (not autocommit)
+        with pytest.raises(MigrationError, match="not inside a transaction"):
+            migrate(conn, DEFAULT)
+        conn.rollback()
+        assert regclass(conn, "outbox") is None
+
+
+def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
+    barrier = threading.Barrier(2, timeout=10)
+    results: list[MigrateResult] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(empty_dsn) as conn:
+                barrier.wait()
+                results.append(migrate(conn, DEFAULT))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert errors == []
+    assert len(results) == 2
+    applied = sorted(label for r in results for label in r.applied)
+    already = sorted(label for r in results for label in r.already)
+    # Each migration ran exactly once; the other run found it done.
+    assert applied == ["0001_outbox on outbox", "0002_dlq on outbox_dlq"]
+    assert already == applied
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert records(conn) == [("outbox", 1, "outbox"), ("outbox_dlq", 2, "dlq")]
+        tables = conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE 'outbox%%'"
+            " ORDER BY relname"
+        ).fetchall()
+        assert tables == [("outbox",), ("outbox_dlq",), ("outbox_farm_migrations",)]
+        assert check_schema(conn, "outbox", "outbox_dlq") == []
+
+
+def test_renamed_tables(empty_dsn: str) -> None:
+    names = TableNames.build("jobs", "jobs_dead")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        result = migrate(conn, names)
+        assert result.applied == ["0001_outbox on jobs", "0002_dlq on jobs_dead"]
+        assert regclass(conn, "jobs") == "jobs"
+        assert regclass(conn, "jobs_dead") == "jobs_dead"
+        assert regclass(conn, "outbox") is None
+        indexes = {
+            row[0]
+            for row in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename IN ('jobs', 'jobs_dead')"
+            )
+        }
+        assert {
+            "jobs_pending_idx",
+            "jobs_lease_idx",
+            "jobs_timer_id_uq",
+            "jobs_dead_queue_failed_idx",
+        } <= indexes
+        assert check_schema(conn, "jobs", "jobs_dead") == []
+        # Both sets of tables can live in one database, each with its own records.
+        migrate(conn, DEFAULT)
+        assert [r[0] for r in records(conn)] == ["jobs", "jobs_dead", "outbox", "outbox_dlq"]
+
+
+def test_schema_qualified_tables(empty_dsn: str) -> None:
+    names = TableNames.build("app.jobs", "app.jobs_dlq")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA app")
+        result = migrate(conn, names)
+        assert result.applied == ["0001_outbox on app.jobs", "0002_dlq on app.jobs_dlq"]
+        assert regclass(conn, "app.jobs") == "app.jobs"
+        assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
+        assert regclass(conn, "jobs") is None  # nothing leaked into public
+        schemas = {
+            row[0]
+            for row in conn.execute(
+                "SELECT schemaname FROM pg_indexes WHERE indexname LIKE 'jobs%%'"
+            )
+        }
+        assert schemas == {"app"}
+        assert check_schema(conn, "app.jobs", "app.jobs_dlq") == []
+        assert migrate(conn, names).applied == []
+
+
+def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
+    names = TableNames.build("outbox", None)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        result = migrate(conn, names)
+        assert result.applied == ["0001_outbox on outbox"]
+        assert regclass(conn, "outbox") == "outbox"
+        assert regclass(conn, "outbox_dlq") is None
+        assert records(conn) == [("outbox", 1, "outbox")]
+        assert check_schema(conn, "outbox") == []
+        # Adding the DLQ later applies only its migration.
+        assert migrate(conn, DEFAULT).applied == ["0002_dlq on outbox_dlq"]
+
+
+@pytest.mark.parametrize(
+    ("table", "dlq"), [("outbox", "outbox_dlq"), ("outbox", None), ("app.jobs", "app.dead")]
+)
+def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: str | None) -> None:
+    text = ddl(TableNames.build(table, dlq))
+    assert "CREATE TABLE IF NOT EXISTS" in text
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA app")
+        conn.execute(text)
+        assert check_schema(conn, table, dlq) == []
+        if dlq is None:
+            assert regclass(conn, "outbox_dlq") is None
+        # DDL leaves no bookkeeping; migrate then adopts the tables without error.
+        assert regclass(conn, "outbox_farm_migrations") is None
+        result = migrate(conn, TableNames.build(table, dlq))
+        assert len(result.applied) == (1 if dlq is None else 2)
+        assert check_schema(conn, table, dlq) == []
+
+
+def test_outbox_has_autovacuum_reloptions(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'outbox'::regclass").fetchone()
+    assert row is not None
+    options = dict(opt.split("=", 1) for opt in row[0])
+    assert options == {
+        "fillfactor": "80",
+        "autovacuum_vacuum_scale_factor": "0.0",
+        "autovacuum_vacuum_threshold": "1000",
+        "autovacuum_vacuum_insert_scale_factor": "0.0",
+        "autovacuum_vacuum_insert_threshold": "10000",
+        "autovacuum_analyze_scale_factor": "0.0",
+        "autovacuum_analyze_threshold": "5000",
+        "autovacuum_vacuum_cost_delay": "0",
+    }
+    dlq = conn.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = 'outbox_dlq'::regclass"
+    ).fetchone()
+    assert dlq == (None,)  # the DLQ is append-only; default autovacuum is right for it
