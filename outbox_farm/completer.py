@@ -130,7 +130,15 @@ class Completer:
             batch, self._pending = self._pending, []
             self._full.clear()
             self._room.set()
-            await self._flush(batch)
+            try:
+                await self._flush(batch)
+            except Exception:  # a bug here must not stop every later write of the process
+                log.exception(
+                    "completer failed to write %d outcomes; their rows will be delivered again "
+                    "after their leases expire",
+                    len(batch),
+                    extra={"event": "flush_failed"},
+                )
 
     # -- writing -------------------------------------------------------------------------
 

@@ -8,10 +8,12 @@ the retry strategy and, cut to 8 KiB, for the DLQ.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +36,56 @@ class NoDecision(RuntimeError):
     """A manual-ack handler returned without calling ack(), nack() or reject()."""
 
 
+def _valid_delay(value: object, msg: Message) -> float | None:
+    """A handler's Retry(delay): seconds >= 0, or None (use the strategy) with a warning."""
+    if value is None:
+        return None
+    try:
+        delay = float(value.total_seconds() if isinstance(value, timedelta) else value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        delay = math.nan
+    if math.isfinite(delay) and delay >= 0:
+        return delay
+    log.warning(
+        "Retry(delay=%r) from the handler of queue %s is not seconds >= 0; using the "
+        "retry strategy instead (row %s)",
+        value,
+        msg.queue,
+        msg.id,
+    )
+    return None
+
+
+def _in_thread(func: Callable[[Message], Any], msg: Message) -> asyncio.Future[Any]:
+    """Run a sync handler in a thread of its own.
+
+    Not a shared pool: a hung handler that timed out keeps its thread, and in a pool it would
+    hold a slot that later messages then wait for (and time out in, without ever running). The
+    executor tasks already bound how many run at once; an abandoned thread holds no slot.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(error: BaseException | None, result: object) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def target() -> None:
+        try:
+            result, error = func(msg), None
+        except BaseException as caught:
+            result, error = None, caught
+        with contextlib.suppress(RuntimeError):  # the loop closed: this run was abandoned
+            loop.call_soon_threadsafe(settle, error, result)
+
+    threading.Thread(target=target, daemon=True, name=f"outbox-farm-{msg.queue}").start()
+    return future
+
+
 class Executors:
     """The handler tasks of one queue."""
 
@@ -43,13 +95,11 @@ class Executors:
         inbox: asyncio.Queue[Message | None],
         fetcher: Fetcher,
         completer: Completer,
-        threads: ThreadPoolExecutor | None,
     ) -> None:
         self.spec = spec
         self.inbox = inbox
         self.fetcher = fetcher
         self.completer = completer
-        self.threads = threads
         self.is_async = spec.is_async
         self._tasks: list[asyncio.Task[None]] = []
         m = metrics()
@@ -126,13 +176,13 @@ class Executors:
         self._lag.observe(max((started_at - msg.next_attempt_at).total_seconds(), 0.0))
         began = time.perf_counter()
         exc: Exception | None = None
+        deadline = asyncio.timeout(spec.effective_timeout)
         try:
-            async with asyncio.timeout(spec.effective_timeout):
+            async with deadline:
                 if self.is_async:
                     await spec.func(msg)
                 else:
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(self.threads, spec.func, msg)
+                    await _in_thread(spec.func, msg)
         except asyncio.CancelledError:
             # Only a stop past its deadline cancels a handler: the row is tried again at once.
             self.completer.put_nowait(
@@ -141,11 +191,14 @@ class Executors:
             self.fetcher.done()
             raise
         except TimeoutError as timeout:
-            exc = HandlerTimeout(
-                f"handler of queue {msg.queue!r} exceeded its timeout of "
-                f"{spec.effective_timeout:g}s"
-            )
-            exc.__cause__ = timeout
+            if not deadline.expired():  # the handler's own TimeoutError (a socket, say)
+                exc = timeout
+            else:
+                exc = HandlerTimeout(
+                    f"handler of queue {msg.queue!r} exceeded its timeout of "
+                    f"{spec.effective_timeout:g}s"
+                )
+                exc.__cause__ = timeout
         except Exception as error:
             exc = error
         duration = time.perf_counter() - began
@@ -175,7 +228,7 @@ class Executors:
         elif isinstance(exc, DeadLetter):
             return self._terminal(msg, Reason.REJECTED, exc)
         elif isinstance(exc, Retry):
-            delay = exc.delay
+            delay = _valid_delay(exc.delay, msg)
         elif spec.ack is AckPolicy.REJECT_ON_ERROR:
             return self._terminal(msg, Reason.REJECTED, exc)
         else:

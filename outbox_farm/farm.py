@@ -45,10 +45,10 @@ class Farm(Producer):
         prefetch: int | None = None,
     ) -> Callable[[HandlerFunc], HandlerFunc]:
         """Register the decorated function (async or plain) as the handler of `queue`."""
-        if queue in self.handlers:
-            raise ConfigurationError(f"queue {queue!r} already has a handler")
         if not isinstance(queue, str) or not queue or len(queue) > 255:
             raise ConfigurationError(f"queue must be a non-empty string of <= 255 chars: {queue!r}")
+        if queue in self.handlers:
+            raise ConfigurationError(f"queue {queue!r} already has a handler")
         try:
             policy = AckPolicy(ack)
         except ValueError:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -123,17 +122,12 @@ class Runtime:
         # Closed after the executors: their last outcomes must reach the final flush.
         stack.push_async_callback(self._close_completer)
 
-        sync_slots = sum(s.concurrency for s in self.specs if not s.is_async)
-        threads = ThreadPoolExecutor(sync_slots, "outbox-farm-handler") if sync_slots else None
-        if threads is not None:
-            stack.callback(threads.shutdown, wait=False, cancel_futures=True)
-
         for spec in self.specs:
             inbox: asyncio.Queue[Message | None] = asyncio.Queue()
             fetcher = Fetcher(
                 spec, self.pool, self.farm.queries, inbox, poll_interval=self.poll_interval
             )
-            executors = Executors(spec, inbox, fetcher, self.completer, threads)
+            executors = Executors(spec, inbox, fetcher, self.completer)
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
             executors.start()
             stack.push_async_callback(self._stop_executors, executors)
