@@ -139,14 +139,26 @@ class Arbiter:
                 if signum == signal.SIGQUIT:
                     return self._stop(graceful=False)
                 if signum == signal.SIGHUP:
-                    log.info("HUP: rolling restart of %d children", len(self.children))
+                    log.info(
+                        "HUP: rolling restart of %d children",
+                        len(self.children),
+                        extra={"event": "rolling_restart"},
+                    )
                     self._rolling = [c.pid for c in self.children.values() if not c.retiring]
                 elif signum == signal.SIGTTIN:
                     self.procs += 1
-                    log.info("TTIN: %d processes", self.procs)
+                    log.info(
+                        "TTIN: %d processes",
+                        self.procs,
+                        extra={"event": "scaled", "procs": self.procs},
+                    )
                 elif signum == signal.SIGTTOU and self.procs > 1:
                     self.procs -= 1
-                    log.info("TTOU: %d processes", self.procs)
+                    log.info(
+                        "TTOU: %d processes",
+                        self.procs,
+                        extra={"event": "scaled", "procs": self.procs},
+                    )
             self._reap()
             if self._boot_failures >= MAX_BOOT_FAILURES:
                 log.error(
@@ -290,12 +302,26 @@ class Arbiter:
         )
         for child in self.children.values():
             self._retire(child, sig)
-        deadline = time.monotonic() + (self.graceful_timeout + 5.0 if graceful else 5.0)
+        # A worker's final flush may take up to 10 s past its graceful deadline; wait for it.
+        deadline = time.monotonic() + (self.graceful_timeout + 15.0 if graceful else 5.0)
         while self.children and time.monotonic() < deadline:
             self._wait(0.1)
+            stops = {signal.SIGQUIT, signal.SIGTERM, signal.SIGINT}
+            if graceful and stops & set(self._signals):
+                log.info(
+                    "second stop signal: stopping at once", extra={"event": "arbiter_stopping"}
+                )
+                graceful = False
+                deadline = min(deadline, time.monotonic() + 5.0)
+                for child in self.children.values():
+                    self._kill(child.pid, signal.SIGQUIT)
+            self._signals.clear()
             self._reap()
-        for pid in self.children:
-            log.error("worker %d did not stop in time; killing it", pid)
+        killed = list(self.children)
+        for pid in killed:
+            log.error(
+                "worker %d did not stop in time; killing it", pid, extra={"event": "worker_killed"}
+            )
             self._kill(pid, signal.SIGKILL)
         while self.children:
             try:
@@ -305,4 +331,4 @@ class Arbiter:
             self.children.pop(pid, None)
         self._processes.set(0)
         log.info("arbiter stopped", extra={"event": "arbiter_stopped"})
-        return 0
+        return 1 if killed else 0

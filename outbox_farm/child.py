@@ -46,10 +46,11 @@ def run_child(
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     code = 0
+    arbiter = os.getppid()
     try:
         import uvloop
 
-        uvloop.run(_main(farm, dsn, heartbeat, gauges, options))
+        uvloop.run(_main(farm, dsn, heartbeat, gauges, options, arbiter))
     except BootError as exc:
         log.error("worker could not start: %s", exc, extra={"event": "boot_failed"})
         code = BOOT_ERROR
@@ -61,15 +62,19 @@ def run_child(
     os._exit(code)
 
 
-async def _heartbeat(path: Path) -> None:
+async def _heartbeat(path: Path, arbiter: int, stop: asyncio.Event) -> None:
     while True:
+        if os.getppid() != arbiter:  # the arbiter died (OOM killer, SIGKILL): nobody supervises
+            log.error("arbiter %d is gone; draining", arbiter, extra={"event": "orphaned"})
+            stop.set()
+            return
         now = time.time()
         os.utime(path, (now, now))
         await asyncio.sleep(HEARTBEAT_EVERY)
 
 
 async def _main(
-    farm: Farm, dsn: str, heartbeat: Path, gauges: bool, options: dict[str, Any]
+    farm: Farm, dsn: str, heartbeat: Path, gauges: bool, options: dict[str, Any], arbiter: int
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -83,7 +88,7 @@ async def _main(
     except (OutboxFarmError, psycopg.Error, OSError) as exc:
         await runtime.stop(0)
         raise BootError(str(exc)) from exc
-    beat = asyncio.create_task(_heartbeat(heartbeat))
+    beat = asyncio.create_task(_heartbeat(heartbeat, arbiter, stop))
     try:
         await stop.wait()
         log.info("draining", extra={"event": "draining"})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,7 +62,9 @@ def _names(table: str, dlq_table: str, no_dlq: bool) -> TableNames:
 
 
 @contextmanager
-def _database(dsn: str | None) -> Iterator[str]:
+def _database(
+    dsn: str | None, say: Callable[[str], None] = lambda line: click.echo(line, err=True)
+) -> Iterator[str]:
     """The DSN to use, starting the embedded server (and saying so) when none was given."""
     if dsn:
         try:
@@ -74,7 +78,7 @@ def _database(dsn: str | None) -> Iterator[str]:
         url, server = start_embedded()
     except OutboxFarmError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"no --dsn given: using the embedded Postgres at {url}", err=True)
+    say(f"no --dsn given: using the embedded Postgres at {url}")
     try:
         yield url
     finally:
@@ -157,11 +161,24 @@ def sql_(table: str, dlq_table: str, no_dlq: bool) -> None:
 
 
 def _prepare_metrics_dir(path: str | None) -> str:
-    """Set (and wipe) PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client."""
+    """Set (and wipe) PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client.
+
+    A directory made here (no --metrics-dir) is removed again when the arbiter exits.
+    """
+    import atexit
     import tempfile
     from pathlib import Path
 
-    folder = Path(path or tempfile.mkdtemp(prefix="outbox-farm-metrics-"))
+    if path is None:
+        path = tempfile.mkdtemp(prefix="outbox-farm-metrics-")
+        owner, made = os.getpid(), path
+
+        def remove() -> None:
+            if os.getpid() == owner:  # never from a forked worker
+                shutil.rmtree(made, ignore_errors=True)
+
+        atexit.register(remove)
+    folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("*.db"):
         stale.unlink()
@@ -275,7 +292,8 @@ def start(
     log_format: str,
     log_level: str,
 ) -> None:
-    """Run the farm APP (`package.module:farm`) in N supervised worker processes.
+    """Run the farm APP (`package.module:farm`; env OUTBOX_FARM_APP) in N supervised worker
+    processes.
 
     The arbiter imports APP and checks the database once, then forks --procs workers, restarts
     any that die, and serves /metrics and /healthz. SIGTERM/SIGINT drain gracefully, SIGQUIT
@@ -301,13 +319,18 @@ def start(
     unknown = sorted(set(selected or ()) - set(farm.handlers))
     if unknown:
         raise click.UsageError(f"--queues names queues with no handler: {', '.join(unknown)}")
-    with _database(dsn) as url:
+    cli_log = logging.getLogger("outbox_farm.cli")
+    with _database(dsn, lambda line: cli_log.info(line, extra={"event": "embedded"})) as url:
         with _connect(url) as conn:
             if run_migrate or (run_migrate is None and not dsn):
                 from .migrate import migrate as apply
 
                 result = apply(conn, farm.names)
-                click.echo(f"migrate: {len(result.applied)} applied", err=True)
+                cli_log.info(
+                    "migrate: %d applied",
+                    len(result.applied),
+                    extra={"event": "migrated", "applied": result.applied},
+                )
             missing = [
                 str(t)
                 for t in (farm.names.outbox, farm.names.dlq)

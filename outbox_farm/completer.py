@@ -54,6 +54,7 @@ class Completer:
         flush_size: int = 1000,
         high_water: int = 20_000,
         on_retry: Callable[[str, float], None] = lambda queue, delay: None,
+        on_written: Callable[[str, int], None] = lambda queue, n: None,
     ) -> None:
         self.pool = pool
         self.queries = queries
@@ -61,6 +62,7 @@ class Completer:
         self.flush_size = flush_size
         self.high_water = high_water
         self.on_retry = on_retry
+        self.on_written = on_written
         self._pending: list[Outcome] = []
         self._wake = asyncio.Event()  # set when the first outcome of a batch arrives
         self._full = asyncio.Event()  # set when a batch reached flush_size, or at close
@@ -84,6 +86,11 @@ class Completer:
         self._pending.append(outcome)
         self._wake.set()
         if len(self._pending) >= self.flush_size:
+            self._full.set()
+
+    def flush_now(self) -> None:
+        """Write what is waiting without waiting for the interval (a fetcher is out of slots)."""
+        if self._pending:
             self._full.set()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -179,6 +186,18 @@ class Completer:
         return params
 
     async def _flush(self, batch: list[Outcome]) -> None:
+        """Write a batch; only then do its rows stop counting against their queue's capacity.
+
+        Freeing a slot at hand-over instead would let a worker whose writes are slow hold an
+        unbounded number of leased rows, all of which a crash would then deliver again.
+        """
+        try:
+            await self._write(batch)
+        finally:
+            for queue, n in Counter(o.queue for o in batch).items():
+                self.on_written(queue, n)
+
+    async def _write(self, batch: list[Outcome]) -> None:
         started = time.perf_counter()
         todo = self._statements(batch)
         backoff = Backoff()
@@ -202,7 +221,11 @@ class Completer:
                         self._account(stmt, matched)
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
                 if self._closing and backoff.failures >= 8:
-                    log.error("completer gave up writing at stop: %s", exc)
+                    log.error(
+                        "completer gave up writing at stop: %s",
+                        exc,
+                        extra={"event": "flush_abandoned"},
+                    )
                     return
                 delay = backoff.next()
                 log.warning(

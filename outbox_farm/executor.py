@@ -52,6 +52,7 @@ def _valid_delay(value: object, msg: Message) -> float | None:
         value,
         msg.queue,
         msg.id,
+        extra={"event": "bad_retry_delay", "row_id": msg.id, "queue": msg.queue},
     )
     return None
 
@@ -117,14 +118,10 @@ class Executors:
 
         Call after the fetcher stopped, so nothing new reaches the inbox.
         """
-        released = 0
         while not self.inbox.empty():
             msg = self.inbox.get_nowait()
             if msg is not None:
                 self.completer.put_nowait(self._outcome(msg, Kind.RELEASE))
-                released += 1
-        if released:
-            self.fetcher.done(released)
         for _ in self._tasks:
             self.inbox.put_nowait(None)
         if not self._tasks:
@@ -136,6 +133,7 @@ class Executors:
                 "(their rows are retried)",
                 len(running),
                 self.spec.queue,
+                extra={"event": "stop_deadline", "queue": self.spec.queue},
             )
             for task in running:
                 task.cancel()
@@ -148,7 +146,6 @@ class Executors:
                 return
             outcome = await self._deliver(msg)
             await self.completer.put(outcome)
-            self.fetcher.done()
 
     def _outcome(self, msg: Message, kind: Kind, **fields: Any) -> Outcome:
         return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count, **fields)
@@ -188,7 +185,6 @@ class Executors:
             self.completer.put_nowait(
                 self._outcome(msg, Kind.RETRY, delay=0.0, ran=True, started_at=started_at)
             )
-            self.fetcher.done()
             raise
         except TimeoutError as timeout:
             if not deadline.expired():  # the handler's own TimeoutError (a socket, say)
@@ -223,7 +219,7 @@ class Executors:
                 f"manual-ack handler of queue {msg.queue!r} returned without "
                 "ack(), nack() or reject(); retrying"
             )
-            log.warning("%s (row %s)", exc, msg.id)
+            log.warning("%s (row %s)", exc, msg.id, extra={"event": "no_decision"})
             delay = None
         elif isinstance(exc, DeadLetter):
             return self._terminal(msg, Reason.REJECTED, exc)

@@ -7,11 +7,13 @@ read and answered synchronously with a short socket timeout; scrapes are rare an
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
 
 import orjson
 
 MAX_REQUEST = 8192
+REQUEST_DEADLINE = 1.0  # seconds for a whole request, however it trickles in
 
 
 def listen(bind: str) -> socket.socket:
@@ -48,10 +50,14 @@ def serve_one(
     except (BlockingIOError, InterruptedError):
         return
     with conn:
-        conn.settimeout(1.0)
+        deadline = time.monotonic() + REQUEST_DEADLINE
         try:
             request = b""
             while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return  # a slow client must not stall the arbiter's loop
+                conn.settimeout(left)
                 chunk = conn.recv(4096)
                 if not chunk:
                     break

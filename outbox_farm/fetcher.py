@@ -13,6 +13,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -31,8 +32,8 @@ DUE_SLACK = 0.001  # wake a hair late rather than early: an early claim finds no
 class Fetcher:
     """Claims for one queue.
 
-    State: `inflight` is raised by this task when it claims and lowered by executors (`done`)
-    when an outcome is handed to the completer; all on one event loop.
+    State: `inflight` is raised by this task when it claims and lowered by the completer
+    (`done`) once a row's outcome is written; all on one event loop.
     """
 
     def __init__(
@@ -43,15 +44,19 @@ class Fetcher:
         inbox: asyncio.Queue[Message | None],
         *,
         poll_interval: float = 0.5,
+        on_starved: Callable[[], None] = lambda: None,
     ) -> None:
         self.spec = spec
         self.pool = pool
         self.queries = queries
         self.inbox = inbox
         self.poll_interval = poll_interval
+        self.on_starved = on_starved
         self.capacity = spec.capacity
-        # Claim only when a worthwhile batch fits, unless nothing is in flight at all.
-        self.min_claim = max(1, self.capacity // 2)
+        # Claim in halves of the capacity: one half is handled while the other half's outcomes
+        # are written, so claims and writes overlap; and claim only when a half fits, unless
+        # nothing is in flight at all.
+        self.batch = max(1, self.capacity // 2)
         self.inflight = 0
         self._wake = asyncio.Event()
         self._slots = asyncio.Event()
@@ -77,7 +82,7 @@ class Fetcher:
             self._wake.set()  # re-arm the sleep with the earlier deadline
 
     def done(self, n: int = 1) -> None:
-        """`n` claimed rows were handed to the completer."""
+        """`n` claimed rows had their outcome written (or given up on)."""
         self.inflight -= n
         self._inflight_gauge.dec(n)
         self._slots.set()
@@ -101,14 +106,16 @@ class Fetcher:
         backoff = Backoff()
         while not self._stopping:
             free = self.capacity - self.inflight
-            if free < self.min_claim and self.inflight > 0:
+            if free < self.batch and self.inflight > 0:
                 self._slots.clear()
+                self.on_starved()  # slots free up when outcomes are written: write them now
                 await self._slots.wait()
                 continue
             self._wake.clear()
+            want = min(free, self.batch)
             try:
-                got = await self._claim(free)
-                if got == free:
+                got = await self._claim(want)
+                if got == want:
                     backoff.reset()
                     continue  # more may be waiting: claim again at once
                 wait = await self._next_wait()

@@ -45,5 +45,7 @@ async def run(
         try:
             await refresh(pool, queries, queues)
         except (psycopg.Error, OSError) as exc:
-            log.warning("gauge refresh failed: %s", str(exc).strip())
+            log.warning(
+                "gauge refresh failed: %s", str(exc).strip(), extra={"event": "gauges_failed"}
+            )
         await asyncio.sleep(interval)

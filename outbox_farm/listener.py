@@ -55,7 +55,11 @@ class Listener:
                     self.connected.set()
                     backoff.reset()
                     if warned:
-                        log.info("LISTEN %s is back; wake-ups are immediate again", self.channel)
+                        log.info(
+                            "LISTEN %s is back; wake-ups are immediate again",
+                            self.channel,
+                            extra={"event": "listen_restored"},
+                        )
                         warned = False
                     self.on_connect()
                     while True:

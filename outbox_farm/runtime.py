@@ -117,6 +117,7 @@ class Runtime:
             flush_interval=self.flush_interval,
             flush_size=self.flush_size,
             on_retry=self._on_retry,
+            on_written=self._on_written,
         )
         self.completer.start()
         # Closed after the executors: their last outcomes must reach the final flush.
@@ -125,7 +126,12 @@ class Runtime:
         for spec in self.specs:
             inbox: asyncio.Queue[Message | None] = asyncio.Queue()
             fetcher = Fetcher(
-                spec, self.pool, self.farm.queries, inbox, poll_interval=self.poll_interval
+                spec,
+                self.pool,
+                self.farm.queries,
+                inbox,
+                poll_interval=self.poll_interval,
+                on_starved=self.completer.flush_now,
             )
             executors = Executors(spec, inbox, fetcher, self.completer)
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
@@ -177,6 +183,11 @@ class Runtime:
     def _wake_all(self) -> None:
         for fetcher in self.fetchers.values():
             fetcher.wake()
+
+    def _on_written(self, queue: str, n: int) -> None:
+        fetcher = self.fetchers.get(queue)
+        if fetcher is not None:
+            fetcher.done(n)
 
     def _on_retry(self, queue: str, delay: float) -> None:
         fetcher = self.fetchers.get(queue)
