@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from .backoff import Backoff
@@ -33,7 +32,7 @@ log = logging.getLogger("outbox_farm.completer")
 @dataclass
 class _Statement:
     phase: str
-    query: sql.Composed
+    query: str
     outcomes: list[Outcome]
     params: dict[str, Any] = field(default_factory=dict)
 

@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .completer import Completer
@@ -34,6 +34,10 @@ class HandlerTimeout(TimeoutError):
 
 class NoDecision(RuntimeError):
     """A manual-ack handler returned without calling ack(), nack() or reject()."""
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
 
 
 def _valid_delay(value: object, msg: Message) -> float | None:
@@ -87,8 +91,27 @@ def _in_thread(func: Callable[[Message], Any], msg: Message) -> asyncio.Future[A
     return future
 
 
+class _Slot:
+    """One executor task and the deadline of the handler it runs (inf while idle).
+
+    Written by its executor task; read, and `expired` set, by the queue's watchdog.
+    """
+
+    __slots__ = ("deadline", "expired", "task")
+
+    def __init__(self) -> None:
+        self.deadline = math.inf
+        self.expired = False
+        self.task: asyncio.Task[None] | None = None
+
+
 class Executors:
-    """The handler tasks of one queue."""
+    """The handler tasks of one queue.
+
+    Per-message timeouts are enforced by one watchdog task per queue that cancels overdue
+    handlers, checking ten times per timeout (at most once a second): far cheaper than a timer
+    per message, and precise enough for timeouts that default to most of a minute.
+    """
 
     def __init__(
         self,
@@ -102,16 +125,32 @@ class Executors:
         self.fetcher = fetcher
         self.completer = completer
         self.is_async = spec.is_async
+        self._slots: list[_Slot] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._watchdog: asyncio.Task[None] | None = None
         m = metrics()
         self._handler_seconds = m.handler_seconds.labels(spec.queue)
         self._lag = m.delivery_lag.labels(spec.queue)
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._work(), name=f"outbox-farm-exec-{self.spec.queue}-{i}")
-            for i in range(self.spec.concurrency)
-        ]
+        for i in range(self.spec.concurrency):
+            slot = _Slot()
+            slot.task = asyncio.create_task(
+                self._work(slot), name=f"outbox-farm-exec-{self.spec.queue}-{i}"
+            )
+            self._slots.append(slot)
+            self._tasks.append(slot.task)
+        self._watchdog = asyncio.create_task(self._watch(), name="outbox-farm-watchdog")
+
+    async def _watch(self) -> None:
+        period = min(1.0, max(self.spec.effective_timeout / 10, 0.005))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for slot in self._slots:
+                if slot.deadline < now and not slot.expired and slot.task is not None:
+                    slot.expired = True
+                    slot.task.cancel()
 
     async def stop(self, deadline: float) -> None:
         """Release unstarted rows, let running handlers finish until `deadline` (monotonic).
@@ -124,6 +163,14 @@ class Executors:
                 self.completer.put_nowait(self._outcome(msg, Kind.RELEASE))
         for _ in self._tasks:
             self.inbox.put_nowait(None)
+        try:
+            await self._finish(deadline)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                await asyncio.gather(self._watchdog, return_exceptions=True)
+
+    async def _finish(self, deadline: float) -> None:
         if not self._tasks:
             return
         _, running = await asyncio.wait(self._tasks, timeout=max(deadline - time.monotonic(), 0))
@@ -139,18 +186,21 @@ class Executors:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _work(self) -> None:
+    async def _work(self, slot: _Slot) -> None:
+        timeout = self.spec.effective_timeout
         while True:
             msg = await self.inbox.get()
             if msg is None:
                 return
-            outcome = await self._deliver(msg)
+            slot.deadline = time.monotonic() + timeout
+            outcome = await self._deliver(msg, slot)
+            slot.deadline = math.inf  # no await since the handler returned: no stray cancel
             await self.completer.put(outcome)
 
     def _outcome(self, msg: Message, kind: Kind, **fields: Any) -> Outcome:
         return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count, **fields)
 
-    async def _deliver(self, msg: Message) -> Outcome:
+    async def _deliver(self, msg: Message, slot: _Slot) -> Outcome:
         spec = self.spec
         if spec.max_deliveries is not None and msg.deliveries_count > spec.max_deliveries:
             log.error(
@@ -168,41 +218,37 @@ class Executors:
                 },
             )
             return self._outcome(msg, Kind.TERMINAL, reason=Reason.MAX_DELIVERIES)
-        since_claim = time.monotonic() - msg.received_monotonic
-        started_at = msg.claimed_at + timedelta(seconds=since_claim)  # database clock
-        self._lag.observe(max((started_at - msg.next_attempt_at).total_seconds(), 0.0))
+        # Seconds since the epoch on the database clock: the claim's now() plus local time since.
+        started = msg.claimed_epoch + (time.monotonic() - msg.received_monotonic)
+        self._lag.observe(max(started - msg.due_epoch, 0.0))
         began = time.perf_counter()
         exc: Exception | None = None
-        deadline = asyncio.timeout(spec.effective_timeout)
         try:
-            async with deadline:
-                if self.is_async:
-                    await spec.func(msg)
-                else:
-                    await _in_thread(spec.func, msg)
-        except asyncio.CancelledError:
-            # Only a stop past its deadline cancels a handler: the row is tried again at once.
-            self.completer.put_nowait(
-                self._outcome(msg, Kind.RETRY, delay=0.0, ran=True, started_at=started_at)
-            )
-            raise
-        except TimeoutError as timeout:
-            if not deadline.expired():  # the handler's own TimeoutError (a socket, say)
-                exc = timeout
+            if self.is_async:
+                await spec.func(msg)
             else:
-                exc = HandlerTimeout(
-                    f"handler of queue {msg.queue!r} exceeded its timeout of "
-                    f"{spec.effective_timeout:g}s"
+                await _in_thread(spec.func, msg)
+        except asyncio.CancelledError:
+            if not slot.expired:
+                # A stop past its deadline: the row is tried again at once.
+                self.completer.put_nowait(
+                    self._outcome(msg, Kind.RETRY, delay=0.0, ran=True, started_at=_utc(started))
                 )
-                exc.__cause__ = timeout
+                raise
+            slot.expired = False
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            exc = HandlerTimeout(
+                f"handler of queue {msg.queue!r} exceeded its timeout of "
+                f"{spec.effective_timeout:g}s"
+            )
         except Exception as error:
             exc = error
         duration = time.perf_counter() - began
         self._handler_seconds.observe(duration)
-        return self._decide(msg, exc, started_at, duration)
+        return self._decide(msg, exc, started, duration)
 
     def _decide(
-        self, msg: Message, exc: Exception | None, started_at: datetime, duration: float
+        self, msg: Message, exc: Exception | None, started: float, duration: float
     ) -> Outcome:
         spec = self.spec
         decision = msg.decision
@@ -230,7 +276,7 @@ class Executors:
         else:
             delay = None
         if delay is None:
-            delay = self._strategy_delay(msg, exc or NoDecision(), started_at, duration)
+            delay = self._strategy_delay(msg, exc or NoDecision(), started, duration)
             if delay is None:
                 return self._terminal(msg, Reason.RETRY_TERMINAL, exc)
         if exc is not None:
@@ -243,14 +289,14 @@ class Executors:
                 delay,
                 extra={"event": "retry", "row_id": msg.id, "queue": msg.queue},
             )
-        return self._outcome(msg, Kind.RETRY, delay=delay, ran=True, started_at=started_at)
+        return self._outcome(msg, Kind.RETRY, delay=delay, ran=True, started_at=_utc(started))
 
     def _strategy_delay(
-        self, msg: Message, exc: BaseException, started_at: datetime, duration: float
+        self, msg: Message, exc: BaseException, started: float, duration: float
     ) -> float | None:
         attempt = msg.attempts_count + 1
-        first = msg.first_attempt_at or started_at
-        elapsed = (started_at - first).total_seconds() + duration
+        first = msg.first_attempt_at.timestamp() if msg.first_attempt_at else started
+        elapsed = started - first + duration
         try:
             delay = self.spec.retry.next_delay(attempt, exc, elapsed)
             if delay is None:

@@ -44,8 +44,11 @@ class Message:
     # Written by the handler (through ack/nack/reject), read by the executor afterwards.
     decision: Decision | None = field(default=None, repr=False)
     nack_delay: float | None = field(default=None, repr=False)
-    # Written by the fetcher: when the claim's result arrived (time.monotonic()).
+    # Written by the fetcher once per claim: when its result arrived (time.monotonic()), and
+    # the claim's and this row's due time as epoch seconds on the database clock.
     received_monotonic: float = field(default=0.0, repr=False)
+    claimed_epoch: float = field(default=0.0, repr=False)
+    due_epoch: float = field(default=0.0, repr=False)
 
     @property
     def correlation_id(self) -> str | None:

@@ -9,7 +9,7 @@ call leaves the caller's transaction untouched.
 from __future__ import annotations
 
 import math
-import uuid
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -65,7 +65,8 @@ def _encode_headers(
     merged: dict[str, Any] = {CONTENT_TYPE: content_type, **(headers or {})}
     if correlation_id is not None:
         merged["correlation_id"] = _check_name(correlation_id, "correlation_id")
-    merged.setdefault("correlation_id", uuid.uuid4().hex)
+    if "correlation_id" not in merged:
+        merged["correlation_id"] = os.urandom(16).hex()  # a random id, 4x cheaper than uuid4
     try:
         return orjson.dumps(merged).decode()
     except TypeError as exc:
@@ -110,7 +111,7 @@ class Producer:
         timer_id: str | None,
         on_timer_conflict: TimerConflict,
         notify: bool | None,
-    ) -> tuple[psycopg.sql.Composed, dict[str, Any]]:
+    ) -> tuple[str, dict[str, Any]]:
         _check_name(queue, "queue")
         if timer_id is not None:
             _check_name(timer_id, "timer_id")
@@ -130,7 +131,10 @@ class Producer:
             "notify": self.notify if notify is None else notify,
             "channel": self.queries.names.channel,
         }
-        name = "publish_extend" if timer_id and on_timer_conflict == "extend" else "publish"
+        if timer_id is None:
+            name = "publish"
+        else:
+            name = "publish_extend" if on_timer_conflict == "extend" else "publish_timer"
         return self.queries[name], params
 
     def _batch(
@@ -141,7 +145,7 @@ class Producer:
         activate_in: float | timedelta | None,
         activate_at: datetime | None,
         notify: bool | None,
-    ) -> tuple[psycopg.sql.Composed, dict[str, Any]]:
+    ) -> tuple[str, dict[str, Any]]:
         _check_name(queue, "queue")
         if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
             raise ConfigurationError("publish_batch takes a sequence (list or tuple) of bodies")
@@ -162,7 +166,7 @@ class Producer:
         }
         return self.queries["publish_batch"], params
 
-    def _cancel(self, queue: str, timer_id: str) -> tuple[psycopg.sql.Composed, dict[str, Any]]:
+    def _cancel(self, queue: str, timer_id: str) -> tuple[str, dict[str, Any]]:
         params = {
             "queue": _check_name(queue, "queue"),
             "timer_id": _check_name(timer_id, "timer_id"),

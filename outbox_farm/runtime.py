@@ -90,14 +90,15 @@ class Runtime:
     async def start(self) -> None:
         await probe(self.dsn)
         stack = self._stack
-        # Closed last: everything below writes through it.
+        # Closed last: everything below writes through it. No check on checkout (it would cost a
+        # round trip per statement): every user of the pool retries on a broken connection,
+        # and the pool discards connections that come back broken.
         self.pool = AsyncConnectionPool(
             self.dsn,
             min_size=1,
             max_size=len(self.specs) + 2,
             kwargs={"autocommit": True},
             configure=_configure,
-            check=AsyncConnectionPool.check_connection,
             open=False,
             name="outbox-farm",
         )

@@ -34,19 +34,24 @@ def load_blocks() -> dict[str, str]:
 
 
 class Queries:
-    """The statements for one outbox (and optional DLQ) table, composed once."""
+    """The statements for one outbox (and optional DLQ) table, composed once.
+
+    Each is rendered to plain text here, once: psycopg then recognises the same statement on
+    every call (its parse cache and automatic prepared statements key on the text), where a
+    `Composed` would be rendered again on every execute.
+    """
 
     def __init__(self, names: TableNames) -> None:
         self.names = names
         identifiers = names.identifiers()
-        self._composed: dict[str, sql.Composed] = {}
+        self._composed: dict[str, str] = {}
         for name, text in load_blocks().items():
             try:
-                self._composed[name] = sql.SQL(text).format(**identifiers)
+                self._composed[name] = sql.SQL(text).format(**identifiers).as_string(None)
             except KeyError:
                 continue  # needs {dlq} and no DLQ table is configured
 
-    def __getitem__(self, name: str) -> sql.Composed:
+    def __getitem__(self, name: str) -> str:
         try:
             return self._composed[name]
         except KeyError:

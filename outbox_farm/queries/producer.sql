@@ -1,7 +1,20 @@
 -- name: publish
 -- One row, and its wake-up, in one statement and one round trip. The NOTIFY is sent only when
--- a row was really inserted (a timer-id conflict returns no row) and is already due; Postgres
--- folds identical notifications of one transaction into one.
+-- the row is already due; Postgres folds identical notifications of one transaction into one.
+WITH ins AS (
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at)
+    VALUES (%(queue)s, %(payload)s, %(headers)s,
+            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)))
+    RETURNING o.id, o.next_attempt_at
+)
+SELECT ins.id,
+       CASE WHEN %(notify)s AND ins.next_attempt_at <= now()
+            THEN pg_notify(%(channel)s, %(queue)s)::text END
+FROM ins
+
+-- name: publish_timer
+-- A timer publish with the `ignore` policy: a live timer with the same id wins, nothing is
+-- inserted, no id is returned and no NOTIFY is sent.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id)
     VALUES (%(queue)s, %(payload)s, %(headers)s,
@@ -43,7 +56,7 @@ WITH ins AS (
     INSERT INTO {outbox} (queue, payload, headers, next_attempt_at)
     SELECT %(queue)s, b.payload, b.headers,
            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8))
-    FROM unnest(%(payloads)s::bytea[], %(headers)s::jsonb[]) WITH ORDINALITY
+    FROM unnest(%(payloads)b::bytea[], %(headers)b::jsonb[]) WITH ORDINALITY
          AS b(payload, headers, n)
     ORDER BY b.n
     RETURNING id, next_attempt_at

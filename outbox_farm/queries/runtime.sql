@@ -43,7 +43,7 @@ SELECT extract(epoch FROM least(
 -- Success: delete the rows this runner still holds. Rows not returned were lost to a newer
 -- lease (or are gone) and are reported as lease_lost.
 DELETE FROM {outbox} AS o
-USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+USING unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
 WHERE o.id = t.id AND o.acquired_token = t.token
 RETURNING o.id
 
@@ -58,8 +58,8 @@ SET next_attempt_at = now() + make_interval(secs => t.delay),
     last_attempt_at = CASE WHEN t.ran > 0 THEN t.started_at ELSE o.last_attempt_at END,
     acquired_token = NULL,
     acquired_at = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[], %(ran)s::int[],
-            %(started)s::timestamptz[]) AS t(id, token, delay, ran, started_at)
+FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(delays)b::float8[], %(ran)b::int[],
+            %(started)b::timestamptz[]) AS t(id, token, delay, ran, started_at)
 WHERE o.id = t.id AND o.acquired_token = t.token
 RETURNING o.id
 
@@ -69,7 +69,7 @@ RETURNING o.id
 UPDATE {outbox} AS o
 SET acquired_token = NULL, acquired_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
 WHERE o.id = t.id AND o.acquired_token = t.token
 RETURNING o.id
 
@@ -78,8 +78,8 @@ RETURNING o.id
 -- either archived and gone, or (the INSERT failed) still here under its lease. A lost lease
 -- deletes nothing and therefore archives nothing.
 WITH t AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(reasons)s::text[],
-                         %(exceptions)s::text[]) AS t(id, token, reason, exc)
+    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(reasons)b::text[],
+                         %(exceptions)b::text[]) AS t(id, token, reason, exc)
 ), gone AS (
     DELETE FROM {outbox} AS o
     USING t

@@ -15,6 +15,7 @@ EXPECTED = [
     "release",
     "dlq_move",
     "publish",
+    "publish_timer",
     "publish_extend",
     "publish_batch",
     "cancel_timer",
@@ -40,16 +41,16 @@ def test_every_expected_block_is_defined() -> None:
 @pytest.mark.parametrize("name", EXPECTED)
 def test_every_block_composes_with_a_dlq(name: str) -> None:
     queries = Queries(TableNames.build("outbox", "outbox_dlq"))
-    text = queries[name].as_string(None)
+    text = queries[name]
     for placeholder in ("{outbox}", "{dlq}", "{pending_idx}", "{lease_idx}", "{timer_idx}"):
         assert placeholder not in text
 
 
 def test_table_names_are_composed_as_quoted_identifiers() -> None:
     queries = Queries(TableNames.build("app.jobs", "app.jobs_dlq"))
-    assert '"app"."jobs"' in queries["claim"].as_string(None)
-    assert '"app"."jobs"' in queries["publish"].as_string(None)
-    dlq_move = queries["dlq_move"].as_string(None)
+    assert '"app"."jobs"' in queries["claim"]
+    assert '"app"."jobs"' in queries["publish"]
+    dlq_move = queries["dlq_move"]
     assert '"app"."jobs"' in dlq_move
     assert '"app"."jobs_dlq"' in dlq_move
 
@@ -69,7 +70,7 @@ def test_queries_without_dlq_still_have_every_other_block() -> None:
     for name in EXPECTED:
         if name in NEEDS_DLQ:
             continue
-        text = queries[name].as_string(None)
+        text = queries[name]
         if name not in CATALOG_BLOCKS:
             assert '"outbox"' in text, name
 
