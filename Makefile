@@ -29,9 +29,20 @@ lint: ## ruff (lint + format check) and mypy --strict on the package
 	$(PY) -m mypy
 
 .PHONY: bench
-bench: ## Producer and single-process runtime benchmarks against the local server
+bench: ## Producer, single-process runtime and farm benchmarks against the local server
 	$(PY) loadtests/bench_producer.py --dsn "$(LOCAL_DSN)"
 	$(PY) loadtests/bench_runtime.py --dsn "$(LOCAL_DSN)"
+	$(PY) loadtests/bench_farm.py --dsn "$(LOCAL_DSN)"
+
+LOADTEST_ARGS ?=
+
+.PHONY: loadtest
+loadtest: ## Load test: 60 s of Locust against a --procs 2 farm, drain, check invariants
+	$(PY) loadtests/run_loadtest.py --duration 60 $(LOADTEST_ARGS)
+
+.PHONY: loadtest-ui
+loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C: drain + check)
+	$(PY) loadtests/run_loadtest.py --ui $(LOADTEST_ARGS)
 
 .PHONY: ci
 ci: ## What CI runs, from a clean venv

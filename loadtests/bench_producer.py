@@ -33,7 +33,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -89,25 +89,47 @@ def scratch_database(admin_dsn: str, farm: Farm) -> Iterator[str]:
             )
 
 
+def code_version() -> dict[str, Any]:
+    """The outbox_farm code measured: git commit, and whether the package had local edits."""
+    import subprocess
+    from pathlib import Path
+
+    import outbox_farm
+
+    root = Path(outbox_farm.__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--", "outbox_farm"))}
+
+
 def server_info(dsn: str) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         settings = {
             name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]
             for name in ("server_version", "synchronous_commit", "fsync", "wal_sync_method")
         }
-    return {**settings, "cpus": os.cpu_count(), "python": platform.python_version()}
+    return {
+        **settings,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "code": code_version(),
+    }
 
 
 def reset_table(dsn: str, farm: Farm) -> None:
     """Empty the outbox and checkpoint, so every phase starts from the same state."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("TRUNCATE {} RESTART IDENTITY").format(farm.names.outbox.identifier())
-        )
-        try:
+        conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(farm.names.outbox.identifier()))
+        with suppress(psycopg.Error):  # not a superuser: phases share checkpoint timing
             conn.execute("CHECKPOINT")
-        except psycopg.Error:
-            pass  # not a superuser: phases simply share checkpoint timing
 
 
 def count_rows(dsn: str, farm: Farm, queue: str) -> int:
@@ -245,15 +267,29 @@ def run_single(dsn: str, farm: Farm, mode: str, n: int, budget: float) -> tuple[
 
 
 def single_phase(
-    dsn: str, farm: Farm, mode: str, n: int, budget: float, name: str, label: str,
+    dsn: str,
+    farm: Farm,
+    mode: str,
+    n: int,
+    budget: float,
+    name: str,
+    label: str,
     target: float | None,
 ) -> Phase:
     reset_table(dsn, farm)
     done, seconds, durations = run_single(dsn, farm, mode, n, budget)
     p50, p99 = percentiles(durations)
     return Phase(
-        name, label, done, seconds, done / seconds, target=target, p50_ms=p50, p99_ms=p99,
-        verified=count_rows(dsn, farm, QUEUE) == done, truncated=done < n,
+        name,
+        label,
+        done,
+        seconds,
+        done / seconds,
+        target=target,
+        p50_ms=p50,
+        p99_ms=p99,
+        verified=count_rows(dsn, farm, QUEUE) == done,
+        truncated=done < n,
     )
 
 
@@ -271,7 +307,8 @@ def concurrent_phase(
         proc = ctx.Process(
             target=producer_process,
             args=(dsn, "publish", start, count, barrier, results, budget),
-            name=f"bench-producer-{k}", daemon=True,
+            name=f"bench-producer-{k}",
+            daemon=True,
         )
         proc.start()
         procs.append(proc)
@@ -296,10 +333,17 @@ def concurrent_phase(
     p50, p99 = percentiles(durations)
     per_process = [r["done"] / (r["t1"] - r["t0"]) for r in reports]
     return Phase(
-        name, label, done, seconds, done / seconds, target=TARGET_ONE_PER_TXN, p50_ms=p50,
-        p99_ms=p99, verified=count_rows(dsn, farm, QUEUE) == done, truncated=done < n,
-        extra={"producers": producers,
-               "per_process_msg_s": [round(r, 1) for r in per_process]},
+        name,
+        label,
+        done,
+        seconds,
+        done / seconds,
+        target=TARGET_ONE_PER_TXN,
+        p50_ms=p50,
+        p99_ms=p99,
+        verified=count_rows(dsn, farm, QUEUE) == done,
+        truncated=done < n,
+        extra={"producers": producers, "per_process_msg_s": [round(r, 1) for r in per_process]},
     )
 
 
@@ -323,11 +367,29 @@ def batch_phase(dsn: str, farm: Farm, n: int, size: int, budget: float) -> Phase
         seconds = time.perf_counter() - t0
     p50, p99 = percentiles(durations)
     return Phase(
-        "c_publish_batch", f"(c) publish_batch, {size}/txn", done, seconds, done / seconds,
-        unit="rows/s", target=TARGET_BATCH, p50_ms=p50, p99_ms=p99,
-        verified=count_rows(dsn, farm, QUEUE) == done, truncated=done < n,
+        "c_publish_batch",
+        f"(c) publish_batch, {size}/txn",
+        done,
+        seconds,
+        done / seconds,
+        unit="rows/s",
+        target=TARGET_BATCH,
+        p50_ms=p50,
+        p99_ms=p99,
+        verified=count_rows(dsn, farm, QUEUE) == done,
+        truncated=done < n,
         extra={"batch_size": size, "batches_per_s": round(len(durations) / seconds, 1)},
     )
+
+
+def median_phase(runs: list[Phase]) -> Phase:
+    """The round with the median rate (the lower one for an even count), all rates noted."""
+    middle = statistics.median_low(p.rate for p in runs)
+    chosen = next(p for p in runs if p.rate == middle)
+    if len(runs) > 1:
+        chosen.extra["rates_by_round"] = [round(p.rate, 1) for p in runs]
+    chosen.verified = all(p.verified for p in runs)
+    return chosen
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -344,6 +406,11 @@ def print_table(phases: list[Phase], info: dict[str, Any], n: int) -> None:
         f"{info['server_version']}, synchronous_commit={info['synchronous_commit']}, "
         f"fsync={info['fsync']}, {info['cpus']} CPUs, Python {info['python']}"
     )
+    code = info["code"]
+    if code["commit"]:
+        print(
+            f"code: {code['commit']}" + (" + local edits in outbox_farm/" if code["dirty"] else "")
+        )
     header = (
         f"{'phase':<44} {'msgs':>7} {'secs':>7} {'rate':>9} {'unit':<6} {'p50 ms':>7} "
         f"{'p99 ms':>7} {'target':>10}  ok"
@@ -376,18 +443,23 @@ def print_table(phases: list[Phase], info: dict[str, Any], n: int) -> None:
     c = by_name.get("c_publish_batch")
     if c:
         print(f"(c) {c.extra['batches_per_s']:,} batches/s; p50/p99 are per batch")
+    for p in phases:
+        if "rates_by_round" in p.extra:
+            print(f"{p.name}: {p.unit} by round {p.extra['rates_by_round']} (median shown)")
     print("p50/p99: one transaction (BEGIN, statement(s), COMMIT) as the producer saw it")
 
 
 def write_json(destination: str, phases: list[Phase], info: dict[str, Any], args: Any) -> None:
     doc = {
         "benchmark": "producer",
-        "config": {"messages": args.messages, "producers": args.producers,
-                   "batch_size": args.batch_size},
+        "config": {
+            "messages": args.messages,
+            "producers": args.producers,
+            "batch_size": args.batch_size,
+            "rounds": args.rounds,
+        },
         "server": info,
-        "results": [
-            {**asdict(p), "meets_target": p.meets_target} for p in phases
-        ],
+        "results": [{**asdict(p), "meets_target": p.meets_target} for p in phases],
     }
     text = json.dumps(doc, indent=2)
     if destination == "-":
@@ -404,13 +476,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=20_000, help="messages per phase")
     parser.add_argument("--producers", type=int, default=8, help="processes in phase (b)")
     parser.add_argument("--batch-size", type=int, default=100, help="bodies per batch in (c)")
-    parser.add_argument("--phase-timeout", type=float, default=30.0,
-                        help="seconds after which a phase stops and reports what it did")
-    parser.add_argument("--time-limit", type=float, default=300.0,
-                        help="hard limit for the whole run, in seconds")
+    parser.add_argument(
+        "--phase-timeout",
+        type=float,
+        default=30.0,
+        help="seconds after which a phase stops and reports what it did",
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=300.0, help="hard limit for the whole run, in seconds"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat every phase (interleaved) and report the median round",
+    )
     parser.add_argument("--skip-baseline", action="store_true", help="skip the raw-SQL loops")
-    parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                        help="also write the results as JSON (to stdout when no PATH)")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="also write the results as JSON (to stdout when no PATH)",
+    )
     return parser.parse_args(argv)
 
 
@@ -435,25 +523,69 @@ def main(argv: list[str] | None = None) -> int:
             plan: list[tuple[str, Callable[[], Phase]]] = []
             if not args.skip_baseline:
                 plan += [
-                    ("raw SQL, 1 statement", lambda: single_phase(
-                        dsn, farm, "raw_one", n, budget, "raw_one",
-                        "baseline: raw INSERT+pg_notify, 1 stmt/txn", None)),
-                    ("raw SQL, 2 statements", lambda: single_phase(
-                        dsn, farm, "raw_two", n, budget, "raw_two",
-                        "baseline: raw INSERT; pg_notify, 2 stmt/txn", None)),
+                    (
+                        "raw SQL, 1 statement",
+                        lambda: single_phase(
+                            dsn,
+                            farm,
+                            "raw_one",
+                            n,
+                            budget,
+                            "raw_one",
+                            "baseline: raw INSERT+pg_notify, 1 stmt/txn",
+                            None,
+                        ),
+                    ),
+                    (
+                        "raw SQL, 2 statements",
+                        lambda: single_phase(
+                            dsn,
+                            farm,
+                            "raw_two",
+                            n,
+                            budget,
+                            "raw_two",
+                            "baseline: raw INSERT; pg_notify, 2 stmt/txn",
+                            None,
+                        ),
+                    ),
                 ]
             plan += [
-                ("(a)", lambda: single_phase(
-                    dsn, farm, "publish", n, budget, "a_publish",
-                    "(a) publish, 1 msg/txn, 1 producer", TARGET_ONE_PER_TXN)),
-                ("(b)", lambda: concurrent_phase(
-                    dsn, farm, n, args.producers, budget, "b_publish_concurrent",
-                    f"(b) publish, 1 msg/txn, {args.producers} processes")),
+                (
+                    "(a)",
+                    lambda: single_phase(
+                        dsn,
+                        farm,
+                        "publish",
+                        n,
+                        budget,
+                        "a_publish",
+                        "(a) publish, 1 msg/txn, 1 producer",
+                        TARGET_ONE_PER_TXN,
+                    ),
+                ),
+                (
+                    "(b)",
+                    lambda: concurrent_phase(
+                        dsn,
+                        farm,
+                        n,
+                        args.producers,
+                        budget,
+                        "b_publish_concurrent",
+                        f"(b) publish, 1 msg/txn, {args.producers} processes",
+                    ),
+                ),
                 ("(c)", lambda: batch_phase(dsn, farm, n, args.batch_size, budget)),
             ]
-            for what, run in plan:
-                print(f"running {what} ...", file=sys.stderr, flush=True)
-                phases.append(run())
+            runs: dict[str, list[Phase]] = {}
+            for round_no in range(1, args.rounds + 1):
+                for what, run in plan:  # interleaved: drift (autovacuum, WAL) hits all alike
+                    print(
+                        f"round {round_no}/{args.rounds}: {what} ...", file=sys.stderr, flush=True
+                    )
+                    runs.setdefault(what, []).append(run())
+            phases = [median_phase(found) for found in runs.values()]
     finally:
         signal.alarm(0)
         del server  # the embedded server (if any) stops with its last handle

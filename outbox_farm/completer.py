@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -209,7 +210,7 @@ class Completer:
                         try:
                             await cursor.execute(stmt.query, stmt.params)
                             await pipeline.sync()
-                            matched = {row[0] for row in await cursor.fetchall()}
+                            matched = {(row[0], row[1]) for row in await cursor.fetchall()}
                         except psycopg.Error as exc:
                             if conn.broken or conn.closed:
                                 raise
@@ -248,7 +249,7 @@ class Completer:
             try:
                 async with self.pool.connection() as conn:
                     cursor = await conn.execute(single.query, single.params)
-                    self._account(single, {row[0] for row in await cursor.fetchall()})
+                    self._account(single, {(r[0], r[1]) for r in await cursor.fetchall()})
             except psycopg.Error as row_exc:
                 self._report_failure(single, row_exc)
 
@@ -275,11 +276,11 @@ class Completer:
             },
         )
 
-    def _account(self, stmt: _Statement, matched: set[int]) -> None:
+    def _account(self, stmt: _Statement, matched: set[tuple[int, uuid.UUID]]) -> None:
         m = self._m
         done: Counter[str] = Counter()
         for outcome in stmt.outcomes:
-            if outcome.row_id in matched:
+            if (outcome.row_id, outcome.token) in matched:
                 done[outcome.queue] += 1
                 if stmt.phase == "retry":
                     self.on_retry(outcome.queue, outcome.delay)

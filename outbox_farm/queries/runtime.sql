@@ -45,7 +45,7 @@ SELECT extract(epoch FROM least(
 DELETE FROM {outbox} AS o
 USING unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
 WHERE o.id = t.id AND o.acquired_token = t.token
-RETURNING o.id
+RETURNING o.id, t.token
 
 -- name: retry
 -- Handler ran and failed, try again later: count the attempt, set the next due time from the
@@ -61,7 +61,7 @@ SET next_attempt_at = now() + make_interval(secs => t.delay),
 FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(delays)b::float8[], %(ran)b::int[],
             %(started)b::timestamptz[]) AS t(id, token, delay, ran, started_at)
 WHERE o.id = t.id AND o.acquired_token = t.token
-RETURNING o.id
+RETURNING o.id, t.token
 
 -- name: release
 -- Claimed but never handed to a handler (graceful stop): clear the lease so another process
@@ -71,7 +71,7 @@ SET acquired_token = NULL, acquired_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
 FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
 WHERE o.id = t.id AND o.acquired_token = t.token
-RETURNING o.id
+RETURNING o.id, t.token
 
 -- name: dlq_move
 -- Terminal failure with a DLQ: the DELETE feeds the INSERT in one statement, so the row is
@@ -85,13 +85,15 @@ WITH t AS (
     USING t
     WHERE o.id = t.id AND o.acquired_token = t.token
     RETURNING o.id, o.queue, o.payload, o.headers, o.deliveries_count, o.created_at,
-              o.timer_id, t.reason, t.exc
+              o.timer_id, t.reason, t.exc, t.token
+), moved AS (
+    INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
+                       failure_reason, last_exception, timer_id)
+    SELECT id, queue, payload, headers, deliveries_count, created_at, reason, exc, timer_id
+    FROM gone
+    RETURNING original_id
 )
-INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
-                   failure_reason, last_exception, timer_id)
-SELECT id, queue, payload, headers, deliveries_count, created_at, reason, exc, timer_id
-FROM gone
-RETURNING original_id
+SELECT gone.id, gone.token FROM gone JOIN moved ON moved.original_id = gone.id
 
 -- name: gauges
 -- Database-derived gauges, one row per queue: backlog (rows not yet acked), age of the oldest

@@ -1,0 +1,644 @@
+"""One whole load test on loopback: scratch database, farm, Locust, drain, check, clean up.
+
+    python loadtests/run_loadtest.py                      # 60 s of load, then drain and check
+    python loadtests/run_loadtest.py --smoke              # the same in well under a minute
+    python loadtests/run_loadtest.py --ui                 # Locust's web UI on 127.0.0.1:8089
+
+Steps, each bounded in time: pick the server (--dsn, else OUTBOX_FARM_DSN, else the local
+"host=127.0.0.1 user=postgres dbname=test", else an embedded Postgres); create a scratch
+database there, migrate it and add the load test's tables; start `outbox-farm start
+farmapp:farm --procs N` with its own /metrics port; run Locust (`locustfile.py`) as a
+subprocess; wait for the farm to drain; run the checker (`checker.py`) against the database
+and /metrics; SIGTERM the farm; drop the scratch database; print the summary. The exit status
+is 0 only when every invariant held (1 otherwise; 2 when the run itself could not be set up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import checker
+import scenario
+
+from outbox_farm.dsn import redact
+from outbox_farm.migrate import migrate
+from outbox_farm.names import TableNames
+
+HERE = Path(__file__).resolve().parent
+LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=test"
+CLI = Path(sys.executable).parent / "outbox-farm"
+GRACEFUL = 10.0  # the farm's --graceful-timeout
+BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
+STOP_GRACE = 5  # Locust's --stop-timeout: a user finishes its transaction
+# Farm log events that mean something broke in the farm itself.
+BAD_EVENTS = ("worker_crashed", "boot_failed", "flush_failed", "write_failed", "strategy_failed")
+
+
+class SetupError(Exception):
+    """The run could not be set up (exit status 2)."""
+
+
+def say(line: str) -> None:
+    print(f"loadtest: {line}", file=sys.stderr, flush=True)
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dsn", help="admin DSN of the server (default: OUTBOX_FARM_DSN, then the local server)"
+    )
+    parser.add_argument("--duration", type=int, help="seconds of load (default 60; smoke 15)")
+    parser.add_argument("--users", type=int, help="Locust users (default 20; smoke 4)")
+    parser.add_argument("--spawn-rate", type=float, help="users started per second (default: all)")
+    parser.add_argument("--procs", type=int, help="farm worker processes (default 2)")
+    parser.add_argument("--publish-rate", type=float, help="transactions/s per user (default 10)")
+    parser.add_argument("--queue-weights", default=scenario.DEFAULT_WEIGHTS)
+    parser.add_argument("--flaky-failures", type=int, default=scenario.DEFAULT_FLAKY_FAILURES)
+    parser.add_argument("--rollback-ratio", type=float, default=0.05)
+    parser.add_argument(
+        "--drain-timeout", type=float, help="seconds to wait for the drain (default 60; smoke 20)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a short run: 15 s of load, 4 users, < 60 s in all"
+    )
+    parser.add_argument(
+        "--ui",
+        action="store_true",
+        help="run Locust's web UI on 127.0.0.1 instead of a headless run; start and stop the "
+        "test there, then Ctrl-C (or quit in the UI) to drain and check",
+    )
+    parser.add_argument("--web-port", type=int, default=8089)
+    parser.add_argument(
+        "--ui-timeout", type=float, default=3600.0, help="seconds before the UI is closed"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the scratch database and the work folder"
+    )
+    args = parser.parse_args(argv)
+    defaults = (
+        {"duration": 15, "users": 4, "procs": 2, "publish_rate": 10.0, "drain_timeout": 20.0}
+        if args.smoke
+        else {"duration": 60, "users": 20, "procs": 2, "publish_rate": 10.0, "drain_timeout": 60.0}
+    )
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.spawn_rate is None:
+        args.spawn_rate = float(args.users)
+    try:
+        args.weights = scenario.parse_weights(args.queue_weights)
+        scenario.check_flaky_failures(args.flaky_failures)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.duration < 1 or args.users < 1 or args.procs < 1 or args.publish_rate <= 0:
+        parser.error("--duration, --users, --procs and --publish-rate must be positive")
+    if not 0 <= args.rollback_ratio < 1:
+        parser.error("--rollback-ratio must be in [0, 1)")
+    return args
+
+
+# -- the database ----------------------------------------------------------------------------
+
+
+def reachable(dsn: str) -> str | None:
+    """None when a connection works, else why not."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=3):
+            return None
+    except psycopg.Error as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+@contextlib.contextmanager
+def server(dsn: str | None) -> Iterator[str]:
+    """The admin DSN: --dsn (must work), else OUTBOX_FARM_DSN / local, else embedded."""
+    if dsn:
+        problem = reachable(dsn)
+        if problem:
+            raise SetupError(f"cannot connect to --dsn {redact(dsn)}: {problem}")
+        yield dsn
+        return
+    for candidate in (os.environ.get("OUTBOX_FARM_DSN"), LOCAL_DSN):
+        if not candidate:
+            continue
+        problem = reachable(candidate)
+        if problem is None:
+            yield candidate
+            return
+        say(f"{redact(candidate)} is not reachable ({problem})")
+    from outbox_farm.embedded import start_embedded
+
+    data = Path(tempfile.mkdtemp(prefix="outbox-farm-loadtest-pg-")) / "pgdata"
+    say(f"starting an embedded Postgres in {data}")
+    url, handle = start_embedded(data, delete=True)
+    try:
+        yield url
+    finally:
+        handle.cleanup()
+        shutil.rmtree(data.parent, ignore_errors=True)
+
+
+def with_dbname(dsn: str, name: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = name
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def scratch_database(admin: str, keep: bool) -> Iterator[str]:
+    name = f"outbox_farm_load_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = with_dbname(admin, name)
+    try:
+        with psycopg.connect(dsn, connect_timeout=10) as conn:
+            migrate(conn, TableNames.build(scenario.TABLE, scenario.DLQ_TABLE))
+            checker.create_schema(conn)
+            conn.commit()
+        yield dsn
+    finally:
+        if keep:
+            say(f"kept the scratch database: {redact(dsn)}")
+        else:
+            with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+
+
+# -- the farm --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, bytes] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+    except OSError:
+        return None
+
+
+@dataclass
+class FarmProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    procs: int
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def events(self) -> Counter[str]:
+        found: Counter[str] = Counter()
+        if not self.log_path.exists():
+            return found
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                found[str(json.loads(line).get("event", "-"))] += 1
+        return found
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SetupError(f"the farm exited ({self.proc.returncode}):\n{self.log_tail()}")
+            got = get(f"http://127.0.0.1:{self.port}/healthz")
+            if got is not None and got[0] == 200:
+                health = json.loads(got[1])
+                if health.get("procs") == health.get("alive") == self.procs:
+                    return
+            time.sleep(0.2)
+        raise SetupError(f"the farm was not healthy within {timeout:g}s:\n{self.log_tail()}")
+
+    def stop(self) -> tuple[int | None, float]:
+        """SIGTERM and wait; (exit status or None if it had to be killed, seconds)."""
+        began = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=GRACEFUL + 20), time.monotonic() - began
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None, time.monotonic() - began
+
+    def kill(self) -> None:
+        """SIGKILL the farm's whole session (it was started in a new one)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def farm_process(dsn: str, procs: int, work: Path) -> Iterator[FarmProcess]:
+    port = free_port()
+    log_path = work / "farm.log"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("OUTBOX_FARM_") and k != "PROMETHEUS_MULTIPROC_DIR"
+    }
+    env.update(LOADTEST_DSN=dsn, TMPDIR=str(work))
+    command = [
+        str(CLI),
+        "start",
+        "farmapp:farm",
+        "--dsn",
+        dsn,
+        "--procs",
+        str(procs),
+        "--metrics-bind",
+        f"127.0.0.1:{port}",
+        "--metrics-dir",
+        str(work / "metrics"),
+        "--graceful-timeout",
+        str(GRACEFUL),
+        "--log-format",
+        "json",
+    ]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            command,
+            cwd=HERE,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    farm = FarmProcess(proc, port, log_path, procs)
+    try:
+        yield farm
+    finally:
+        if proc.poll() is None:
+            farm.kill()
+
+
+# -- Locust ----------------------------------------------------------------------------------
+
+
+def locust_command(args: argparse.Namespace, dsn: str, csv_prefix: Path) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(HERE / "locustfile.py"),
+        "--host",
+        dsn,
+        "--users",
+        str(args.users),
+        "--spawn-rate",
+        f"{args.spawn_rate:g}",
+        "--queue-weights",
+        args.queue_weights,
+        "--flaky-failures",
+        str(args.flaky_failures),
+        "--rollback-ratio",
+        f"{args.rollback_ratio:g}",
+        "--publish-rate",
+        f"{args.publish_rate:g}",
+        "--stop-timeout",
+        str(STOP_GRACE),
+        "--csv",
+        str(csv_prefix),
+    ]
+    if args.ui:
+        return [*command, "--web-host", "127.0.0.1", "--web-port", str(args.web_port)]
+    return [*command, "--headless", "--run-time", f"{args.duration}s", "--only-summary"]
+
+
+def run_locust(args: argparse.Namespace, dsn: str, work: Path) -> int | None:
+    """Run Locust to its end; its exit status (None: a headless run had to be stopped).
+
+    Locust runs in a session of its own, so a Ctrl-C reaches only this script (gevent's hub
+    can swallow a KeyboardInterrupt and leave Locust running); this script then stops Locust
+    with SIGTERM, which Locust handles cleanly, writing its statistics. In --ui mode a Ctrl-C
+    ends the test and goes on to drain and check; in a headless run it aborts the run.
+    """
+    command = locust_command(args, dsn, work / "locust")
+    env = {**os.environ, "LOADTEST_DSN": dsn}  # if the web UI's host field is emptied
+    limit = args.ui_timeout if args.ui else args.duration + STOP_GRACE + 60
+    if args.ui:
+        say(f"Locust web UI: http://127.0.0.1:{args.web_port} (Ctrl-C here when done)")
+        proc = subprocess.Popen(command, cwd=work, env=env, start_new_session=True)
+    else:  # its own summary repeats ours; kept in the work folder
+        with (work / "locust.log").open("wb") as log:
+            proc = subprocess.Popen(
+                command,
+                cwd=work,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    interrupted: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if args.ui:
+        signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
+    try:
+        deadline = time.monotonic() + limit
+        for _ in range(int(limit / 0.5) + 2):
+            if proc.poll() is not None or interrupted or time.monotonic() >= deadline:
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.5)
+        if proc.poll() is None:
+            why = "Ctrl-C" if interrupted else f"still running after {limit:g}s"
+            say(f"stopping Locust ({why})")
+            code = stop_locust(proc)
+            return code if args.ui else None  # a headless run must end by itself
+        return proc.returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if proc.poll() is None:  # this script was interrupted (headless Ctrl-C)
+            stop_locust(proc)
+
+
+def stop_locust(proc: subprocess.Popen[bytes]) -> int | None:
+    """SIGTERM, then SIGKILL after 30 s; the exit status (None if it had to be killed)."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+        return None
+
+
+def locust_table(csv_prefix: Path) -> tuple[str, int]:
+    """Locust's per-queue publish statistics as a table, and its failure count."""
+    path = Path(f"{csv_prefix}_stats.csv")
+    if not path.exists():
+        return "(no Locust statistics were written)", 0
+    with path.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    head = (
+        "type",
+        "queue",
+        "requests",
+        "failures",
+        "req/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
+    )
+    table = [head]
+    failures = 0
+    for r in rows:
+        name = r["Name"] if r["Type"] else "TOTAL"
+        if not r["Type"]:
+            failures = int(r["Failure Count"])
+        table.append(
+            (
+                r["Type"],
+                name,
+                r["Request Count"],
+                r["Failure Count"],
+                f"{float(r['Requests/s']):.1f}",
+                r["50%"],
+                r["95%"],
+                r["99%"],
+                f"{float(r['Max Response Time']):.0f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    lines = [
+        "  ".join(
+            [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+            + [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
+        )
+        for row in table
+    ]
+    failures_path = Path(f"{csv_prefix}_failures.csv")
+    if failures and failures_path.exists():
+        with failures_path.open(newline="") as file:
+            for r in list(csv.DictReader(file))[:10]:
+                lines.append(f"  failure x{r['Occurrences']}: {r['Name']}: {r['Error'][:200]}")
+    return "\n".join(lines), failures
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RunCheck:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"[{'PASS' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
+
+
+def published_by_queue(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn, connect_timeout=10) as conn:
+        rows = conn.execute("SELECT queue, count(*) FROM loadtest_expected GROUP BY queue")
+        return {str(q): int(n) for q, n in rows.fetchall()}
+
+
+def run(args: argparse.Namespace) -> int:
+    began = time.monotonic()
+    keep_work = args.keep
+    work = Path(tempfile.mkdtemp(prefix="outbox-farm-loadtest-"))
+    try:
+        with server(args.dsn) as admin, scratch_database(admin, args.keep) as dsn:
+            say(f"scratch database {redact(dsn)}")
+            with farm_process(dsn, args.procs, work) as farm:
+                farm.wait_healthy(BOOT_TIMEOUT)
+                say(f"farm up: --procs {args.procs}, metrics on {farm.metrics_url}")
+                if args.ui:
+                    say("load: Locust web UI")
+                else:
+                    say(f"load: {args.duration}s, {args.users} users x {args.publish_rate:g} tx/s")
+                locust_code = run_locust(args, dsn, work)
+                load_done = time.monotonic()
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                    drain = checker.wait_for_drain(
+                        conn, farm.metrics_url, args.drain_timeout, say=say
+                    )
+                    say(
+                        f"{'drained' if drain.drained else 'NOT drained'} in "
+                        f"{drain.seconds:.1f}s; checking"
+                    )
+                    scraped = checker.Metrics.scrape(farm.metrics_url)
+                    report = checker.check(conn, scraped or checker.Metrics([]))
+                code, stop_seconds = farm.stop()
+                events = farm.events()
+                log_tail = farm.log_tail()
+            published = published_by_queue(dsn)
+        table, failures = locust_table(work / "locust")
+        checks = run_checks(args, locust_code, failures, published, drain, code, events, report)
+        checks.insert(
+            0,
+            RunCheck(
+                "metrics-scraped",
+                scraped is not None,
+                "read the farm's /metrics after the drain"
+                if scraped is not None
+                else "no answer from /metrics: the counter invariants above are meaningless",
+            ),
+        )
+        ok = report.ok and all(c.ok for c in checks)
+        keep_work = keep_work or not ok
+        print_summary(
+            args, table, report, checks, events, drain, stop_seconds, load_done - began, began
+        )
+        if not ok:
+            print(f"\nfarm log tail ({work / 'farm.log'}):\n{log_tail}")
+            locust_log = work / "locust.log"
+            if locust_log.exists():
+                tail = "\n".join(locust_log.read_text(errors="replace").splitlines()[-15:])
+                print(f"\nLocust log tail ({locust_log}):\n{tail}")
+        return 0 if ok else 1
+    finally:
+        if keep_work:
+            say(f"kept the work folder (farm log, Locust CSV): {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_checks(
+    args: argparse.Namespace,
+    locust_code: int | None,
+    failures: int,
+    published: dict[str, int],
+    drain: checker.Drain,
+    farm_code: int | None,
+    events: Counter[str],
+    report: checker.Report,
+) -> list[RunCheck]:
+    wanted = [q for q, w in args.weights.items() if w > 0]
+    unloaded = [q for q in wanted if not published.get(q)]
+    bad = {e: events[e] for e in BAD_EVENTS if events[e]}
+    locust_ok = locust_code == 0 or (args.ui and locust_code is not None and not failures)
+    return [
+        RunCheck(
+            "load-applied",
+            not unloaded,
+            f"{sum(published.values())} messages committed"
+            + (f"; none for {', '.join(unloaded)}" if unloaded else " on every weighted queue"),
+        ),
+        RunCheck(
+            "publishes-succeeded",
+            locust_ok and not failures,
+            f"Locust exit status {locust_code}, {failures} failed publish transaction(s)",
+        ),
+        RunCheck(
+            "farm-drained",
+            drain.drained,
+            f"outbox empty, nothing in flight, counters still, after {drain.seconds:.1f}s"
+            if drain.drained
+            else f"not within {args.drain_timeout:g}s ({drain.outbox_rows} rows, "
+            f"{drain.inflight:g} in flight)",
+        ),
+        RunCheck(
+            "farm-healthy",
+            not bad and not report.restarts,
+            f"{report.restarts:g} worker restarts; "
+            + (f"bad log events {bad}" if bad else "no crash / failed-write events"),
+        ),
+        RunCheck(
+            "farm-stopped-cleanly",
+            farm_code == 0,
+            f"SIGTERM exit status {farm_code}" if farm_code is not None else "had to be killed",
+        ),
+    ]
+
+
+def print_summary(
+    args: argparse.Namespace,
+    table: str,
+    report: checker.Report,
+    checks: list[RunCheck],
+    events: Counter[str],
+    drain: checker.Drain,
+    stop_seconds: float,
+    until_load_done: float,
+    began: float,
+) -> None:
+    mode = "web UI" if args.ui else f"{args.duration}s"
+    print(
+        f"\n=== outbox_farm load test: {mode}, {args.users} users x {args.publish_rate:g} tx/s, "
+        f"--procs {args.procs}, weights {args.queue_weights}, flaky failures "
+        f"{args.flaky_failures}, rollback ratio {args.rollback_ratio:g} ==="
+    )
+    print("\npublishing (Locust; one request = one transaction):")
+    print(table)
+    print()
+    print(report.render())
+    print("\nrun:")
+    for c in checks:
+        print(c.line())
+    notable = ", ".join(
+        f"{e}={events[e]}" for e in ("lease_lost", "retry", "terminal", *BAD_EVENTS) if events[e]
+    )
+    total = time.monotonic() - began
+    print(
+        f"\nfarm log events: {notable or 'none'}; drain {drain.seconds:.1f}s; SIGTERM stop "
+        f"{stop_seconds:.1f}s; wall time {total:.0f}s (setup + load {until_load_done:.0f}s)"
+    )
+    ok = report.ok and all(c.ok for c in checks)
+    broken = [c.name for c in report.violations] + [c.name for c in checks if not c.ok]
+    print(f"RESULT: {'PASS' if ok else 'FAIL: ' + ', '.join(broken)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except SetupError as exc:
+        say(f"setup failed: {exc}")
+        return 2
+    except psycopg.Error as exc:
+        say(f"database error: {str(exc).strip()}")
+        return 2
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
