@@ -23,19 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from . import exposition
-from .child import BOOT_ERROR, run_child
+from .child import ARBITER_SIGNALS, BOOT_ERROR, run_child
 from .farm import Farm
 
 log = logging.getLogger("outbox_farm.arbiter")
-HANDLED = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGQUIT,
-    signal.SIGHUP,
-    signal.SIGTTIN,
-    signal.SIGTTOU,
-    signal.SIGCHLD,
-)
 MAX_BOOT_FAILURES = 5
 BOOT_TIMEOUT = 60.0
 
@@ -94,7 +85,7 @@ class Arbiter:
             "outbox_farm_process_restarts", "Worker processes replaced after dying."
         )
         self._pipe_r, self._pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        for sig in HANDLED:
+        for sig in ARBITER_SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self._pipe_w)
         self._http = exposition.listen(self.metrics_bind) if self.metrics_bind else None

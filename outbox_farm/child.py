@@ -23,6 +23,16 @@ from .runtime import Runtime
 
 log = logging.getLogger("outbox_farm.child")
 BOOT_ERROR = 3  # exit status of a child that could not start its runtime
+# What the arbiter handles itself; a fresh child puts them back to their defaults.
+ARBITER_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGCHLD,
+)
 HEARTBEAT_EVERY = 1.0
 
 
@@ -34,15 +44,7 @@ def run_child(
     farm: Farm, dsn: str, heartbeat: Path, gauges: bool, options: dict[str, Any]
 ) -> NoReturn:
     """Entry point right after fork; never returns (os._exit skips the parent's atexit)."""
-    for sig in (
-        signal.SIGTERM,
-        signal.SIGINT,
-        signal.SIGQUIT,
-        signal.SIGHUP,
-        signal.SIGTTIN,
-        signal.SIGTTOU,
-        signal.SIGCHLD,
-    ):
+    for sig in ARBITER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     code = 0

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict, Unpack
 
 import orjson
 import psycopg
@@ -93,6 +93,24 @@ class Timing:
         return cls(activate_at, _delay_seconds(activate_in))
 
 
+class BatchOptions(TypedDict, total=False):
+    """Options of `publish_batch`: every row of the batch shares them."""
+
+    queue: Required[str]
+    headers: Mapping[str, Any] | None  # merged with content-type and a fresh correlation_id
+    activate_in: float | timedelta | None  # seconds (or timedelta) from the database's now()
+    activate_at: datetime | None  # timezone-aware; exclusive with activate_in
+    notify: bool | None  # None: the Farm's setting
+
+
+class PublishOptions(BatchOptions, total=False):
+    """Options of `publish`."""
+
+    correlation_id: str | None  # kept in headers; a random one when absent
+    timer_id: str | None  # at most one live row per (queue, timer_id)
+    on_timer_conflict: TimerConflict  # "ignore" keeps the live timer, "extend" moves it
+
+
 class Producer:
     """Builds and runs the publish statements for one outbox table."""
 
@@ -103,14 +121,15 @@ class Producer:
     def _one(
         self,
         body: object,
+        *,
         queue: str,
-        headers: Mapping[str, Any] | None,
-        correlation_id: str | None,
-        activate_in: float | timedelta | None,
-        activate_at: datetime | None,
-        timer_id: str | None,
-        on_timer_conflict: TimerConflict,
-        notify: bool | None,
+        headers: Mapping[str, Any] | None = None,
+        correlation_id: str | None = None,
+        activate_in: float | timedelta | None = None,
+        activate_at: datetime | None = None,
+        timer_id: str | None = None,
+        on_timer_conflict: TimerConflict = "ignore",
+        notify: bool | None = None,
     ) -> tuple[str, dict[str, Any]]:
         _check_name(queue, "queue")
         if timer_id is not None:
@@ -140,11 +159,12 @@ class Producer:
     def _batch(
         self,
         bodies: Sequence[object],
+        *,
         queue: str,
-        headers: Mapping[str, Any] | None,
-        activate_in: float | timedelta | None,
-        activate_at: datetime | None,
-        notify: bool | None,
+        headers: Mapping[str, Any] | None = None,
+        activate_in: float | timedelta | None = None,
+        activate_at: datetime | None = None,
+        notify: bool | None = None,
     ) -> tuple[str, dict[str, Any]]:
         _check_name(queue, "queue")
         if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
@@ -183,38 +203,17 @@ class Producer:
         return DatabaseError(f"outbox write failed: {exc}")
 
     # The public calls come in sync/async pairs over the same builders above; each pair only
-    # differs in how the statement is awaited.
+    # differs in how the statement is awaited. Options are listed in PublishOptions.
 
     def publish(
-        self,
-        conn: psycopg.Connection[Any],
-        body: object,
-        *,
-        queue: str,
-        headers: Mapping[str, Any] | None = None,
-        correlation_id: str | None = None,
-        activate_in: float | timedelta | None = None,
-        activate_at: datetime | None = None,
-        timer_id: str | None = None,
-        on_timer_conflict: TimerConflict = "ignore",
-        notify: bool | None = None,
+        self, conn: psycopg.Connection[Any], body: object, **options: Unpack[PublishOptions]
     ) -> int | None:
         """Insert one row in the caller's transaction; return its id.
 
         None means a timer with this `timer_id` already exists and was kept (`ignore`), or is
         running and could not be moved (`extend`). The caller commits or rolls back.
         """
-        query, params = self._one(
-            body,
-            queue,
-            headers,
-            correlation_id,
-            activate_in,
-            activate_at,
-            timer_id,
-            on_timer_conflict,
-            notify,
-        )
+        query, params = self._one(body, **options)
         try:
             row = conn.execute(query, params).fetchone()
         except psycopg.Error as exc:
@@ -222,31 +221,10 @@ class Producer:
         return int(row[0]) if row else None
 
     async def apublish(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        body: object,
-        *,
-        queue: str,
-        headers: Mapping[str, Any] | None = None,
-        correlation_id: str | None = None,
-        activate_in: float | timedelta | None = None,
-        activate_at: datetime | None = None,
-        timer_id: str | None = None,
-        on_timer_conflict: TimerConflict = "ignore",
-        notify: bool | None = None,
+        self, conn: psycopg.AsyncConnection[Any], body: object, **options: Unpack[PublishOptions]
     ) -> int | None:
         """`publish` for an `AsyncConnection`."""
-        query, params = self._one(
-            body,
-            queue,
-            headers,
-            correlation_id,
-            activate_in,
-            activate_at,
-            timer_id,
-            on_timer_conflict,
-            notify,
-        )
+        query, params = self._one(body, **options)
         try:
             row = await (await conn.execute(query, params)).fetchone()
         except psycopg.Error as exc:
@@ -257,18 +235,13 @@ class Producer:
         self,
         conn: psycopg.Connection[Any],
         bodies: Sequence[object],
-        *,
-        queue: str,
-        headers: Mapping[str, Any] | None = None,
-        activate_in: float | timedelta | None = None,
-        activate_at: datetime | None = None,
-        notify: bool | None = None,
+        **options: Unpack[BatchOptions],
     ) -> list[int]:
         """Insert many rows of one queue in one round trip; ids in the order of `bodies`.
 
         Each row gets its own correlation id. At most one NOTIFY is sent for the batch.
         """
-        query, params = self._batch(bodies, queue, headers, activate_in, activate_at, notify)
+        query, params = self._batch(bodies, **options)
         if not params["payloads"]:
             return []
         try:
@@ -280,15 +253,10 @@ class Producer:
         self,
         conn: psycopg.AsyncConnection[Any],
         bodies: Sequence[object],
-        *,
-        queue: str,
-        headers: Mapping[str, Any] | None = None,
-        activate_in: float | timedelta | None = None,
-        activate_at: datetime | None = None,
-        notify: bool | None = None,
+        **options: Unpack[BatchOptions],
     ) -> list[int]:
         """`publish_batch` for an `AsyncConnection`."""
-        query, params = self._batch(bodies, queue, headers, activate_in, activate_at, notify)
+        query, params = self._batch(bodies, **options)
         if not params["payloads"]:
             return []
         try:

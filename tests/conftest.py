@@ -15,6 +15,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -89,16 +90,14 @@ def template_db(server_dsn: str) -> Iterator[str]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
 
 
-@pytest.fixture
-def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
-    """A fresh database with `outbox` and `outbox_dlq` migrated, dropped after the test."""
-    name = f"outbox_farm_t_{uuid.uuid4().hex[:10]}"
+@contextmanager
+def _scratch_database(server_dsn: str, prefix: str, template: str | None = None) -> Iterator[str]:
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
     with _admin(server_dsn) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
+        conn.execute(create)
     try:
         yield with_dbname(server_dsn, name)
     finally:
@@ -106,21 +105,20 @@ def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh database with `outbox` and `outbox_dlq` migrated, dropped after the test."""
+    with _scratch_database(server_dsn, "outbox_farm_t_", template_db) as url:
+        yield url
 
 
 @pytest.fixture
 def empty_dsn(server_dsn: str) -> Iterator[str]:
     """A fresh database with no outbox_farm schema at all."""
-    name = f"outbox_farm_e_{uuid.uuid4().hex[:10]}"
-    with _admin(server_dsn) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield with_dbname(server_dsn, name)
-    finally:
-        with _admin(server_dsn) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    with _scratch_database(server_dsn, "outbox_farm_e_") as url:
+        yield url
 
 
 @pytest.fixture
