@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -76,18 +77,26 @@ def count(conn: psycopg.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-def start_farm(dsn: str, procs: int, appdir: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_farm(
+    dsn: str,
+    procs: int,
+    appdir: Path,
+    log: Path,
+    metrics_bind: str = "",
+    app: str = "benchapp:farm",
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             CLI,
             "start",
-            "benchapp:farm",
+            app,
             "--procs",
             str(procs),
             "--dsn",
             dsn,
             "--metrics-bind",
-            "",
+            metrics_bind,
             "--log-level",
             "WARNING",
         ],
@@ -95,6 +104,7 @@ def start_farm(dsn: str, procs: int, appdir: Path, log: Path) -> subprocess.Pope
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -108,24 +118,49 @@ def stop_farm(proc: subprocess.Popen[bytes]) -> None:
 
 
 def drain(dsn: str, procs: int, rows: int, appdir: Path) -> float:
+    return drain_run(dsn, procs, rows, appdir)["rate"]
+
+
+def drain_run(
+    dsn: str,
+    procs: int,
+    rows: int,
+    appdir: Path,
+    on_loaded: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Pre-load, start the farm, time the drain, stop it (waits for the arbiter to exit).
+
+    `on_loaded` runs after the pre-load, before the farm starts (to take "before" readings).
+    Returns rate (msg/s), seconds, rows counted at the start, and `polls`: the count(*)
+    statements this function ran against the bench database.
+    """
     preload(dsn, rows)
+    if on_loaded is not None:
+        on_loaded()
+    polls = 0
     proc = start_farm(dsn, procs, appdir, appdir / f"drain-{procs}.log")
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 300
-            while count(conn) == rows:
+            while (polls := polls + 1) and count(conn) == rows:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise SystemExit(f"farm did not start; see {appdir}/drain-{procs}.log")
                 time.sleep(0.005)
             began, left_at_start = time.perf_counter(), count(conn)
-            while (left := count(conn)) > 0:
+            polls += 1
+            while (polls := polls + 1) and (left := count(conn)) > 0:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"drain did not finish: {left} rows left")
                 time.sleep(0.02)
             elapsed = time.perf_counter() - began
     finally:
         stop_farm(proc)
-    return left_at_start / elapsed
+    return {
+        "rate": left_at_start / elapsed,
+        "seconds": elapsed,
+        "rows_at_start": left_at_start,
+        "polls": polls,
+    }
 
 
 def steady(dsn: str, seconds: float, rate: float, appdir: Path) -> dict[str, object]:
