@@ -36,7 +36,6 @@ import signal
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
@@ -49,8 +48,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox_farm import Farm, Message
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_producer import code_version
+from bench_producer import scratch_database as producer_scratch_database
+
 from outbox_farm.metrics import metrics
-from outbox_farm.migrate import migrate
 
 QUEUE = "bench"
 MONITOR_APP = "outbox-farm-bench-monitor"
@@ -81,41 +84,9 @@ def resolve_dsn(given: str | None) -> tuple[str, Any]:
 
 @contextmanager
 def scratch_database(admin_dsn: str, farm: Farm) -> Iterator[tuple[str, str]]:
-    """A fresh migrated database (its DSN and name), dropped WITH (FORCE) on the way out."""
-    name = f"outbox_farm_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = with_dbname(admin_dsn, name)
-    try:
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
-            migrate(conn, farm.names)
-        yield dsn, name
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-
-
-def code_version() -> dict[str, Any]:
-    """The outbox_farm code measured: git commit, and whether the package had local edits."""
-    import subprocess
-    from pathlib import Path
-
-    import outbox_farm
-
-    root = Path(outbox_farm.__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
-        )
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD")
-    if not commit:
-        return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--", "outbox_farm"))}
+    """bench_producer's migrated scratch database, with its name (for pg_stat_database)."""
+    with producer_scratch_database(admin_dsn, farm) as dsn:
+        yield dsn, str(conninfo_to_dict(dsn)["dbname"])
 
 
 def server_info(dsn: str) -> dict[str, Any]:
