@@ -45,12 +45,12 @@ import orjson
 import psycopg
 import uvloop
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from outbox_farm import Farm, Message
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_producer import code_version
+from bench_producer import _time_limit, code_version, resolve_dsn
 from bench_producer import scratch_database as producer_scratch_database
 
 from outbox_farm.metrics import metrics
@@ -63,23 +63,6 @@ TARGET_P99_MS = 6.0
 
 
 # -- database plumbing (kept in each script: loadtests/ is a folder of scripts) -------------
-
-
-def with_dbname(dsn: str, dbname: str) -> str:
-    params = conninfo_to_dict(dsn)
-    params["dbname"] = dbname
-    return make_conninfo(**params)
-
-
-def resolve_dsn(given: str | None) -> tuple[str, Any]:
-    """The admin DSN and, when the embedded server had to be started, its handle."""
-    dsn = given or os.environ.get("OUTBOX_FARM_DSN")
-    if dsn:
-        return dsn, None
-    from outbox_farm.embedded import start_embedded
-
-    print("no --dsn / OUTBOX_FARM_DSN: starting the embedded Postgres", file=sys.stderr)
-    return start_embedded()
 
 
 @contextmanager
@@ -539,14 +522,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also write the results as JSON (to stdout when no PATH)",
     )
     return parser.parse_args(argv)
-
-
-def _time_limit(seconds: float) -> None:
-    def expired(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"--time-limit of {seconds:g}s reached")
-
-    signal.signal(signal.SIGALRM, expired)
-    signal.alarm(max(int(seconds), 1))
 
 
 def main(argv: list[str] | None = None) -> int:
