@@ -86,8 +86,10 @@ CLIENTS = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
     "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
 )
+# n_tup_upd + n_tup_del: dead row versions made (each UPDATE and DELETE leaves one), which a
+# VACUUM during the run does not reset the way it resets n_dead_tup.
 DEAD = (
-    "SELECT n_dead_tup, n_live_tup, autovacuum_count, autoanalyze_count "
+    "SELECT n_tup_upd + n_tup_del, n_dead_tup, vacuum_count, autovacuum_count "
     "FROM pg_stat_user_tables WHERE relname = 'outbox'"
 )
 
@@ -128,7 +130,7 @@ def server_extra(dsn: str) -> dict[str, str]:
 def table_stats(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(DEAD).fetchone()
-    keys = ("n_dead_tup", "n_live_tup", "autovacuum_count", "autoanalyze_count")
+    keys = ("dead_made", "n_dead_tup", "vacuum_count", "autovacuum_count")
     return dict(zip(keys, (int(v) for v in row), strict=True))
 
 
@@ -163,6 +165,7 @@ def drain_section(
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
 
         def readings() -> None:
+            before["stats"] = table_stats(dsn)  # first: its transaction is inside "before"
             before["xacts"] = settled_xacts(admin, dbname)
             before["lsn"] = admin.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
 
@@ -171,11 +174,11 @@ def drain_section(
         wal = admin.execute(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [before["lsn"]]
         ).fetchone()[0]
-        stats = table_stats(dsn)  # right after the drain (autovacuum may have run)
         xacts = settled_xacts(admin, dbname) - before["xacts"]
-    # our table_stats connection ran 2 transactions (the DEAD query + its session's none)
-    statements = xacts - run["polls"] - 1
+        stats = table_stats(dsn)  # after the count: its own transaction is not in it
+    statements = xacts - run["polls"]
     drained = run["rows_at_start"]
+    made = stats["dead_made"] - before["stats"]["dead_made"]
     return {
         "procs": procs,
         "rows": rows,
@@ -185,9 +188,11 @@ def drain_section(
         "statements_per_message": statements / rows,
         "wal_bytes": int(wal),
         "wal_bytes_per_message": float(wal) / rows,
-        "dead_tuples": stats["n_dead_tup"],
-        "dead_tuples_per_message": stats["n_dead_tup"] / rows,
-        "autovacuum_runs_total": stats["autovacuum_count"],
+        "dead_tuples_made": made,
+        "dead_tuples_per_message": made / rows,
+        "dead_tuples_left": stats["n_dead_tup"],
+        "farm_vacuums": stats["vacuum_count"] - before["stats"]["vacuum_count"],
+        "autovacuums": stats["autovacuum_count"] - before["stats"]["autovacuum_count"],
         "rows_counted_at_start": drained,
     }
 
@@ -297,8 +302,16 @@ def standard_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows.append(("  WAL bytes / message", f"{d['wal_bytes_per_message']:,.0f}", "-", ""))
         rows.append(
             (
-                "  dead tuples / message (right after, as measured)",
+                "  dead tuples made / message (updates + deletes)",
                 f"{d['dead_tuples_per_message']:.3f}",
+                "-",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "  dead tuples left / VACUUMs by farm / autovacuums",
+                f"{d['dead_tuples_left']:,} / {d['farm_vacuums']} / {d['autovacuums']}",
                 "-",
                 "",
             )
@@ -402,7 +415,15 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     windows = max(int(seconds // window), 1)
     progress = Progress(windows + 1)
     farm = Farm(dlq_table="outbox_dlq")
-    result: dict[str, Any] = {"seconds": seconds, "rate": args.rate, "window_s": window}
+    result: dict[str, Any] = {
+        "seconds": seconds,
+        "rate": args.rate,
+        "window_s": window,
+        "vacuum_interval": args.vacuum_interval,
+    }
+    vacuum_env: dict[str, str] = {}
+    if args.vacuum_interval is not None:
+        vacuum_env["OUTBOX_FARM_VACUUM_INTERVAL"] = str(args.vacuum_interval)
     port = free_port()
     with (
         bench_producer.scratch_database(admin_dsn, farm) as dsn,
@@ -419,7 +440,7 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
             appdir / "sustained.log",
             metrics_bind=f"127.0.0.1:{port}",
             app="sustainedapp:farm",
-            env={"BENCH_LAT_DIR": folder},
+            env={"BENCH_LAT_DIR": folder} | vacuum_env,
         )
         ctx = mp.get_context("spawn")
         go, out = ctx.Event(), ctx.Queue()
@@ -458,10 +479,10 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
                 backlog = int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
                 stats = dict(
                     zip(
-                        ("dead", "live", "autovacuums"),
+                        ("dead", "size", "vacuums", "autovacuums"),
                         conn.execute(
-                            "SELECT n_dead_tup, n_live_tup, autovacuum_count "
-                            "FROM pg_stat_user_tables WHERE relname = 'outbox'"
+                            "SELECT n_dead_tup, pg_table_size(relid), vacuum_count, "
+                            "autovacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'"
                         ).fetchone(),
                         strict=True,
                     )
@@ -483,6 +504,8 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
                         "samples": len(lags),
                         "backlog": backlog,
                         "n_dead_tup": int(stats["dead"]),
+                        "table_mb": int(stats["size"]) / 2**20,
+                        "vacuum_count": int(stats["vacuums"]),
                         "autovacuum_count": int(stats["autovacuums"]),
                         "claims": int(claims),
                         "claim_ms_avg": (now["fetch_sum"] - last["fetch_sum"]) / claims * 1000
@@ -516,11 +539,14 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
 def print_sustained(r: dict[str, Any]) -> None:
     print(
         f"sustained: {r['seconds']:g} s at {r['rate']:,.0f} msg/s offered (publish_batch of 50, "
-        f"2 producer processes) against `outbox-farm start --procs 2`; {r['sent']:,} sent"
+        f"2 producer processes) against `outbox-farm start --procs 2"
+        + ("" if r["vacuum_interval"] is None else f" --vacuum-interval {r['vacuum_interval']:g}")
+        + f"`; {r['sent']:,} sent"
     )
     header = (
         f"{'window':>6} {'end s':>6} {'acked/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'samples':>7} "
-        f"{'backlog':>8} {'dead tup':>9} {'autovac':>7} {'claims':>7} {'claim ms':>8}"
+        f"{'backlog':>8} {'dead tup':>9} {'MB':>5} {'vacuum':>6} {'autovac':>7} {'claims':>7} "
+        f"{'claim ms':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -532,7 +558,8 @@ def print_sustained(r: dict[str, Any]) -> None:
         print(
             f"{w['window']:>6} {w['end_s']:>6.0f} {w['acked_msg_s']:>9,.0f} "
             f"{f(w['p50_ms'], '.1f'):>8} {f(w['p99_ms'], '.1f'):>8} {w['samples']:>7} "
-            f"{w['backlog']:>8,} {w['n_dead_tup']:>9,} {w['autovacuum_count']:>7} "
+            f"{w['backlog']:>8,} {w['n_dead_tup']:>9,} {w['table_mb']:>5.0f} "
+            f"{w['vacuum_count']:>6} {w['autovacuum_count']:>7} "
             f"{w['claims']:>7,} {f(w['claim_ms_avg'], '.2f'):>8}"
         )
     ratio = r["last_vs_first"]
@@ -541,6 +568,7 @@ def print_sustained(r: dict[str, Any]) -> None:
         + ("within 20%" if r["stable"] else "DEGRADED (more than 20% off)")
     )
     print("latency: publish time (before the transaction) -> handler start, sampled messages")
+    print("vacuum / autovac: VACUUMs of the outbox table by the farm / by autovacuum, so far")
     info = r["server"]
     print(
         f"server: PostgreSQL {info['server_version']}, autovacuum={info['autovacuum']}, "
@@ -564,6 +592,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sustained", type=float, default=0, metavar="SECONDS")
     parser.add_argument(
         "--rate", type=float, default=5_000.0, help="--sustained offered load, msg/s"
+    )
+    parser.add_argument(
+        "--vacuum-interval",
+        type=float,
+        default=None,
+        help="--sustained: the farm's --vacuum-interval (default: the farm's own; 0: autovacuum "
+        "alone, to see what the farm's VACUUM buys)",
     )
     return parser.parse_args(argv)
 

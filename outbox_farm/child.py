@@ -41,9 +41,13 @@ class BootError(Exception):
 
 
 def run_child(
-    farm: Farm, dsn: str, heartbeat: Path, gauges: bool, options: dict[str, Any]
+    farm: Farm, dsn: str, heartbeat: Path, housekeeper: bool, options: dict[str, Any]
 ) -> NoReturn:
-    """Entry point right after fork; never returns (os._exit skips the parent's atexit)."""
+    """Entry point right after fork; never returns (os._exit skips the parent's atexit).
+
+    One process of the farm is the housekeeper: it alone refreshes the database-derived gauges
+    and vacuums the table, so N processes do not repeat the same table-wide work.
+    """
     for sig in ARBITER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
@@ -52,7 +56,7 @@ def run_child(
     try:
         import uvloop
 
-        uvloop.run(_main(farm, dsn, heartbeat, gauges, options, arbiter))
+        uvloop.run(_main(farm, dsn, heartbeat, housekeeper, options, arbiter))
     except BootError as exc:
         log.error("worker could not start: %s", exc, extra={"event": "boot_failed"})
         code = BOOT_ERROR
@@ -76,7 +80,12 @@ async def _heartbeat(path: Path, arbiter: int, stop: asyncio.Event) -> None:
 
 
 async def _main(
-    farm: Farm, dsn: str, heartbeat: Path, gauges: bool, options: dict[str, Any], arbiter: int
+    farm: Farm,
+    dsn: str,
+    heartbeat: Path,
+    housekeeper: bool,
+    options: dict[str, Any],
+    arbiter: int,
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -84,7 +93,9 @@ async def _main(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     # Immediate stop: no drain; claimed rows come back when their leases expire.
     loop.add_signal_handler(signal.SIGQUIT, os._exit, 0)
-    runtime = Runtime(farm, dsn, gauges_interval=5.0 if gauges else None, **options)
+    if not housekeeper:
+        options = options | {"vacuum_interval": None}
+    runtime = Runtime(farm, dsn, gauges_interval=5.0 if housekeeper else None, **options)
     try:
         await runtime.start()
     except (OutboxFarmError, psycopg.Error, OSError) as exc:

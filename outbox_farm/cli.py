@@ -240,6 +240,16 @@ def _prepare_metrics_dir(path: str | None) -> str:
     "sooner). [env OUTBOX_FARM_POLL_INTERVAL]",
 )
 @click.option(
+    "--vacuum-interval",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    envvar="OUTBOX_FARM_VACUUM_INTERVAL",
+    help="Seconds between checks whether the outbox table needs a VACUUM, which one worker "
+    "then runs (autovacuum wakes too rarely for a queue table under load); 0 leaves it to "
+    "autovacuum. Needs table ownership or MAINTAIN. [env OUTBOX_FARM_VACUUM_INTERVAL]",
+)
+@click.option(
     "--metrics-bind",
     default="127.0.0.1:9464",
     show_default=True,
@@ -286,6 +296,7 @@ def start(
     graceful_timeout: float,
     heartbeat_timeout: float,
     poll_interval: float,
+    vacuum_interval: float,
     metrics_bind: str,
     metrics_dir: str | None,
     run_migrate: bool | None,
@@ -356,6 +367,7 @@ def start(
                     "poll_interval": poll_interval,
                     "queues": selected,
                     "graceful_timeout": graceful_timeout,
+                    "vacuum_interval": vacuum_interval or None,
                 },
                 graceful_timeout=graceful_timeout,
                 heartbeat_timeout=heartbeat_timeout,

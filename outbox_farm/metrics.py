@@ -53,6 +53,7 @@ class Metrics:
     backlog: Any
     oldest_pending_age: Any
     dlq_rows: Any
+    vacuum_seconds: Any
 
 
 @cache
@@ -106,4 +107,7 @@ def metrics() -> Metrics:
             "queue",
         ),
         dlq_rows=gauge("dlq_rows", "Rows in the DLQ table.", "mostrecent", "queue"),
+        vacuum_seconds=histogram(
+            "vacuum_seconds", "VACUUMs of the outbox table run by the farm.", (), LATENCY_BUCKETS
+        ),
     )

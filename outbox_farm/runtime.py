@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from . import gauges
+from . import gauges, vacuum
 from .completer import Completer
 from .dsn import probe, redact
 from .errors import ConfigurationError
@@ -48,7 +48,9 @@ class Runtime:
     when idle; NOTIFY and known due times wake sooner), `flush_interval` / `flush_size` (the
     completer's batch limits), `graceful_timeout` (how long `stop()` lets handlers finish),
     `listen` (False: poll only), `gauges_interval` (refresh the database-derived gauges every
-    so many seconds; one process of a farm does it).
+    so many seconds; one process of a farm does it), `vacuum_interval` (check every so many
+    seconds whether the outbox table needs a VACUUM and run it; 0 or None: leave it to
+    autovacuum; see `vacuum`).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class Runtime:
         graceful_timeout: float = 30.0,
         listen: bool = True,
         gauges_interval: float | None = None,
+        vacuum_interval: float | None = 10.0,
     ) -> None:
         if not farm.handlers:
             raise ConfigurationError("the farm has no handlers: register one with @farm.handler")
@@ -78,6 +81,7 @@ class Runtime:
         self.graceful_timeout = graceful_timeout
         self.listen = listen
         self.gauges_interval = gauges_interval
+        self.vacuum_interval = vacuum_interval
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
         self.completer: Completer | None = None
@@ -109,6 +113,11 @@ class Runtime:
             queues = [s.queue for s in self.specs]
             task = asyncio.create_task(
                 gauges.run(self.pool, self.farm.queries, queues, self.gauges_interval)
+            )
+            stack.push_async_callback(_cancel, task)
+        if self.vacuum_interval:
+            task = asyncio.create_task(
+                vacuum.run(self.pool, self.farm.queries, self.vacuum_interval)
             )
             stack.push_async_callback(_cancel, task)
 

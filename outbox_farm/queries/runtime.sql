@@ -108,3 +108,24 @@ GROUP BY queue
 -- name: dlq_gauges
 -- DLQ rows per queue.
 SELECT queue, count(*)::bigint FROM {dlq} GROUP BY queue
+
+-- name: vacuum_state
+-- Whether this role may vacuum the outbox table (owner, or MAINTAIN from PostgreSQL 17 on;
+-- VACUUM itself only warns and skips otherwise), how many dead row versions the statistics
+-- count, and seconds since anyone (autovacuum included) last vacuumed it. The CASE keeps the
+-- MAINTAIN test from running on servers that do not know the privilege. NULL: no such table.
+SELECT pg_has_role(c.relowner, 'USAGE')
+           OR CASE WHEN current_setting('server_version_num')::int >= 170000
+                   THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END,
+       coalesce(s.n_dead_tup, 0)::bigint,
+       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8
+FROM pg_class AS c
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(%(table)s)
+
+-- name: vacuum
+-- SKIP_LOCKED: if autovacuum or another farm process is already at it, skip (a warning with
+-- SQLSTATE 55P03) rather than queue behind it. TRUNCATE false: giving the empty tail back to
+-- the OS takes an ACCESS EXCLUSIVE lock that stalls every claim and publish, and a queue table
+-- grows back into that space within seconds anyway.
+VACUUM (SKIP_LOCKED, TRUNCATE false) {outbox}

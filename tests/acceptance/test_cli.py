@@ -49,14 +49,15 @@ def test_migrate_then_migrate_again(empty_dsn: str) -> None:
     assert first.returncode == 0, first.stderr
     assert "  applying 0001_outbox on outbox" in first.stdout
     assert "  applying 0002_dlq on outbox_dlq" in first.stdout
-    assert "migrate: 2 applied, 0 already up to date (outbox, outbox_dlq)" in first.stdout
+    assert "  applying 0003_vacuum_truncate on outbox" in first.stdout
+    assert "migrate: 3 applied, 0 already up to date (outbox, outbox_dlq)" in first.stdout
     assert regclass(empty_dsn, "outbox") == "outbox"
     assert regclass(empty_dsn, "outbox_dlq") == "outbox_dlq"
 
     second = run("migrate", "--dsn", empty_dsn)
     assert second.returncode == 0, second.stderr
     assert "applying" not in second.stdout
-    assert "migrate: 0 applied, 2 already up to date" in second.stdout
+    assert "migrate: 0 applied, 3 already up to date" in second.stdout
 
 
 def test_check_ok(dsn: str) -> None:
@@ -84,7 +85,7 @@ def test_check_on_an_empty_database_names_both_tables(empty_dsn: str) -> None:
 def test_no_dlq(empty_dsn: str) -> None:
     migrated = run("migrate", "--dsn", empty_dsn, "--no-dlq")
     assert migrated.returncode == 0, migrated.stderr
-    assert "migrate: 1 applied, 0 already up to date (outbox)" in migrated.stdout
+    assert "migrate: 2 applied, 0 already up to date (outbox)" in migrated.stdout
     assert "dlq" not in migrated.stdout
     assert regclass(empty_dsn, "outbox_dlq") is None
 

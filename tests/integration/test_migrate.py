@@ -35,12 +35,24 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
         # The connection is handed back as it came: not autocommit, idle.
         assert conn.autocommit is False
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        assert result.applied == ["0001_outbox on outbox", "0002_dlq on outbox_dlq"]
+        assert result.applied == [
+            "0001_outbox on outbox",
+            "0002_dlq on outbox_dlq",
+            "0003_vacuum_truncate on outbox",
+        ]
         assert result.already == []
-        assert lines == ["applying 0001_outbox on outbox", "applying 0002_dlq on outbox_dlq"]
+        assert lines == [
+            "applying 0001_outbox on outbox",
+            "applying 0002_dlq on outbox_dlq",
+            "applying 0003_vacuum_truncate on outbox",
+        ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
-        assert records(conn) == [("outbox", 1, "outbox"), ("outbox_dlq", 2, "dlq")]
+        assert records(conn) == [
+            ("outbox", 1, "outbox"),
+            ("outbox", 3, "vacuum_truncate"),
+            ("outbox_dlq", 2, "dlq"),
+        ]
         assert check_schema(conn, "outbox", "outbox_dlq") == []
 
 
@@ -50,9 +62,13 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
         lines: list[str] = []
         again = migrate(conn, DEFAULT, progress=lines.append)
         assert again.applied == []
-        assert again.already == ["0001_outbox on outbox", "0002_dlq on outbox_dlq"]
+        assert again.already == [
+            "0001_outbox on outbox",
+            "0002_dlq on outbox_dlq",
+            "0003_vacuum_truncate on outbox",
+        ]
         assert lines == []
-        assert len(records(conn)) == 2
+        assert len(records(conn)) == 3
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -87,10 +103,18 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
     applied = sorted(label for r in results for label in r.applied)
     already = sorted(label for r in results for label in r.already)
     # Each migration ran exactly once; the other run found it done.
-    assert applied == ["0001_outbox on outbox", "0002_dlq on outbox_dlq"]
+    assert applied == [
+        "0001_outbox on outbox",
+        "0002_dlq on outbox_dlq",
+        "0003_vacuum_truncate on outbox",
+    ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert records(conn) == [("outbox", 1, "outbox"), ("outbox_dlq", 2, "dlq")]
+        assert records(conn) == [
+            ("outbox", 1, "outbox"),
+            ("outbox", 3, "vacuum_truncate"),
+            ("outbox_dlq", 2, "dlq"),
+        ]
         tables = conn.execute(
             "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE 'outbox%%'"
             " ORDER BY relname"
@@ -103,7 +127,11 @@ def test_renamed_tables(empty_dsn: str) -> None:
     names = TableNames.build("jobs", "jobs_dead")
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         result = migrate(conn, names)
-        assert result.applied == ["0001_outbox on jobs", "0002_dlq on jobs_dead"]
+        assert result.applied == [
+            "0001_outbox on jobs",
+            "0002_dlq on jobs_dead",
+            "0003_vacuum_truncate on jobs",
+        ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
         assert regclass(conn, "outbox") is None
@@ -122,7 +150,14 @@ def test_renamed_tables(empty_dsn: str) -> None:
         assert check_schema(conn, "jobs", "jobs_dead") == []
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
-        assert [r[0] for r in records(conn)] == ["jobs", "jobs_dead", "outbox", "outbox_dlq"]
+        assert [r[0] for r in records(conn)] == [
+            "jobs",
+            "jobs",
+            "jobs_dead",
+            "outbox",
+            "outbox",
+            "outbox_dlq",
+        ]
 
 
 def test_schema_qualified_tables(empty_dsn: str) -> None:
@@ -130,7 +165,11 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA app")
         result = migrate(conn, names)
-        assert result.applied == ["0001_outbox on app.jobs", "0002_dlq on app.jobs_dlq"]
+        assert result.applied == [
+            "0001_outbox on app.jobs",
+            "0002_dlq on app.jobs_dlq",
+            "0003_vacuum_truncate on app.jobs",
+        ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
         assert regclass(conn, "jobs") is None  # nothing leaked into public
@@ -149,10 +188,10 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
     names = TableNames.build("outbox", None)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         result = migrate(conn, names)
-        assert result.applied == ["0001_outbox on outbox"]
+        assert result.applied == ["0001_outbox on outbox", "0003_vacuum_truncate on outbox"]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
-        assert records(conn) == [("outbox", 1, "outbox")]
+        assert records(conn) == [("outbox", 1, "outbox"), ("outbox", 3, "vacuum_truncate")]
         assert check_schema(conn, "outbox") == []
         # Adding the DLQ later applies only its migration.
         assert migrate(conn, DEFAULT).applied == ["0002_dlq on outbox_dlq"]
@@ -173,7 +212,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (1 if dlq is None else 2)
+        assert len(result.applied) == (2 if dlq is None else 3)
         assert check_schema(conn, table, dlq) == []
 
 
@@ -190,6 +229,7 @@ def test_outbox_has_autovacuum_reloptions(conn: psycopg.Connection[Any]) -> None
         "autovacuum_analyze_scale_factor": "0.0",
         "autovacuum_analyze_threshold": "5000",
         "autovacuum_vacuum_cost_delay": "0",
+        "vacuum_truncate": "false",
     }
     dlq = conn.execute(
         "SELECT reloptions FROM pg_class WHERE oid = 'outbox_dlq'::regclass"

@@ -182,9 +182,7 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
-            stale, fresh, future = [
-                await farm.apublish(aconn, {"n": n}, queue=Q) for n in range(3)
-            ]
+            stale, fresh, future = [await farm.apublish(aconn, {"n": n}, queue=Q) for n in range(3)]
             dead = uuid.uuid4()
             for row_id, age in ((stale, "10 s"), (fresh, "0.5 s"), (future, "-1 hour")):
                 await aconn.execute(
@@ -221,7 +219,8 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
                 assert lateness < 0.2, f"claimed {lateness:.3f}s after the lease expired"
                 # The future-stamped lease is still the dead runner's.
                 token, deliveries = await one(
-                    aconn, "SELECT acquired_token, deliveries_count FROM outbox WHERE id = %s",
+                    aconn,
+                    "SELECT acquired_token, deliveries_count FROM outbox WHERE id = %s",
                     (future,),
                 )
                 assert (token, deliveries) == (dead, 1)
@@ -259,9 +258,11 @@ def test_delayed_rows_fire_within_100ms_of_their_due_time(dsn: str) -> None:
                     await asyncio.sleep(0.15)
                 soon = datetime.now(UTC) + timedelta(seconds=0.8)
                 ids.append(await farm.apublish(aconn, "at", queue=Q, activate_at=soon))
-                ids.append(await farm.apublish(
-                    aconn, "at", queue=Q, activate_at=soon + timedelta(seconds=0.37)
-                ))
+                ids.append(
+                    await farm.apublish(
+                        aconn, "at", queue=Q, activate_at=soon + timedelta(seconds=0.37)
+                    )
+                )
                 due = {row_id: await due_epoch(aconn, row_id) for row_id in ids}
                 assert abs(due[ids[3]] - soon.timestamp()) < 1e-5
                 await until(lambda: all(i in started for i in ids), 4.0, "all timers")
@@ -297,8 +298,9 @@ def test_retry_is_redelivered_within_100ms_of_its_due_time(dsn: str) -> None:
                 # One claim, three failures, one retry flush: nothing else wakes the fetcher
                 # before its 0.5 s poll, so only the retry's own due time can be on time.
                 ids = await farm.apublish_batch(aconn, [{"n": n} for n in range(3)], queue=Q)
-                await until(lambda: all(len(runs.get(i, ())) == 2 for i in ids), 4.0,
-                            "second attempts")
+                await until(
+                    lambda: all(len(runs.get(i, ())) == 2 for i in ids), 4.0, "second attempts"
+                )
             assert sample("outbox_farm_retried_total", queue=Q) - retried == 3
             lateness = []
             for i in ids:
@@ -329,12 +331,15 @@ def test_timer_id_deduplicates_end_to_end(dsn: str) -> None:
         aconn = await aconnect(dsn)
         try:
             async with farm.running(dsn, poll_interval=0.2, graceful_timeout=2.0):
-                first = await farm.apublish(aconn, {"v": 1}, queue=Q, timer_id="t-1",
-                                            activate_in=0.3)
-                again = await farm.apublish(aconn, {"v": 2}, queue=Q, timer_id="t-1",
-                                            activate_in=0.05)
-                other = await farm.apublish(aconn, {"v": 3}, queue=Q, timer_id="t-2",
-                                            activate_in=0.3)
+                first = await farm.apublish(
+                    aconn, {"v": 1}, queue=Q, timer_id="t-1", activate_in=0.3
+                )
+                again = await farm.apublish(
+                    aconn, {"v": 2}, queue=Q, timer_id="t-1", activate_in=0.05
+                )
+                other = await farm.apublish(
+                    aconn, {"v": 3}, queue=Q, timer_id="t-2", activate_in=0.3
+                )
                 assert first is not None
                 assert other is not None
                 assert again is None
@@ -399,8 +404,10 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
                 await until(rt.listener.connected.is_set, 2.0, "LISTEN again")
                 await asyncio.sleep(0.3)
                 after = await publish_and_time(aconn, 0.2)
-                print(f"\nNOTIFY latency {first * 1000:.1f} ms; during listener outage "
-                      f"{lost * 1000:.0f} ms; after reconnect {after * 1000:.1f} ms")
+                print(
+                    f"\nNOTIFY latency {first * 1000:.1f} ms; during listener outage "
+                    f"{lost * 1000:.0f} ms; after reconnect {after * 1000:.1f} ms"
+                )
             assert await outbox_count(aconn) == 0
         finally:
             await aconn.close()
@@ -419,8 +426,9 @@ def test_polling_alone_delivers_when_listen_is_off(dsn: str) -> None:
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
-            async with farm.running(dsn, poll_interval=0.3, listen=False,
-                                    graceful_timeout=2.0) as rt:
+            async with farm.running(
+                dsn, poll_interval=0.3, listen=False, graceful_timeout=2.0
+            ) as rt:
                 assert rt.listener is None
                 assert await column(aconn, LISTENER_PIDS) == []
                 for _ in range(3):
@@ -482,10 +490,12 @@ def test_graceful_stop_finishes_running_handlers_and_releases_the_rest(dsn: str)
             assert 0.2 < took < 2.0
             rows = {
                 row[0]: row[1:]
-                for row in await (await aconn.execute(
-                    "SELECT id, acquired_token, acquired_at, deliveries_count, attempts_count "
-                    "FROM outbox"
-                )).fetchall()
+                for row in await (
+                    await aconn.execute(
+                        "SELECT id, acquired_token, acquired_at, deliveries_count, attempts_count "
+                        "FROM outbox"
+                    )
+                ).fetchall()
             }
             assert set(rows) == set(ids) - running  # finished rows acked, nothing else
             assert all(state == (None, None, 0, 0) for state in rows.values()), rows
@@ -494,14 +504,16 @@ def test_graceful_stop_finishes_running_handlers_and_releases_the_rest(dsn: str)
 
             began = time.monotonic()
             async with after.running(dsn, poll_interval=5.0, graceful_timeout=2.0):
-                await until(lambda: len(second) == len(rows), 1.0,
-                            "the released rows to be taken at once")
+                await until(
+                    lambda: len(second) == len(rows), 1.0, "the released rows to be taken at once"
+                )
                 taken = time.monotonic() - began
                 await until(lambda: is_empty(aconn), 1.0, "acks")
             assert set(second) == set(rows)
             assert set(second.values()) == {1}  # the stop did not burn a delivery
-            print(f"\nstop took {took * 1000:.0f} ms; released rows re-taken in "
-                  f"{taken * 1000:.0f} ms")
+            print(
+                f"\nstop took {took * 1000:.0f} ms; released rows re-taken in {taken * 1000:.0f} ms"
+            )
         finally:
             await aconn.close()
 
@@ -589,8 +601,10 @@ def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
                 extra = await farm.apublish(aconn, "after", queue=Q)
                 assert extra is not None
                 await until(lambda: extra in handled, 3.0, "a delivery after the faults")
-            print(f"\n(backends terminated, rows left) per kill: {kills}; drained "
-                  f"{drained:.1f}s after the last kill")
+            print(
+                f"\n(backends terminated, rows left) per kill: {kills}; drained "
+                f"{drained:.1f}s after the last kill"
+            )
             assert all(killed and left for killed, left in kills), kills
         finally:
             await aconn.close()
@@ -677,7 +691,9 @@ def test_rows_of_a_sigkilled_process_come_back_after_their_lease(
     with child_log.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", CHILD, dsn],
-            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).parents[2],
         )
         try:
             deadline = time.monotonic() + 15.0
@@ -744,8 +760,10 @@ def test_connections_do_not_grow_with_concurrency(dsn: str) -> None:
                     backends.append(int(await one(aconn, CLIENT_BACKENDS)))
                     assert time.monotonic() < deadline, f"only {len(handled)} rows handled"
                     await asyncio.sleep(0.01)
-            print(f"\nconcurrency 256: peak {peak} handlers on at most {max(backends)} "
-                  f"backends ({len(backends)} samples)")
+            print(
+                f"\nconcurrency 256: peak {peak} handlers on at most {max(backends)} "
+                f"backends ({len(backends)} samples)"
+            )
             assert peak >= 200  # it really ran that wide
             assert max(backends) <= 4, backends
         finally:
@@ -770,8 +788,11 @@ def _plan_nodes(node: Any) -> Iterator[dict[str, Any]]:
 
 def _assert_index_plan(plan: Any, what: str, *indexes: str) -> None:
     nodes = list(_plan_nodes(plan))
-    scans = [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in
-             ("outbox", "outbox_dlq")]
+    scans = [
+        n
+        for n in nodes
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in ("outbox", "outbox_dlq")
+    ]
     assert not scans, f"{what} sequence-scans: {scans}"
     used = {n.get("Index Name") for n in nodes}
     for index in indexes:
@@ -794,10 +815,14 @@ def test_claim_and_next_due_use_the_partial_indexes(conn: psycopg.Connection[Any
     conn.execute("ANALYZE outbox")
     queries = Queries(TableNames.build("outbox", "outbox_dlq"))
     cases = {
-        "claim": ({"queue": "queue-1", "limit": 64, "lease_ttl": 60.0, "token": uuid.uuid4()},
-                  ("outbox_pending_idx", "outbox_lease_idx")),
-        "next_due": ({"queue": "queue-1", "lease_ttl": 60.0},
-                     ("outbox_pending_idx", "outbox_lease_idx")),
+        "claim": (
+            {"queue": "queue-1", "limit": 64, "lease_ttl": 60.0, "token": uuid.uuid4()},
+            ("outbox_pending_idx", "outbox_lease_idx"),
+        ),
+        "next_due": (
+            {"queue": "queue-1", "lease_ttl": 60.0},
+            ("outbox_pending_idx", "outbox_lease_idx"),
+        ),
     }
     for name, (params, indexes) in cases.items():
         statement_text = queries[name]

@@ -21,6 +21,8 @@ EXPECTED = [
     "cancel_timer",
     "gauges",
     "dlq_gauges",
+    "vacuum_state",
+    "vacuum",
     "table_oid",
     "columns",
     "indexes",

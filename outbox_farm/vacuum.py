@@ -1,0 +1,101 @@
+"""Vacuums the outbox table at the pace it churns, because autovacuum cannot.
+
+Every message leaves two dead row versions (the claim's UPDATE and the DELETE); at 10,000 msg/s
+that is 20,000 a second. Autovacuum looks at a database at most once per `autovacuum_naptime`
+(server-wide, one minute by default; the per-table thresholds shipped in the migration cannot
+make it look sooner). Between visits the claim's index scan steps over ever more dead entries:
+in a five-minute run at 10,000 msg/s the table grew to 365 MB, one claim of 64 rows read up to
+17,300 buffers, and throughput swung between 5,500 and 14,500 msg/s with a backlog of 270,000.
+With a VACUUM every 10 s the table stayed at 38 MB, claims read 1 to 11 buffers and each VACUUM
+took about 30 ms.
+
+One process of a farm runs this loop (as with the gauges). It asks the statistics first, so an
+idle or lightly used table is left alone, and never queues behind autovacuum (SKIP_LOCKED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from enum import Enum
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from .metrics import metrics
+from .queries import Queries
+
+log = logging.getLogger("outbox_farm.vacuum")
+
+MIN_DEAD_TUPLES = 1000  # below this a VACUUM costs more than the dead rows do
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+class Pass(Enum):
+    """What one pass of the loop did."""
+
+    VACUUMED = "vacuumed"
+    NOT_DUE = "not_due"  # few dead rows, or someone vacuumed recently
+    SKIPPED = "skipped"  # autovacuum or another process holds the table
+    NOT_ALLOWED = "not_allowed"  # this role may not vacuum the table: the loop stops
+
+
+async def vacuum_once(pool: AsyncConnectionPool[Any], queries: Queries, interval: float) -> Pass:
+    """Vacuum the outbox table if it has enough dead rows and nobody did in half an interval."""
+    table = queries.names.outbox.identifier().as_string(None)
+    async with pool.connection() as conn:
+        row = await (await conn.execute(queries["vacuum_state"], {"table": table})).fetchone()
+        if row is None:
+            raise psycopg.errors.UndefinedTable(f"table {table} does not exist")
+        allowed, dead, since = row
+        if not allowed:
+            return Pass.NOT_ALLOWED
+        if dead < MIN_DEAD_TUPLES or (since is not None and since < interval / 2):
+            return Pass.NOT_DUE
+        warnings: list[tuple[str | None, str | None]] = []
+
+        def collect(diag: psycopg.errors.Diagnostic) -> None:
+            warnings.append((diag.sqlstate, diag.message_primary))  # valid only in the callback
+
+        conn.add_notice_handler(collect)
+        started = time.perf_counter()
+        try:
+            await conn.execute(queries["vacuum"])
+        finally:
+            conn.remove_notice_handler(collect)
+    if any(state == LOCK_NOT_AVAILABLE for state, _ in warnings):
+        return Pass.SKIPPED
+    for _, message in warnings:
+        log.warning("vacuum: %s", message, extra={"event": "vacuum_warning"})
+    seconds = time.perf_counter() - started
+    metrics().vacuum_seconds.observe(seconds)
+    log.debug(
+        "vacuumed %s (%d dead rows) in %.3f s",
+        table,
+        dead,
+        seconds,
+        extra={"event": "vacuumed", "dead_tuples": dead},
+    )
+    return Pass.VACUUMED
+
+
+async def run(pool: AsyncConnectionPool[Any], queries: Queries, interval: float) -> None:
+    """Every `interval` seconds (jittered, so restarted processes drift apart) until cancelled,
+    or until the role turns out not to be allowed to vacuum."""
+    while True:
+        try:
+            if await vacuum_once(pool, queries, interval) is Pass.NOT_ALLOWED:
+                log.warning(
+                    "not vacuuming %s: this role neither owns it nor has MAINTAIN on it; "
+                    "autovacuum alone will keep it (slower under load). Grant ownership or "
+                    "MAINTAIN (PostgreSQL 17+), or pass --vacuum-interval 0 to silence this",
+                    queries.names.outbox,
+                    extra={"event": "vacuum_disabled"},
+                )
+                return
+        except (psycopg.Error, OSError) as exc:
+            log.warning("vacuum failed: %s", str(exc).strip(), extra={"event": "vacuum_failed"})
+        await asyncio.sleep(interval * random.uniform(0.9, 1.1))
