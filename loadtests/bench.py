@@ -340,6 +340,9 @@ def print_table(rows: list[tuple[str, str, str, str]], title: str) -> None:
         print(f"{measure:<56} {value:>16} {target:>10}  {ok}")
 
 
+KEPT_UP_P99_MS = 1000
+
+
 # -- sustained ------------------------------------------------------------------------------
 
 
@@ -532,6 +535,10 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         first, final = rows[0]["acked_msg_s"], rows[-1]["acked_msg_s"]
         result["last_vs_first"] = final / first if first else None
         result["stable"] = bool(first) and abs(final - first) <= 0.2 * first
+        # Throughput alone flatters a farm that fell behind and is catching up: it also has
+        # to keep up, i.e. hand messages over within a second in the last window.
+        p99 = rows[-1]["p99_ms"]
+        result["kept_up"] = p99 is not None and p99 <= KEPT_UP_P99_MS
         progress.show("done")
     return result
 
@@ -566,6 +573,11 @@ def print_sustained(r: dict[str, Any]) -> None:
     print(
         f"last window throughput = {f(ratio, '.0%') if ratio is not None else '-'} of the first: "
         + ("within 20%" if r["stable"] else "DEGRADED (more than 20% off)")
+    )
+    p99 = r["windows"][-1]["p99_ms"]
+    print(
+        f"last window p99 = {f(p99, ',.0f')} ms: "
+        + ("kept up" if r["kept_up"] else f"FELL BEHIND (over {KEPT_UP_P99_MS:,} ms)")
     )
     print("latency: publish time (before the transaction) -> handler start, sampled messages")
     print("vacuum / autovac: VACUUMs of the outbox table by the farm / by autovacuum, so far")

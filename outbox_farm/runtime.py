@@ -1,7 +1,9 @@
 """One process's runtime: listener, fetchers, executors and completer over one pool.
 
 Database connections do not grow with concurrency: one pool of at most (queues + 2)
-connections serves the claims and the completer, plus one LISTEN connection.
+connections serves the claims, the completer and the vacuum loop, plus one LISTEN connection.
+A runtime that also refreshes the gauges (one per farm) gets one more, so a long VACUUM never
+makes a claim or a flush wait for a connection.
 """
 
 from __future__ import annotations
@@ -94,13 +96,14 @@ class Runtime:
     async def start(self) -> None:
         await probe(self.dsn)
         stack = self._stack
+        chores = bool(self.gauges_interval) + bool(self.vacuum_interval)
         # Closed last: everything below writes through it. No check on checkout (it would cost a
         # round trip per statement): every user of the pool retries on a broken connection,
         # and the pool discards connections that come back broken.
         self.pool = AsyncConnectionPool(
             self.dsn,
             min_size=1,
-            max_size=len(self.specs) + 2,
+            max_size=len(self.specs) + 1 + max(chores, 1),
             kwargs={"autocommit": True},
             configure=_configure,
             open=False,
