@@ -44,16 +44,18 @@ class Pass(Enum):
 
 
 async def vacuum_once(pool: AsyncConnectionPool[Any], queries: Queries, interval: float) -> Pass:
-    """Vacuum the outbox table if it has enough dead rows and nobody did in half an interval."""
+    """Vacuum the outbox table if it has enough dead rows and nobody did in half an interval
+    (or, when the server keeps no statistics, every time)."""
     table = queries.names.outbox.identifier().as_string(None)
     async with pool.connection() as conn:
         row = await (await conn.execute(queries["vacuum_state"], {"table": table})).fetchone()
         if row is None:
             raise psycopg.errors.UndefinedTable(f"table {table} does not exist")
-        allowed, dead, since = row
+        allowed, dead, since, counted = row
         if not allowed:
             return Pass.NOT_ALLOWED
-        if dead < MIN_DEAD_TUPLES or (since is not None and since < interval / 2):
+        # Without counts every pass vacuums: nothing else will (autovacuum needs them too).
+        if counted and (dead < MIN_DEAD_TUPLES or (since is not None and since < interval / 2)):
             return Pass.NOT_DUE
         warnings: list[tuple[str | None, str | None]] = []
 

@@ -112,13 +112,16 @@ SELECT queue, count(*)::bigint FROM {dlq} GROUP BY queue
 -- name: vacuum_state
 -- Whether this role may vacuum the outbox table (owner, or MAINTAIN from PostgreSQL 17 on;
 -- VACUUM itself only warns and skips otherwise), how many dead row versions the statistics
--- count, and seconds since anyone (autovacuum included) last vacuumed it. The CASE keeps the
--- MAINTAIN test from running on servers that do not know the privilege. NULL: no such table.
+-- count, seconds since anyone (autovacuum included) last vacuumed it, and whether the server
+-- keeps those counts at all (track_counts off: nothing is counted, and autovacuum cannot run).
+-- The CASE keeps the MAINTAIN test from running on servers that do not know the privilege.
+-- No row: no such table.
 SELECT pg_has_role(c.relowner, 'USAGE')
            OR CASE WHEN current_setting('server_version_num')::int >= 170000
                    THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END,
        coalesce(s.n_dead_tup, 0)::bigint,
-       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8
+       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8,
+       current_setting('track_counts')::bool
 FROM pg_class AS c
 LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%(table)s)

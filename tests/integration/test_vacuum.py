@@ -103,6 +103,19 @@ def test_leaves_a_clean_or_freshly_vacuumed_table_alone(
     assert stats(conn)[1] == 2
 
 
+def test_without_statistics_every_pass_vacuums(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """track_counts off: no dead row is ever counted and autovacuum cannot run, so the farm's
+    VACUUM is the only one the table gets; it must not wait for counts that never come."""
+    dbname = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+    conn.execute(sql.SQL("ALTER DATABASE {} SET track_counts = off").format(dbname))
+    with psycopg.connect(dsn, autocommit=True) as untracked:
+        make_dead_rows(untracked, 3000)
+    assert stats(conn)[0] == 0  # nothing counted
+    before = vacuum_runs()
+    assert asyncio.run(once(dsn)) is Pass.VACUUMED
+    assert vacuum_runs() == before + 1
+
+
 def test_skips_instead_of_waiting_when_the_table_is_locked(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
