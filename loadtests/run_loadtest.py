@@ -55,7 +55,15 @@ GRACEFUL = 10.0  # the farm's --graceful-timeout
 BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
 STOP_GRACE = 5  # Locust's --stop-timeout: a user finishes its transaction
 # Farm log events that mean something broke in the farm itself.
-BAD_EVENTS = ("worker_crashed", "boot_failed", "flush_failed", "write_failed", "strategy_failed")
+BAD_EVENTS = (
+    "worker_crashed",
+    "boot_failed",
+    "flush_failed",
+    "write_failed",
+    "strategy_failed",
+    "vacuum_failed",
+    "vacuum_disabled",
+)
 
 
 class SetupError(Exception):
