@@ -44,6 +44,21 @@ def _table_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def _seconds_option(
+    name: str, default: float, minimum: float, text: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A duration in seconds, with its default shown and its environment variable named."""
+    env = "OUTBOX_FARM_" + name.upper().replace("-", "_")
+    return click.option(
+        f"--{name}",
+        type=click.FloatRange(minimum),
+        default=default,
+        show_default=True,
+        envvar=env,
+        help=f"{text} [env {env}]",
+    )
+
+
 def _dsn_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--dsn",
@@ -212,42 +227,31 @@ def _prepare_metrics_dir(path: str | None) -> str:
     help="Comma-separated subset of queues to run (default: all handlers). "
     "[env OUTBOX_FARM_QUEUES]",
 )
-@click.option(
-    "--graceful-timeout",
-    type=click.FloatRange(0),
-    default=30.0,
-    show_default=True,
-    envvar="OUTBOX_FARM_GRACEFUL_TIMEOUT",
-    help="Seconds running handlers get to finish on SIGTERM; keep systemd's "
-    "TimeoutStopSec above it. [env OUTBOX_FARM_GRACEFUL_TIMEOUT]",
+@_seconds_option(
+    "graceful-timeout",
+    30.0,
+    0,
+    "Seconds running handlers get to finish on SIGTERM; keep systemd's TimeoutStopSec above it.",
 )
-@click.option(
-    "--heartbeat-timeout",
-    type=click.FloatRange(1),
-    default=30.0,
-    show_default=True,
-    envvar="OUTBOX_FARM_HEARTBEAT_TIMEOUT",
-    help="A worker whose event loop is blocked this long is killed and replaced. "
-    "[env OUTBOX_FARM_HEARTBEAT_TIMEOUT]",
+@_seconds_option(
+    "heartbeat-timeout",
+    30.0,
+    1,
+    "A worker whose event loop is blocked this long is killed and replaced.",
 )
-@click.option(
-    "--poll-interval",
-    type=click.FloatRange(0.01),
-    default=0.5,
-    show_default=True,
-    envvar="OUTBOX_FARM_POLL_INTERVAL",
-    help="Seconds between polls when idle (NOTIFY and due times wake workers "
-    "sooner). [env OUTBOX_FARM_POLL_INTERVAL]",
+@_seconds_option(
+    "poll-interval",
+    0.5,
+    0.01,
+    "Seconds between polls when idle (NOTIFY and due times wake workers sooner).",
 )
-@click.option(
-    "--vacuum-interval",
-    type=click.FloatRange(0),
-    default=10.0,
-    show_default=True,
-    envvar="OUTBOX_FARM_VACUUM_INTERVAL",
-    help="Seconds between checks whether the outbox table needs a VACUUM, which one worker "
+@_seconds_option(
+    "vacuum-interval",
+    10.0,
+    0,
+    "Seconds between checks whether the outbox table needs a VACUUM, which one worker "
     "then runs (autovacuum wakes too rarely for a queue table under load); 0 leaves it to "
-    "autovacuum. Needs table ownership or MAINTAIN. [env OUTBOX_FARM_VACUUM_INTERVAL]",
+    "autovacuum. Needs table ownership or MAINTAIN.",
 )
 @click.option(
     "--metrics-bind",
@@ -367,7 +371,7 @@ def start(
                     "poll_interval": poll_interval,
                     "queues": selected,
                     "graceful_timeout": graceful_timeout,
-                    "vacuum_interval": vacuum_interval or None,
+                    "vacuum_interval": vacuum_interval,
                 },
                 graceful_timeout=graceful_timeout,
                 heartbeat_timeout=heartbeat_timeout,
