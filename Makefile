@@ -1,11 +1,20 @@
 # outbox_farm developer tasks. `make` (or `make help`) lists them.
 .DEFAULT_GOAL := help
 PY ?= .venv/bin/python
-LOCAL_DSN ?= host=127.0.0.1 port=5432 user=postgres dbname=test
+# The server test-local, bench* and ci use. Any database there will do (`postgres` exists on
+# every server): the suite and the benchmarks create and drop scratch databases beside it, so
+# the role needs CREATEDB. Override on the command line: make test-local LOCAL_DSN="host=..."
+LOCAL_DSN ?= host=127.0.0.1 port=5432 user=postgres dbname=postgres
+LOADTEST_ARGS ?=
 
 .PHONY: help
-help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+help: ## List the targets, and the variables they use with their current values
+	@echo "targets:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@echo "variables (override with make <target> VAR=value):"
+	@echo "  PY            = $(PY)"
+	@echo "  LOCAL_DSN     = $(LOCAL_DSN)"
+	@echo "  LOADTEST_ARGS = $(LOADTEST_ARGS)"
 
 .venv:
 	python3 -m venv .venv
@@ -19,7 +28,7 @@ test: ## Run the whole suite (embedded Postgres unless OUTBOX_FARM_TEST_DSN is s
 	$(PY) -m pytest
 
 .PHONY: test-local
-test-local: ## Run the suite against the local server ($(LOCAL_DSN))
+test-local: ## Run the suite against the server at LOCAL_DSN
 	OUTBOX_FARM_TEST_DSN="$(LOCAL_DSN)" $(PY) -m pytest
 
 .PHONY: lint
@@ -29,20 +38,18 @@ lint: ## ruff (lint + format check) and mypy --strict on the package
 	$(PY) -m mypy
 
 .PHONY: bench
-bench: ## Producer, single-process runtime and farm benchmarks against the local server
+bench: ## Producer, single-process runtime and farm benchmarks against LOCAL_DSN
 	$(PY) loadtests/bench_producer.py --dsn "$(LOCAL_DSN)"
 	$(PY) loadtests/bench_runtime.py --dsn "$(LOCAL_DSN)"
 	$(PY) loadtests/bench_farm.py --dsn "$(LOCAL_DSN)"
 
 .PHONY: bench-report
-bench-report: ## The standard performance report (< 5 min) against the local server
+bench-report: ## The standard performance report (< 5 min) against LOCAL_DSN
 	$(PY) -m loadtests.bench --dsn "$(LOCAL_DSN)"
 
 .PHONY: bench-sustained
 bench-sustained: ## Five minutes at 10,000 msg/s into --procs 2: throughput per minute must hold
 	$(PY) -m loadtests.bench --dsn "$(LOCAL_DSN)" --sustained 300 --rate 10000
-
-LOADTEST_ARGS ?=
 
 .PHONY: loadtest
 loadtest: ## Load test: 60 s of Locust against a --procs 2 farm, drain, check invariants
@@ -53,5 +60,5 @@ loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C:
 	$(PY) loadtests/run_loadtest.py --ui $(LOADTEST_ARGS)
 
 .PHONY: ci
-ci: ## What CI runs, from a clean venv
-	CI=true bash .ci/run
+ci: ## What CI runs: the README's commands on a clean copy of the tree, lint, both servers
+	CI=true LOCAL_DSN="$(LOCAL_DSN)" bash .ci/run

@@ -6,11 +6,16 @@
 
 A template database is migrated once; each test gets its own clone (`CREATE DATABASE ...
 TEMPLATE`), so tests are isolated and cheap.
+
+A run leaves nothing in the temporary directory: the embedded server's data and, unless the
+environment names one, the runtime directory the embedded wheel keeps its lock file (and long-
+path sockets) in live in one directory made for the run and removed at its end.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import uuid
@@ -25,6 +30,23 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
+
+_RUN_DIR = Path(tempfile.mkdtemp(prefix="outbox-farm-test-"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before anything imports the embedded wheel: it reads XDG_RUNTIME_DIR at import time.
+
+    Set in os.environ, so the `outbox-farm` subprocesses of the acceptance tests use it too.
+    """
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = _RUN_DIR / "run"
+        runtime.mkdir(mode=0o700)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_RUN_DIR, ignore_errors=True)
 
 
 def with_dbname(dsn: str, dbname: str) -> str:
@@ -64,8 +86,7 @@ def server_dsn() -> Iterator[str]:
         return
     from outbox_farm.embedded import start_embedded
 
-    data = Path(tempfile.mkdtemp(prefix="outbox-farm-test-")) / "pgdata"
-    dsn, server = start_embedded(data, delete=True)
+    dsn, server = start_embedded(_RUN_DIR / "pgdata", delete=True)
     try:
         yield dsn
     finally:
