@@ -43,7 +43,27 @@ def _check_name(value: object, what: str) -> str:
         raise ConfigurationError(f"{what} must be a non-empty string, got {value!r}")
     if len(value) > MAX_NAME:
         raise ConfigurationError(f"{what} is {len(value)} characters; at most {MAX_NAME}")
+    if "\x00" in value:
+        raise ConfigurationError(f"{what} contains a NUL character (\\x00): {value!r}")
     return value
+
+
+def _nul_at(value: object, where: str) -> str | None:
+    """Where in a decoded JSON value a NUL character sits (`headers['a'][0]`), if anywhere."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{where}[{key!r}]"
+            if "\x00" in key:
+                return f"the key {inner}"
+            if found := _nul_at(item, inner):
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if found := _nul_at(item, f"{where}[{index}]"):
+                return found
+    return None
 
 
 def _delay_seconds(activate_in: float | timedelta | None) -> float:
@@ -68,9 +88,19 @@ def _encode_headers(
     if "correlation_id" not in merged:
         merged["correlation_id"] = os.urandom(16).hex()  # a random id, 4x cheaper than uuid4
     try:
-        return orjson.dumps(merged).decode()
+        text = orjson.dumps(merged).decode()
     except TypeError as exc:
         raise ConfigurationError(f"headers cannot be encoded as JSON: {exc}") from None
+    # jsonb cannot hold U+0000: the server would refuse the row and abort the caller's
+    # transaction. The substring test is the cheap common case (it also matches an escaped
+    # backslash before "u0000"); the walk over the decoded text, whatever types went in,
+    # decides and names the culprit.
+    if "\\u0000" in text and (where := _nul_at(orjson.loads(text), "headers")):
+        raise ConfigurationError(
+            f"{where} contains a NUL character (\\x00), which Postgres jsonb cannot store; "
+            "remove it or encode the value (e.g. base64)"
+        )
+    return text
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,34 @@ def test_bad_call_leaves_the_transaction_usable(farm: Farm, conn: Conn) -> None:
     assert [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY id")] == [first, second]
 
 
+def test_nul_in_headers_leaves_the_transaction_usable(farm: Farm, dsn: str, conn: Conn) -> None:
+    bad = {"tenant": "ac\x00me"}
+    with conn.transaction():
+        first = farm.publish(conn, b"kept", queue="q")
+        with pytest.raises(ConfigurationError, match="NUL character"):
+            farm.publish(conn, b"x", queue="q", headers=bad)
+        with pytest.raises(ConfigurationError, match="NUL character"):
+            farm.publish_batch(conn, [b"x"], queue="q", headers=bad)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        second = farm.publish(conn, b"also kept", queue="q")
+
+    async def scenario() -> list[int | None]:
+        async with await psycopg.AsyncConnection.connect(dsn) as aconn:
+            kept = [await farm.apublish(aconn, b"async kept", queue="q")]
+            with pytest.raises(ConfigurationError, match="NUL character"):
+                await farm.apublish(aconn, b"x", queue="q", headers=bad)
+            with pytest.raises(ConfigurationError, match="NUL character"):
+                await farm.apublish_batch(aconn, [b"x"], queue="q", headers=bad)
+            assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            kept.append(await farm.apublish(aconn, b"async also kept", queue="q"))
+            await aconn.commit()
+            return kept
+
+    kept = asyncio.run(scenario())
+    ids = [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY id")]
+    assert ids == [first, second, *kept]
+
+
 # --- transactions and NOTIFY ----------------------------------------------------------------
 
 

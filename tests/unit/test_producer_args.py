@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -278,3 +279,50 @@ def test_correlation_id_is_generated_and_unique() -> None:
 def test_correlation_id_from_headers_is_kept() -> None:
     headers = orjson.loads(_encode_headers({"correlation_id": "from-h"}, None, "text/plain"))
     assert headers["correlation_id"] == "from-h"
+
+
+# --- NUL characters: Postgres text and jsonb cannot hold them -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "where"),
+    [
+        ({"tenant": "ac\x00me"}, "headers['tenant']"),
+        ({"ten\x00ant": "acme"}, "the key headers['ten\\x00ant']"),
+        ({"trace": {"ids": ["a", "b\x00"]}}, "headers['trace']['ids'][1]"),
+    ],
+    ids=["value", "key", "nested"],
+)
+def test_nul_in_headers_is_refused_before_sql(farm: Farm, headers: Any, where: str) -> None:
+    expected = f"{where} contains a NUL character"
+    with pytest.raises(ConfigurationError, match=re.escape(expected)):
+        farm.publish(CONN, b"x", queue="q", headers=headers)
+    with pytest.raises(ConfigurationError, match="NUL character"):
+        farm.publish_batch(CONN, [b"x", b"y"], queue="q", headers=headers)
+
+    async def scenario() -> None:
+        with pytest.raises(ConfigurationError, match="NUL character"):
+            await farm.apublish(ACONN, b"x", queue="q", headers=headers)
+        with pytest.raises(ConfigurationError, match="NUL character"):
+            await farm.apublish_batch(ACONN, [b"x"], queue="q", headers=headers)
+
+    asyncio.run(scenario())
+
+
+def test_nul_in_correlation_id_queue_and_timer_id_is_refused(farm: Farm) -> None:
+    with pytest.raises(ConfigurationError, match="correlation_id contains a NUL character"):
+        farm.publish(CONN, b"x", queue="q", correlation_id="c\x00")
+    with pytest.raises(ConfigurationError, match="queue contains a NUL character"):
+        farm.publish(CONN, b"x", queue="q\x00")
+    with pytest.raises(ConfigurationError, match="timer_id contains a NUL character"):
+        farm.publish(CONN, b"x", queue="q", timer_id="t\x00")
+
+
+def test_an_escaped_backslash_u0000_is_not_a_nul() -> None:
+    headers = orjson.loads(_encode_headers({"path": "C:\\u0000"}, None, "text/plain"))
+    assert headers["path"] == "C:\\u0000"
+
+
+def test_nul_in_a_bytes_body_is_fine(farm: Farm) -> None:
+    with pytest.raises(AssertionError, match="SQL was sent"):
+        farm.publish(CONN, b"\x00", queue="q", headers={"ok": "yes"})
