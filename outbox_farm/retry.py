@@ -4,13 +4,17 @@ A strategy sees the attempt number (handler runs so far, including the one that 
 the exception, and the seconds since the first attempt (database clock). Returning None, or
 raising, makes the failure terminal (`retry_terminal`); the executor never lets a strategy's
 own bug crash the worker or silently drop the row.
+
+The built-in strategies take their first delay as the one positional argument
+(`ConstantBackoff(0.5)`, `ExponentialBackoff(1.0, cap=60)`); everything else, the limits above
+all, is keyword-only, so a number can never land in `max_attempts` by position.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Protocol, runtime_checkable
 
 from .errors import ConfigurationError
@@ -41,9 +45,9 @@ def _check_attempts(value: int | None) -> None:
         raise ConfigurationError(f"max_attempts must be a whole number >= 1, got {value!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Bounded:
-    """Limits shared by the built-in strategies."""
+    """Limits shared by the built-in strategies: keyword-only in every one of them."""
 
     max_attempts: int | None = None
     max_total_delay: float | None = None
@@ -79,7 +83,7 @@ class NoRetry:
 
 @dataclass(frozen=True)
 class ConstantBackoff(_Bounded):
-    """The same delay every time."""
+    """The same delay every time: `ConstantBackoff(0.5, max_attempts=5)`."""
 
     delay: float = 1.0
 
@@ -93,9 +97,10 @@ class ConstantBackoff(_Bounded):
 
 @dataclass(frozen=True)
 class LinearBackoff(_Bounded):
-    """first, first + step, first + 2*step, ... capped at `cap`."""
+    """first, first + step, first + 2*step, ... capped at `cap`: `LinearBackoff(1.0, step=2)`."""
 
     first: float = 1.0
+    _: KW_ONLY
     step: float = 1.0
     cap: float = 300.0
 
@@ -111,9 +116,11 @@ class LinearBackoff(_Bounded):
 
 @dataclass(frozen=True)
 class ExponentialBackoff(_Bounded):
-    """first * factor**(attempt-1), capped at `cap`, with +/- `jitter` (a fraction)."""
+    """first * factor**(attempt-1), capped at `cap`, with +/- `jitter` (a fraction) applied
+    after the cap: `ExponentialBackoff(1.0, factor=2, cap=300)`."""
 
     first: float = 1.0
+    _: KW_ONLY
     factor: float = 2.0
     cap: float = 300.0
     jitter: float = 0.2
