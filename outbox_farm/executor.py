@@ -61,23 +61,23 @@ def _valid_delay(value: object, msg: Message) -> float | None:
     return None
 
 
-def _in_thread(func: Callable[[Message], Any], msg: Message) -> asyncio.Future[Any]:
+async def _in_thread(func: Callable[[Message], Any], msg: Message) -> Any:
     """Run a sync handler in a thread of its own.
 
     Not a shared pool: a hung handler that timed out keeps its thread, and in a pool it would
     hold a slot that later messages then wait for (and time out in, without ever running). The
     executor tasks already bound how many run at once; an abandoned thread holds no slot.
+
+    The handler's exception travels as a value and is raised here: an exception set on the
+    future would be thrown into the awaiting coroutine, and a thrown GeneratorExit closes it
+    instead of reaching its `except`.
     """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
+    future: asyncio.Future[tuple[BaseException | None, Any]] = loop.create_future()
 
     def settle(error: BaseException | None, result: object) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+        if not future.done():
+            future.set_result((error, result))
 
     def target() -> None:
         try:
@@ -88,7 +88,10 @@ def _in_thread(func: Callable[[Message], Any], msg: Message) -> asyncio.Future[A
             loop.call_soon_threadsafe(settle, error, result)
 
     threading.Thread(target=target, daemon=True, name=f"outbox-farm-{msg.queue}").start()
-    return future
+    error, result = await future
+    if error is not None:
+        raise error
+    return result
 
 
 class _Slot:
@@ -222,33 +225,38 @@ class Executors:
         started = msg.claimed_epoch + (time.monotonic() - msg.received_monotonic)
         self._lag.observe(max(started - msg.due_epoch, 0.0))
         began = time.perf_counter()
-        exc: Exception | None = None
+        exc: BaseException | None = None
         try:
             if self.is_async:
                 await spec.func(msg)
             else:
                 await _in_thread(spec.func, msg)
-        except asyncio.CancelledError:
-            if not slot.expired:
+        except asyncio.CancelledError as error:
+            if not asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                exc = error  # raised by the handler itself: nobody cancelled this run
+            elif not slot.expired:
                 # A stop past its deadline: the row is tried again at once.
                 self.completer.put_nowait(
                     self._outcome(msg, Kind.RETRY, delay=0.0, ran=True, started_at=_utc(started))
                 )
                 raise
-            slot.expired = False
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            exc = HandlerTimeout(
-                f"handler of queue {msg.queue!r} exceeded its timeout of "
-                f"{spec.effective_timeout:g}s"
-            )
-        except Exception as error:
+            else:
+                slot.expired = False
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                exc = HandlerTimeout(
+                    f"handler of queue {msg.queue!r} exceeded its timeout of "
+                    f"{spec.effective_timeout:g}s"
+                )
+        except BaseException as error:
+            # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take
+            # down the worker and every other row it holds; it is retried, then dead-lettered.
             exc = error
         duration = time.perf_counter() - began
         self._handler_seconds.observe(duration)
         return self._decide(msg, exc, started, duration)
 
     def _decide(
-        self, msg: Message, exc: Exception | None, started: float, duration: float
+        self, msg: Message, exc: BaseException | None, started: float, duration: float
     ) -> Outcome:
         spec = self.spec
         decision = msg.decision

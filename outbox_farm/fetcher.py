@@ -12,7 +12,6 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .backoff import Backoff
 from .handler import HandlerSpec
+from .leases import lease_token
 from .message import Message
 from .metrics import metrics
 from .queries import Queries
@@ -44,6 +44,7 @@ class Fetcher:
         inbox: asyncio.Queue[Message | None],
         *,
         poll_interval: float = 0.5,
+        worker_id: int | None = None,
         on_starved: Callable[[], None] = lambda: None,
     ) -> None:
         self.spec = spec
@@ -51,6 +52,7 @@ class Fetcher:
         self.queries = queries
         self.inbox = inbox
         self.poll_interval = poll_interval
+        self.worker_id = worker_id
         self.on_starved = on_starved
         self.capacity = spec.capacity
         # Claim in halves of the capacity: one half is handled while the other half's outcomes
@@ -143,7 +145,7 @@ class Fetcher:
 
     async def _claim(self, limit: int) -> int:
         started = time.perf_counter()
-        token = uuid.uuid4()
+        token = lease_token(self.worker_id)
         params = {
             "queue": self.spec.queue,
             "limit": limit,

@@ -25,6 +25,7 @@ from .dsn import probe, redact
 from .errors import ConfigurationError
 from .executor import Executors
 from .fetcher import Fetcher
+from .leases import check_worker_id
 from .listener import Listener
 from .message import Message
 
@@ -52,7 +53,9 @@ class Runtime:
     `listen` (False: poll only), `gauges_interval` (refresh the database-derived gauges every
     so many seconds; one process of a farm does it), `vacuum_interval` (check every so many
     seconds whether the outbox table needs a VACUUM and run it; 0 or None: leave it to
-    autovacuum; see `vacuum`).
+    autovacuum; see `vacuum`), `worker_id` (0 to 2**31-1, carried in every lease token this
+    runtime takes, so that a supervisor can free a dead worker's rows with
+    `leases.release_worker`).
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class Runtime:
         listen: bool = True,
         gauges_interval: float | None = None,
         vacuum_interval: float | None = 10.0,
+        worker_id: int | None = None,
     ) -> None:
         if not farm.handlers:
             raise ConfigurationError("the farm has no handlers: register one with @farm.handler")
@@ -84,6 +88,7 @@ class Runtime:
         self.listen = listen
         self.gauges_interval = gauges_interval
         self.vacuum_interval = vacuum_interval
+        self.worker_id = None if worker_id is None else check_worker_id(worker_id)
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
         self.completer: Completer | None = None
@@ -144,6 +149,7 @@ class Runtime:
                 self.farm.queries,
                 inbox,
                 poll_interval=self.poll_interval,
+                worker_id=self.worker_id,
                 on_starved=self.completer.flush_now,
             )
             executors = Executors(spec, inbox, fetcher, self.completer)

@@ -132,3 +132,12 @@ WHERE c.oid = to_regclass(%(table)s)
 -- the OS takes an ACCESS EXCLUSIVE lock that stalls every claim and publish, and a queue table
 -- grows back into that space within seconds anyway.
 VACUUM (SKIP_LOCKED, TRUNCATE false) {outbox}
+
+-- name: release_worker
+-- A dead worker's leases, freed by its supervisor: its tokens are the range [low, high] (the
+-- worker id is their first four bytes, and uuids compare bytewise). `acquired_token IS NOT
+-- NULL` is the lease index's predicate, so only leased rows are read. deliveries_count is
+-- kept: the dead worker's delivery counts toward max_deliveries.
+UPDATE {outbox}
+SET acquired_token = NULL, acquired_at = NULL
+WHERE acquired_token IS NOT NULL AND acquired_token BETWEEN %(low)s AND %(high)s

@@ -713,6 +713,53 @@ def test_failing_dlq_move_does_not_roll_back_acks_of_the_same_flush(
 # -- §6: bad input and faults ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError],
+    ids=lambda k: k.__name__,
+)
+@pytest.mark.parametrize("style", ["async", "sync"])
+def test_a_base_exception_from_a_handler_is_retried_then_dead_lettered_and_the_worker_goes_on(
+    dsn: str, conn: psycopg.Connection, kind: type[BaseException], style: str
+) -> None:
+    """Not only `Exception`: a handler that raises KeyboardInterrupt, SystemExit,
+    GeneratorExit or a CancelledError of its own (no one cancelled it) fails like any other,
+    and the worker keeps every other row it holds running."""
+    q = qname("base")
+    farm = Farm(dlq_table=DLQ)
+    poison = publish(farm, conn, "poison", queue=q)
+    fine = [publish(farm, conn, f"fine-{n}", queue=q) for n in range(3)]
+    runs: list[bytes] = []
+
+    def body(msg: Message) -> None:
+        runs.append(msg.body)
+        if msg.body == b"poison":
+            raise kind("from the handler")
+
+    async def handle_async(msg: Message) -> None:
+        body(msg)
+
+    options: dict[str, Any] = {
+        "concurrency": 1,
+        "retry": ConstantBackoff(delay=0.05, max_attempts=2),
+    }
+    farm.handler(q, **options)(handle_async if style == "async" else body)
+
+    async def scenario() -> None:
+        async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
+            rows = await eventually(lambda: db.dlq_rows(q), "the poison row's DLQ row")
+            later = publish(farm, conn, "later", queue=q)
+            await eventually(lambda: _zero(db.outbox_count(q)), "every other row's ack")
+            ((original, reason, exception, *_),) = rows
+            assert (original, reason) == (poison, "retry_terminal")
+            assert exception.startswith(repr(kind("from the handler")))
+            assert later not in fine
+
+    asyncio.run(scenario())
+    assert runs.count(b"poison") == 2
+    assert sorted(r for r in runs if r != b"poison") == [b"fine-0", b"fine-1", b"fine-2", b"later"]
+
+
 def test_undecodable_body_reaches_the_handler_raw_and_json_failure_is_an_ordinary_error(
     dsn: str, conn: psycopg.Connection
 ) -> None:

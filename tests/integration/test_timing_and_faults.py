@@ -23,6 +23,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,12 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
 
-from outbox_farm import ConstantBackoff, Farm, Message
+from outbox_farm import ConstantBackoff, Farm, Message, leases
+from outbox_farm.errors import ConfigurationError
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
+from outbox_farm.runtime import Runtime
 
 Q = "q"
 AConn = psycopg.AsyncConnection[Any]
@@ -728,6 +731,78 @@ def test_rows_of_a_sigkilled_process_come_back_after_their_lease(
     print(f"\nafter SIGKILL every row delivered in {took * 1000:.0f} ms (lease_ttl 1 s)")
 
 
+# -- a dead worker's leases, handed back by its supervisor ----------------------------------
+
+
+def test_release_worker_frees_only_that_workers_rows_and_keeps_their_deliveries(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Two runtimes hold rows under worker ids that differ only in their top bit (so all 31
+    bits are compared), a third row is held by a runtime without a worker id. Releasing one
+    worker clears exactly its leases and keeps the deliveries its claims counted."""
+    mine, other = 5, 5 + 2**30
+    farms = {worker: Farm(dlq_table="outbox_dlq") for worker in (mine, other, None)}
+    gate = asyncio.Event()
+    held: dict[int | None, set[int]] = {worker: set() for worker in farms}
+    for worker, farm in farms.items():
+
+        @farm.handler(Q, concurrency=2, prefetch=1)
+        async def handle(msg: Message, worker: int | None = worker) -> None:
+            held[worker].add(msg.id)
+            await gate.wait()
+
+    ids = [farms[None].publish(conn, {"n": n}, queue=Q) for n in range(9)]
+
+    def leased() -> dict[int, tuple[uuid.UUID, int]]:
+        rows = conn.execute(
+            "SELECT id, acquired_token, deliveries_count FROM outbox "
+            "WHERE acquired_token IS NOT NULL"
+        ).fetchall()
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+    async def scenario() -> None:
+        async with AsyncExitStack() as stack:
+            for worker, farm in farms.items():
+                await stack.enter_async_context(
+                    farm.running(dsn, poll_interval=0.05, graceful_timeout=1.0, worker_id=worker)
+                )
+                await until(lambda w=worker: len(held[w]) == 2, 5.0, f"worker {worker} running")
+            await until(lambda: len(leased()) == 9, 3.0, "every row claimed")
+            before = leased()
+            prefixes = {token.bytes[:4].hex() for token, _ in before.values()}
+            assert {f"{0x80000000 | mine:08x}", f"{0x80000000 | other:08x}"} <= prefixes
+            freed = {i for i, (token, _) in before.items() if token.bytes[:4].hex() == "80000005"}
+            assert len(freed) == 3
+
+            assert leases.release_worker(conn, farms[mine].queries, mine) == 3
+            after = conn.execute(
+                "SELECT id, acquired_token, acquired_at, deliveries_count FROM outbox "
+                "WHERE id = ANY(%s) ORDER BY id",
+                (sorted(freed),),
+            ).fetchall()
+            assert after == [(i, None, None, before[i][1]) for i in sorted(freed)]
+            assert {i: v for i, v in leased().items() if i not in freed} == {
+                i: v for i, v in before.items() if i not in freed
+            }
+            assert leases.release_worker(conn, farms[mine].queries, mine) == 0
+            gate.set()
+
+    asyncio.run(scenario())
+    assert set(ids) == set().union(*held.values())
+
+
+def test_worker_ids_out_of_range_are_refused() -> None:
+    farm = Farm(dlq_table="outbox_dlq")
+
+    @farm.handler(Q)
+    async def handle(msg: Message) -> None:
+        return None
+
+    for bad in (-1, 2**31, 1.5, True, "7"):
+        with pytest.raises(ConfigurationError, match="worker_id"):
+            Runtime(farm, "dbname=never", worker_id=bad)  # type: ignore[arg-type]
+
+
 # -- connections do not grow with concurrency ----------------------------------------------
 
 
@@ -799,7 +874,9 @@ def _assert_index_plan(plan: Any, what: str, *indexes: str) -> None:
         assert index in used, f"{what} does not use {index}: uses {used - {None}}"
 
 
-def test_claim_and_next_due_use_the_partial_indexes(conn: psycopg.Connection[Any]) -> None:
+def test_claim_next_due_and_release_worker_use_the_partial_indexes(
+    conn: psycopg.Connection[Any],
+) -> None:
     conn.execute(
         """
         INSERT INTO outbox (queue, payload, next_attempt_at, deliveries_count,
@@ -822,6 +899,10 @@ def test_claim_and_next_due_use_the_partial_indexes(conn: psycopg.Connection[Any
         "next_due": (
             {"queue": "queue-1", "lease_ttl": 60.0},
             ("outbox_pending_idx", "outbox_lease_idx"),
+        ),
+        "release_worker": (
+            dict(zip(("low", "high"), leases.token_range(5), strict=True)),
+            ("outbox_lease_idx",),
         ),
     }
     for name, (params, indexes) in cases.items():

@@ -23,6 +23,7 @@ EXPECTED = [
     "dlq_gauges",
     "vacuum_state",
     "vacuum",
+    "release_worker",
     "table_oid",
     "columns",
     "indexes",
