@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
 import psycopg
 
 from .dsn import check_dsn, redact
-from .errors import OutboxFarmError
+from .errors import ConfigurationError, OutboxFarmError
+from .exposition import parse_bind
 from .names import TableNames
 
 EPILOG = "Every option can also be set from the environment variable shown in its help."
+
+
+def _check_bind(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--metrics-bind, checked while the command line is read: a typo is a usage error naming
+    the option, not a traceback from the arbiter (and a restart loop under a supervisor)."""
+    text = value.strip()
+    if text:
+        try:
+            parse_bind(text)
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return text
 
 
 def _table_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -59,14 +74,56 @@ def _seconds_option(
     )
 
 
+def _read_dsn_file(path: str) -> str:
+    """The DSN kept in a file (a container secret): whitespace and the final newline stripped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(
+            f"cannot read {path}: {exc}; point it at a readable file holding the connection string",
+            param_hint="'--dsn-file' / OUTBOX_FARM_DSN_FILE",
+        ) from None
+    if not text:
+        raise click.BadParameter(
+            f"{path} is empty; write the connection string into it",
+            param_hint="'--dsn-file' / OUTBOX_FARM_DSN_FILE",
+        )
+    return text
+
+
 def _dsn_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--dsn and --dsn-file, merged into the command's one `dsn` argument (None: embedded).
+
+    The file (or the environment) keeps the password out of every process's command line,
+    where `ps` and /proc show it to any user of the machine.
+    """
+
+    @functools.wraps(func)
+    def command(*args: Any, dsn: str | None, dsn_file: str | None, **kwargs: Any) -> Any:
+        if dsn and dsn_file:
+            raise click.UsageError(
+                "--dsn (OUTBOX_FARM_DSN) and --dsn-file (OUTBOX_FARM_DSN_FILE) are both set; "
+                "keep one"
+            )
+        return func(*args, dsn=_read_dsn_file(dsn_file) if dsn_file else dsn, **kwargs)
+
+    command = click.option(
+        "--dsn-file",
+        envvar="OUTBOX_FARM_DSN_FILE",
+        default=None,
+        metavar="PATH",
+        help="Read the connection string from this file (e.g. a container secret), so no "
+        "password shows on the command line. [env OUTBOX_FARM_DSN_FILE]",
+    )(command)
     return click.option(
         "--dsn",
         envvar="OUTBOX_FARM_DSN",
         default=None,
-        help="libpq connection string or postgresql:// URL. Without one, an embedded Postgres "
-        "is started under ./.outbox-farm/pgdata (OUTBOX_FARM_DATA_DIR). [env OUTBOX_FARM_DSN]",
-    )(func)
+        help="libpq connection string or postgresql:// URL; prefer OUTBOX_FARM_DSN or "
+        "--dsn-file, since a command line is visible to every user of the machine. Without "
+        "any, an embedded Postgres is started under ./.outbox-farm/pgdata "
+        "(OUTBOX_FARM_DATA_DIR). [env OUTBOX_FARM_DSN]",
+    )(command)
 
 
 def _names(table: str, dlq_table: str, no_dlq: bool) -> TableNames:
@@ -83,9 +140,10 @@ def _database(
     """The DSN to use, starting the embedded server (and saying so) when none was given."""
     if dsn:
         try:
-            yield check_dsn(dsn)
+            checked = check_dsn(dsn)
         except OutboxFarmError as exc:
             raise click.ClickException(str(exc)) from None
+        yield checked
         return
     from .embedded import start_embedded
 
@@ -106,7 +164,8 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
     except psycopg.Error as exc:
         raise click.ClickException(
             f"cannot connect to {redact(dsn)}: {str(exc).strip()}\n"
-            "Check --dsn / OUTBOX_FARM_DSN and that the server is running."
+            "Check --dsn / OUTBOX_FARM_DSN (or the file of --dsn-file) and that the server is "
+            "running."
         ) from None
 
 
@@ -182,7 +241,6 @@ def _prepare_metrics_dir(path: str | None) -> str:
     """
     import atexit
     import tempfile
-    from pathlib import Path
 
     if path is None:
         path = tempfile.mkdtemp(prefix="outbox-farm-metrics-")
@@ -255,10 +313,15 @@ def _prepare_metrics_dir(path: str | None) -> str:
 )
 @click.option(
     "--metrics-bind",
-    default="127.0.0.1:9464",
-    show_default=True,
+    callback=_check_bind,
+    metavar="HOST:PORT",
+    # click ignores an empty environment variable; an environment file that says
+    # OUTBOX_FARM_METRICS_BIND= means "off", so the default reads it itself.
+    default=lambda: os.environ.get("OUTBOX_FARM_METRICS_BIND", "127.0.0.1:9464"),
+    show_default="127.0.0.1:9464",
     envvar="OUTBOX_FARM_METRICS_BIND",
-    help="host:port for /metrics and /healthz; empty to turn off. [env OUTBOX_FARM_METRICS_BIND]",
+    help="host:port for /metrics and /healthz ([::1]:port for IPv6; port 0 picks a free one); "
+    "empty to turn off. [env OUTBOX_FARM_METRICS_BIND]",
 )
 @click.option(
     "--metrics-dir",
@@ -384,7 +447,6 @@ def start(
 @contextmanager
 def tempfile_dir() -> Iterator[Any]:
     import tempfile
-    from pathlib import Path
 
     with tempfile.TemporaryDirectory(prefix="outbox-farm-state-") as folder:
         yield Path(folder)

@@ -6,19 +6,74 @@ read and answered synchronously with a short socket timeout; scrapes are rare an
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import time
 from collections.abc import Callable
 
 import orjson
 
+from .errors import ConfigurationError
+
 MAX_REQUEST = 8192
 REQUEST_DEADLINE = 1.0  # seconds for a whole request, however it trickles in
+_EXAMPLE = "e.g. 127.0.0.1:9464, [::1]:9464, or empty to turn /metrics and /healthz off"
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """`host:port` as `socket.create_server` takes it; refused with the reason otherwise.
+
+    An IPv6 host goes in brackets; an empty host (`:9464`) is loopback, never every interface:
+    /metrics says how busy the farm is and should not face the network by accident. The host
+    is resolved only when binding.
+    """
+    host, colon, port = bind.strip().rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ConfigurationError(
+            f"{bind!r} is not host:port with a port from 0 to 65535 ({_EXAMPLE})"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ConfigurationError(f"{bind!r}: put an IPv6 address in brackets ({_EXAMPLE})")
+    return host or "127.0.0.1", int(port)
 
 
 def listen(bind: str) -> socket.socket:
-    host, _, port = bind.rpartition(":")
-    sock = socket.create_server((host or "127.0.0.1", int(port)), reuse_port=False)
+    """The non-blocking listening socket for /metrics and /healthz.
+
+    Every way this can fail is a configuration error the operator fixes in --metrics-bind (a
+    supervisor restarting the farm would only fail again), so each says what to change.
+    """
+    try:
+        address = parse_bind(bind)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"--metrics-bind {exc}") from None
+    elsewhere = "use an address of this machine (127.0.0.1, 0.0.0.0, or one of its interfaces)"
+    try:
+        socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigurationError(
+            f"--metrics-bind {bind}: cannot resolve {address[0]!r} ({exc.strerror}); {elsewhere}"
+        ) from None
+    try:
+        sock = socket.create_server(address, reuse_port=False)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            advice = (
+                "something else (another outbox-farm?) is listening there: pick a free port, "
+                "or an empty --metrics-bind to turn /metrics off"
+            )
+        elif exc.errno == errno.EACCES:
+            advice = "binding it needs privileges this process lacks: use a port above 1023"
+        else:
+            advice = elsewhere
+        # create_server appends the address to strerror; the message names it already.
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigurationError(
+            f"--metrics-bind {bind}: cannot listen ({reason}); {advice}"
+        ) from None
     sock.setblocking(False)
     return sock
 

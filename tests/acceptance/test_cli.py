@@ -17,6 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from outbox_farm.migrate import selected
+from outbox_farm.names import TableNames
+
 
 def _script() -> str:
     beside = Path(sys.executable).parent / "outbox-farm"
@@ -30,8 +33,10 @@ def _script() -> str:
 CLI = _script()
 
 
-def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run(*args: str, timeout: float = 30, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """The command with none of the caller's OUTBOX_FARM_* settings, plus `extra_env`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
+    env.update(extra_env)
     return subprocess.run(
         [CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
     )
@@ -44,20 +49,32 @@ def regclass(dsn: str, name: str) -> Any:
     return row[0]
 
 
+def migration_labels(names: TableNames) -> list[str]:
+    """What `migrate` says it applies, from the migrations folder (which grows over time)."""
+    return [
+        f"{m.version:04d}_{m.name} on {names.outbox if m.target == 'outbox' else names.dlq}"
+        for m in selected(names)
+    ]
+
+
 def test_migrate_then_migrate_again(empty_dsn: str) -> None:
+    labels = migration_labels(TableNames.build("outbox", "outbox_dlq"))
+    assert "0001_outbox on outbox" in labels
+    assert "0002_dlq on outbox_dlq" in labels
     first = run("migrate", "--dsn", empty_dsn)
     assert first.returncode == 0, first.stderr
-    assert "  applying 0001_outbox on outbox" in first.stdout
-    assert "  applying 0002_dlq on outbox_dlq" in first.stdout
-    assert "  applying 0003_vacuum_truncate on outbox" in first.stdout
-    assert "migrate: 3 applied, 0 already up to date (outbox, outbox_dlq)" in first.stdout
+    for label in labels:
+        assert f"  applying {label}" in first.stdout
+    assert (
+        f"migrate: {len(labels)} applied, 0 already up to date (outbox, outbox_dlq)" in first.stdout
+    )
     assert regclass(empty_dsn, "outbox") == "outbox"
     assert regclass(empty_dsn, "outbox_dlq") == "outbox_dlq"
 
     second = run("migrate", "--dsn", empty_dsn)
     assert second.returncode == 0, second.stderr
     assert "applying" not in second.stdout
-    assert "migrate: 0 applied, 3 already up to date" in second.stdout
+    assert f"migrate: 0 applied, {len(labels)} already up to date" in second.stdout
 
 
 def test_check_ok(dsn: str) -> None:
@@ -85,7 +102,8 @@ def test_check_on_an_empty_database_names_both_tables(empty_dsn: str) -> None:
 def test_no_dlq(empty_dsn: str) -> None:
     migrated = run("migrate", "--dsn", empty_dsn, "--no-dlq")
     assert migrated.returncode == 0, migrated.stderr
-    assert "migrate: 2 applied, 0 already up to date (outbox)" in migrated.stdout
+    outbox_only = len(migration_labels(TableNames.build("outbox", None)))
+    assert f"migrate: {outbox_only} applied, 0 already up to date (outbox)" in migrated.stdout
     assert "dlq" not in migrated.stdout
     assert regclass(empty_dsn, "outbox_dlq") is None
 
@@ -199,3 +217,64 @@ def test_same_dlq_and_outbox_is_a_usage_error() -> None:
     result = run("sql", "--table", "jobs", "--dlq-table", "jobs")
     assert result.returncode == 2
     assert "the DLQ table must differ from the outbox table" in result.stderr
+
+
+# --- the DSN from a file ----------------------------------------------------------------------
+
+
+def test_migrate_and_check_read_the_dsn_from_a_file(empty_dsn: str, tmp_path: Path) -> None:
+    secret = tmp_path / "dsn"
+    secret.write_text(f"  {empty_dsn}\n\n")
+    migrated = run("migrate", "--dsn-file", str(secret))
+    assert migrated.returncode == 0, migrated.stderr
+    assert "applied, 0 already up to date (outbox, outbox_dlq)" in migrated.stdout
+    assert "embedded" not in migrated.stderr
+    checked = run("check", OUTBOX_FARM_DSN_FILE=str(secret))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.strip() == "check: schema OK (outbox, outbox_dlq)"
+
+
+@pytest.mark.parametrize("command", ["migrate", "check", "start"])
+def test_an_empty_dsn_file_is_refused(command: str, tmp_path: Path) -> None:
+    secret = tmp_path / "dsn"
+    secret.write_text(" \n")
+    args = [command, "app:farm"] if command == "start" else [command]
+    result = run(*args, "--dsn-file", str(secret))
+    assert result.returncode == 2, result.stderr
+    assert "'--dsn-file' / OUTBOX_FARM_DSN_FILE" in result.stderr
+    assert f"{secret} is empty; write the connection string into it" in result.stderr
+    assert "embedded" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("what", ["missing", "directory"])
+@pytest.mark.parametrize("command", ["migrate", "check", "start"])
+def test_an_unreadable_dsn_file_is_refused(command: str, what: str, tmp_path: Path) -> None:
+    path = tmp_path / "nope" if what == "missing" else tmp_path
+    args = [command, "app:farm"] if command == "start" else [command]
+    result = run(*args, OUTBOX_FARM_DSN_FILE=str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"cannot read {path}:" in result.stderr
+    assert "point it at a readable file holding the connection string" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["migrate", "check", "start"])
+def test_dsn_and_dsn_file_together_are_refused(command: str, dsn: str, tmp_path: Path) -> None:
+    secret = tmp_path / "dsn"
+    secret.write_text(dsn)
+    args = [command, "app:farm"] if command == "start" else [command]
+    result = run(*args, "--dsn-file", str(secret), OUTBOX_FARM_DSN=dsn)
+    assert result.returncode == 2, result.stderr
+    assert "--dsn (OUTBOX_FARM_DSN) and --dsn-file (OUTBOX_FARM_DSN_FILE) are both set" in (
+        result.stderr
+    )
+
+
+def test_a_bad_dsn_in_the_file_is_reported_without_its_password(tmp_path: Path) -> None:
+    secret = tmp_path / "dsn"
+    secret.write_text("host=127.0.0.1 port=1 password=hunter2 dbname=nowhere connect_timeout=5\n")
+    result = run("check", "--dsn-file", str(secret))
+    assert result.returncode == 1
+    assert "cannot connect" in result.stderr
+    assert "hunter2" not in result.stdout + result.stderr

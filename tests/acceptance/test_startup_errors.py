@@ -1,0 +1,156 @@
+"""`outbox-farm start` refusing bad configuration: one line naming the option, no traceback.
+
+A configuration error must end the process with a message saying what to change; anything
+else (a traceback, a retry loop) makes a supervisor restart the farm into the same failure.
+Every test runs the real console script against a real database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.acceptance.test_farm import CLI, FARMAPP, clean_env, farm_process, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "farmapp.py").write_text(FARMAPP)
+    return tmp_path
+
+
+@contextlib.contextmanager
+def started(
+    app_dir: Path, *args: str, **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """`outbox-farm start farmapp:farm` with only the given arguments and environment, in its
+    own session (killed as a group afterwards); yields the process and its log file."""
+    log_path = app_dir / "start.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(CLI), "start", "farmapp:farm", *args],
+            cwd=app_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(TMPDIR=str(app_dir), **env),
+            start_new_session=True,
+        )
+    try:
+        yield proc, log_path
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def exit_status(proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 30) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout}s:\n{log_path.read_text(errors='replace')}")
+
+
+def wait_for_a_worker(proc: subprocess.Popen[bytes], log_path: Path) -> psutil.Process:
+    """The arbiter, once it has forked a worker; fails at once if it exits instead."""
+    arbiter = psutil.Process(proc.pid)
+
+    def worker() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"exited {proc.returncode}:\n{log_path.read_text(errors='replace')}")
+        return bool(arbiter.children())
+
+    wait_for(worker, 30, "a worker")
+    return arbiter
+
+
+def stop(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert exit_status(proc, log_path) == 0, log_path.read_text(errors="replace")
+
+
+# -- the DSN from a file -------------------------------------------------------------------------
+
+
+def test_start_reads_the_dsn_from_a_file_and_keeps_it_off_command_lines(
+    app_dir: Path, dsn: str
+) -> None:
+    secret = app_dir / "dsn"
+    secret.write_text(dsn + "\n")
+    args = ("--procs", "1", "--metrics-bind", "", "--metrics-dir", str(app_dir / "metrics"))
+    with started(app_dir, *args, OUTBOX_FARM_DSN_FILE=str(secret)) as (proc, log_path):
+        arbiter = wait_for_a_worker(proc, log_path)
+        command_lines = [" ".join(p.cmdline()) for p in [arbiter, *arbiter.children()]]
+        stop(proc, log_path)
+    assert len(command_lines) == 2
+    assert all(dsn not in line for line in command_lines), command_lines
+
+
+# -- --metrics-bind ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bind", ["9464", "localhost", "127.0.0.1:99999", "127.0.0.1:http", "::1:9464"]
+)
+def test_a_malformed_metrics_bind_is_a_usage_error_naming_the_option(
+    app_dir: Path, dsn: str, bind: str
+) -> None:
+    with started(app_dir, "--dsn", dsn, "--metrics-bind", bind) as (proc, log_path):
+        code = exit_status(proc, log_path)
+    output = log_path.read_text()
+    assert code == 2, output
+    assert "Invalid value for '--metrics-bind'" in output
+    assert "Traceback" not in output
+
+
+def test_a_malformed_metrics_bind_from_the_environment_is_refused(app_dir: Path, dsn: str) -> None:
+    with started(app_dir, "--dsn", dsn, OUTBOX_FARM_METRICS_BIND="nonsense") as (proc, log_path):
+        code = exit_status(proc, log_path)
+    output = log_path.read_text()
+    assert code == 2, output
+    assert "'nonsense' is not host:port" in output
+
+
+def test_an_empty_metrics_bind_environment_variable_turns_metrics_off(
+    app_dir: Path, dsn: str
+) -> None:
+    # What an environment file for systemd says to turn /metrics off.
+    args = ("--dsn", dsn, "--procs", "1", "--metrics-dir", str(app_dir / "metrics"))
+    with started(app_dir, *args, OUTBOX_FARM_METRICS_BIND="") as (proc, log_path):
+        arbiter = wait_for_a_worker(proc, log_path)
+        listening = [c for c in arbiter.net_connections() if c.status == psutil.CONN_LISTEN]
+        stop(proc, log_path)
+    assert listening == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs `start` to turn the ConfigurationError of Arbiter.run() into a click error",
+)
+def test_metrics_bind_in_use_is_one_line_naming_the_option(app_dir: Path, dsn: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with farm_process(app_dir, dsn, "--metrics-bind", f"127.0.0.1:{port}", procs=1) as farm:
+            try:
+                code = farm.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running after 30s\n{farm.log_tail()}")
+    output = farm.log()
+    assert code == 1, output
+    assert "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        f"Error: --metrics-bind 127.0.0.1:{port}: cannot listen (Address already in use); "
+        "something else (another outbox-farm?) is listening there: pick a free port, or an "
+        "empty --metrics-bind to turn /metrics off"
+    ], output
+    assert farm.children() == set()
