@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -234,10 +235,19 @@ def sql_(table: str, dlq_table: str, no_dlq: bool) -> None:
     click.echo(ddl(_names(table, dlq_table, no_dlq)))
 
 
-def _prepare_metrics_dir(path: str | None) -> str:
-    """Set (and wipe) PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client.
+METRICS_MARKER = ".outbox-farm-metrics"
+# The files prometheus_client's multiprocess mode writes: <type>_<pid>.db.
+_METRIC_FILE = re.compile(r"^(counter|histogram|summary|gauge_[a-z]+)_\d+\.db$")
 
-    A directory made here (no --metrics-dir) is removed again when the arbiter exits.
+
+def _prepare_metrics_dir(path: str | None) -> str:
+    """Point PROMETHEUS_MULTIPROC_DIR at a directory of the farm's own, emptied of the metric
+    files of earlier runs, before anything imports prometheus_client.
+
+    The farm deletes files there, so it only takes a directory that is new, empty, or marked
+    by an earlier run (METRICS_MARKER) and holding nothing but metric files: a directory a web
+    app also writes its metrics to is refused, never wiped. One made here (no --metrics-dir)
+    is removed again when the arbiter exits.
     """
     import atexit
     import tempfile
@@ -252,9 +262,28 @@ def _prepare_metrics_dir(path: str | None) -> str:
 
         atexit.register(remove)
     folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.db"):
-        stale.unlink()
+    hint = "'--metrics-dir' / OUTBOX_FARM_METRICS_DIR"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        entries = sorted(entry.name for entry in folder.iterdir())
+        marked = METRICS_MARKER in entries
+        foreign = [
+            name for name in entries if name != METRICS_MARKER and not _METRIC_FILE.match(name)
+        ]
+        if entries and (not marked or foreign):
+            shown = ", ".join((foreign or entries)[:5])
+            raise click.BadParameter(
+                f"{folder} holds files outbox-farm did not write ({shown}); the farm empties "
+                "its metrics directory at every start, so give it one of its own (new or "
+                "empty), or leave the option out for a temporary one",
+                param_hint=hint,
+            )
+        (folder / METRICS_MARKER).write_text("outbox-farm metrics; emptied at every start\n")
+        for name in entries:
+            if _METRIC_FILE.match(name):
+                (folder / name).unlink()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot use {folder}: {exc}", param_hint=hint) from None
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
     return str(folder)
 
@@ -326,9 +355,11 @@ def _prepare_metrics_dir(path: str | None) -> str:
 @click.option(
     "--metrics-dir",
     default=None,
-    envvar="PROMETHEUS_MULTIPROC_DIR",
-    help="Directory for the per-process metric files (wiped at start; default: a new "
-    "temporary one). [env PROMETHEUS_MULTIPROC_DIR]",
+    envvar="OUTBOX_FARM_METRICS_DIR",
+    help="Directory of the farm's own for its per-process metric files, emptied at every "
+    "start; one holding files the farm did not write is refused. Default: a new temporary "
+    "one. The farm sets PROMETHEUS_MULTIPROC_DIR to it for its processes and never reads it, "
+    "so a web app's metrics directory is left alone. [env OUTBOX_FARM_METRICS_DIR]",
 )
 @click.option(
     "--migrate/--no-migrate",

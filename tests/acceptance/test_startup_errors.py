@@ -154,3 +154,73 @@ def test_metrics_bind_in_use_is_one_line_naming_the_option(app_dir: Path, dsn: s
         "empty --metrics-bind to turn /metrics off"
     ], output
     assert farm.children() == set()
+
+
+# -- the metrics directory ---------------------------------------------------------------------
+
+WEB_APP_FILES = ("counter_4242.db", "gauge_livesum_4242.db", "histogram_4242.db")
+
+
+def web_app_metrics(folder: Path) -> Path:
+    """A directory where a web app (prometheus_client multiprocess mode) keeps its metrics."""
+    folder.mkdir()
+    for name in WEB_APP_FILES:
+        (folder / name).write_bytes(b"web app data")
+    return folder
+
+
+def test_start_leaves_a_shared_prometheus_multiproc_dir_alone(app_dir: Path, dsn: str) -> None:
+    shared = web_app_metrics(app_dir / "webapp-metrics")
+    args = ("--dsn", dsn, "--procs", "1", "--metrics-bind", "")
+    with started(app_dir, *args, PROMETHEUS_MULTIPROC_DIR=str(shared)) as (proc, log_path):
+        wait_for_a_worker(proc, log_path)
+        stop(proc, log_path)
+    assert sorted(p.name for p in shared.iterdir()) == sorted(WEB_APP_FILES)
+    assert all((shared / name).read_bytes() == b"web app data" for name in WEB_APP_FILES)
+    assert not list(app_dir.glob("outbox-farm-metrics-*")), "the default directory is left"
+
+
+@pytest.mark.parametrize("via", ["option", "environment"])
+def test_a_metrics_dir_with_files_the_farm_did_not_write_is_refused(
+    app_dir: Path, dsn: str, via: str
+) -> None:
+    shared = web_app_metrics(app_dir / "webapp-metrics")
+    if via == "option":
+        context = started(app_dir, "--dsn", dsn, "--metrics-dir", str(shared))
+    else:
+        context = started(app_dir, "--dsn", dsn, OUTBOX_FARM_METRICS_DIR=str(shared))
+    with context as (proc, log_path):
+        code = exit_status(proc, log_path)
+    output = log_path.read_text()
+    assert code == 2, output
+    assert "Traceback" not in output
+    assert "'--metrics-dir' / OUTBOX_FARM_METRICS_DIR" in output
+    assert f"{shared} holds files outbox-farm did not write (counter_4242.db" in output
+    assert sorted(p.name for p in shared.iterdir()) == sorted(WEB_APP_FILES)
+
+
+def test_a_marked_metrics_dir_with_a_foreign_file_is_refused(app_dir: Path, dsn: str) -> None:
+    folder = app_dir / "metrics"
+    folder.mkdir()
+    (folder / ".outbox-farm-metrics").write_text("")
+    (folder / "notes.txt").write_text("mine")
+    with started(app_dir, "--dsn", dsn, "--metrics-dir", str(folder)) as (proc, log_path):
+        code = exit_status(proc, log_path)
+    assert code == 2, log_path.read_text()
+    assert "did not write (notes.txt)" in log_path.read_text()
+    assert (folder / "notes.txt").read_text() == "mine"
+
+
+def test_the_farms_own_metrics_dir_is_emptied_and_reused(app_dir: Path, dsn: str) -> None:
+    folder = app_dir / "metrics"
+    args = ("--dsn", dsn, "--procs", "1", "--metrics-bind", "", "--metrics-dir", str(folder))
+    with started(app_dir, *args) as (proc, log_path):
+        wait_for_a_worker(proc, log_path)
+        stop(proc, log_path)
+    assert (folder / ".outbox-farm-metrics").exists()
+    stale = folder / "counter_999999.db"
+    stale.write_bytes(b"from a run long gone")
+    with started(app_dir, *args) as (proc, log_path):
+        wait_for_a_worker(proc, log_path)
+        assert not stale.exists()
+        stop(proc, log_path)
