@@ -179,23 +179,35 @@ def main() -> None:
 @main.command(epilog=EPILOG)
 @_dsn_option
 @_table_options
-def migrate(dsn: str | None, table: str, dlq_table: str, no_dlq: bool) -> None:
+@click.option(
+    "--repair",
+    is_flag=True,
+    envvar="OUTBOX_FARM_REPAIR",
+    help="Run the already applied migrations again too (each is re-runnable): brings back a "
+    "dropped index or table setting that `check` reports, and rebuilds the lease index, so "
+    "prefer a quiet moment on a large table. [env OUTBOX_FARM_REPAIR]",
+)
+def migrate(dsn: str | None, table: str, dlq_table: str, no_dlq: bool, repair: bool) -> None:
     """Create or upgrade the outbox (and DLQ) tables.
 
     Applies the versioned migrations that are not yet applied, in order, each in its own
-    transaction, under an advisory lock; running it twice, or twice at once, is safe.
+    transaction, under an advisory lock; running it twice, or twice at once, is safe. A table
+    that was dropped after its migrations ran gets them again.
     """
     from .migrate import migrate as run_migrate
 
     names = _names(table, dlq_table, no_dlq)
     with _database(dsn) as url, _connect(url) as conn:
         try:
-            result = run_migrate(conn, names, progress=lambda line: click.echo(f"  {line}"))
+            result = run_migrate(
+                conn, names, repair=repair, progress=lambda line: click.echo(f"  {line}")
+            )
         except OutboxFarmError as exc:
             raise click.ClickException(str(exc)) from None
+    repaired = f", {len(result.repaired)} repaired" if repair else ""
     click.echo(
-        f"migrate: {len(result.applied)} applied, {len(result.already)} already up to date "
-        f"({', '.join(str(t) for t in (names.outbox, names.dlq) if t)})"
+        f"migrate: {len(result.applied)} applied, {len(result.already)} already up to date"
+        f"{repaired} ({', '.join(str(t) for t in (names.outbox, names.dlq) if t)})"
     )
 
 
@@ -385,6 +397,21 @@ def _prepare_metrics_dir(path: str | None) -> str:
     envvar="OUTBOX_FARM_LOG_LEVEL",
     help="[env OUTBOX_FARM_LOG_LEVEL]",
 )
+@click.option(
+    "--preload",
+    is_flag=True,
+    envvar="OUTBOX_FARM_PRELOAD",
+    help="Fork workers from the app the arbiter imported at start, instead of each worker "
+    "importing it afresh: faster forks, but SIGHUP then restarts the workers on the old "
+    "code. [env OUTBOX_FARM_PRELOAD]",
+)
+@click.option(
+    "--reload",
+    is_flag=True,
+    envvar="OUTBOX_FARM_RELOAD",
+    help="Development: replace every worker when a .py file of the app changes. "
+    "[env OUTBOX_FARM_RELOAD]",
+)
 def start(
     app: str,
     dsn: str | None,
@@ -400,30 +427,40 @@ def start(
     run_migrate: bool | None,
     log_format: str,
     log_level: str,
+    preload: bool,
+    reload: bool,
 ) -> None:
     """Run the farm APP (`package.module:farm`; env OUTBOX_FARM_APP) in N supervised worker
     processes.
 
-    The arbiter imports APP and checks the database once, then forks --procs workers, restarts
-    any that die, and serves /metrics and /healthz. SIGTERM/SIGINT drain gracefully, SIGQUIT
-    stops at once, SIGHUP replaces every worker one at a time, SIGTTIN/SIGTTOU add or remove one.
+    The arbiter imports APP and checks the database once, then forks --procs workers (each
+    imports APP again from disk unless --preload), restarts any that die, and serves /metrics
+    and /healthz. SIGTERM/SIGINT drain gracefully, SIGQUIT stops at once, SIGHUP replaces every
+    worker one at a time with one running the code now on disk, SIGTTIN/SIGTTOU add or remove
+    one.
     """
     import dataclasses
 
-    from .app import load_farm
+    from .app import AppLoader
+    from .farm import Farm
     from .logs import configure
 
     configure(log_format, log_level)
     _prepare_metrics_dir(metrics_dir)
+
+    def adjust(farm: Farm) -> Farm:
+        if concurrency is not None:
+            farm.handlers = {
+                q: dataclasses.replace(spec, concurrency=concurrency)
+                for q, spec in farm.handlers.items()
+            }
+        return farm
+
+    loader = AppLoader(app, adjust)
     try:
-        farm = load_farm(app)
+        farm = loader.load()
     except OutboxFarmError as exc:
         raise click.ClickException(str(exc)) from None
-    if concurrency is not None:
-        farm.handlers = {
-            q: dataclasses.replace(spec, concurrency=concurrency)
-            for q, spec in farm.handlers.items()
-        }
     selected = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     unknown = sorted(set(selected or ()) - set(farm.handlers))
     if unknown:
@@ -470,8 +507,14 @@ def start(
                 graceful_timeout=graceful_timeout,
                 heartbeat_timeout=heartbeat_timeout,
                 metrics_bind=metrics_bind or None,
+                loader=loader,
+                preload=preload,
+                reload=reload,
             )
-            code = arbiter.run()
+            try:
+                code = arbiter.run()
+            except OutboxFarmError as exc:
+                raise click.ClickException(str(exc)) from None
     sys.exit(code)
 
 

@@ -4,6 +4,12 @@ Migrations are the `.sql` files of the top-level `migrations/` folder (carried i
 as `outbox_farm/_migrations`). Each starts with `-- target: outbox` or `-- target: dlq` and uses
 the same `{placeholders}` as the runtime SQL, so one file serves any table name. What was
 applied is recorded per target table in `outbox_farm_migrations`; re-running is a no-op.
+
+The records are checked against the catalog: when a target table no longer exists (dropped by
+hand, or restored from a dump without it), its records are forgotten and its migrations applied
+again from the first, so `migrate` brings back what `check` reports missing. Every migration is
+written to be re-runnable (IF NOT EXISTS, idempotent ALTERs), which is also what lets
+`repair=True` run all of them again to restore a dropped index.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
@@ -92,18 +98,37 @@ def ddl(names: TableNames, conn: psycopg.Connection[Any] | None = None) -> str:
 class MigrateResult:
     applied: list[str]
     already: list[str]
+    repaired: list[str] = field(default_factory=list)  # recorded ones run again (repair=True)
+
+
+def _dropped_targets(conn: psycopg.Connection[Any], names: TableNames) -> set[str]:
+    """The configured tables that no longer exist in the catalog."""
+    sql_ = load_blocks()
+    gone = set()
+    for table in (names.outbox, names.dlq):
+        if table is None:
+            continue
+        quoted = table.identifier().as_string(conn)
+        row = conn.execute(sql_["migration_target_exists"], {"table": quoted}).fetchone()
+        if row is not None and not row[0]:
+            gone.add(str(table))
+    return gone
 
 
 def migrate(
     conn: psycopg.Connection[Any],
     names: TableNames,
     *,
+    repair: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> MigrateResult:
     """Apply every pending migration, each in its own transaction, under an advisory lock.
 
-    The connection must not be inside a transaction. Two concurrent runs are safe: the second
-    waits for the lock and then finds nothing left to do.
+    A migration counts as pending when it was never recorded, or when its target table no
+    longer exists. `repair` runs the recorded ones again too (they are idempotent), which
+    brings back dropped indexes and settings. The connection must not be inside a
+    transaction. Two concurrent runs are safe: the second waits for the lock and then finds
+    nothing left to do.
     """
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise MigrationError("migrate() needs a connection that is not inside a transaction")
@@ -115,6 +140,12 @@ def migrate(
         conn.execute(sql_["migrate_lock"], {"key": _LOCK_KEY})
         try:
             conn.execute(sql_["migrations_table"])
+            for target in _dropped_targets(conn, names):
+                if conn.execute(sql_["migration_forget"], {"target": target}).rowcount:
+                    progress(
+                        f"{target} does not exist although its migrations were recorded "
+                        "(dropped?): applying them again"
+                    )
             for m in selected(names):
                 target = str(names.outbox if m.target == "outbox" else names.dlq)
                 label = f"{m.version:04d}_{m.name} on {target}"
@@ -127,15 +158,20 @@ def migrate(
                             "(edited after it ran?); migrations are forward-only, add a "
                             "new one instead"
                         )
-                    result.already.append(label)
-                    continue
-                progress(f"applying {label}")
+                    if not repair:
+                        result.already.append(label)
+                        continue
+                    progress(f"repairing {label}")
+                else:
+                    progress(f"applying {label}")
                 with conn.transaction():
                     conn.execute(m.compose(names))
-                    conn.execute(
-                        sql_["migration_record"], {**key, "name": m.name, "checksum": m.checksum}
-                    )
-                result.applied.append(label)
+                    if applied is None:
+                        conn.execute(
+                            sql_["migration_record"],
+                            {**key, "name": m.name, "checksum": m.checksum},
+                        )
+                (result.applied if applied is None else result.repaired).append(label)
         finally:
             conn.execute(sql_["migrate_unlock"], {"key": _LOCK_KEY})
     except psycopg.Error as exc:

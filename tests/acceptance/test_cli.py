@@ -278,3 +278,32 @@ def test_a_bad_dsn_in_the_file_is_reported_without_its_password(tmp_path: Path) 
     assert result.returncode == 1
     assert "cannot connect" in result.stderr
     assert "hunter2" not in result.stdout + result.stderr
+
+
+# --- migrate after a table was dropped: check, migrate, check is not a circle -----------------
+
+
+@pytest.mark.parametrize("dropped", ["outbox_dlq", "outbox"])
+def test_migrate_brings_back_a_dropped_table(dsn: str, dropped: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {dropped}")
+    before = run("check", "--dsn", dsn)
+    assert before.returncode == 1
+    assert f"{dropped}: table does not exist; run `outbox-farm migrate`" in before.stdout
+    migrated = run("migrate", "--dsn", dsn)
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"  {dropped} does not exist although its migrations were recorded" in migrated.stdout
+    after = run("check", "--dsn", dsn)
+    assert after.returncode == 0, after.stdout
+    assert after.stdout.strip() == "check: schema OK (outbox, outbox_dlq)"
+
+
+def test_migrate_repair_brings_back_a_dropped_index(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP INDEX outbox_pending_idx")
+    repaired = run("migrate", "--dsn", dsn, "--repair")
+    assert repaired.returncode == 0, repaired.stderr
+    count = len(migration_labels(TableNames.build("outbox", "outbox_dlq")))
+    assert f"migrate: 0 applied, 0 already up to date, {count} repaired" in repaired.stdout
+    after = run("check", "--dsn", dsn)
+    assert after.returncode == 0, after.stdout
