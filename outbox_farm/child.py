@@ -2,7 +2,9 @@
 
 The heartbeat is a file whose mtime the child refreshes every second from its event loop; an
 event loop blocked past the arbiter's timeout stops refreshing it and the child is replaced.
-The first refresh happens only after the runtime started, so it also marks "booted".
+The first refresh happens only after the runtime started, so it also marks "booted". Beside it,
+a second file holds the runtime's current permanent problem (a missing privilege or table),
+empty while there is none: the arbiter's /healthz reports it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 
 from .errors import OutboxFarmError
 from .farm import Farm
+
+if TYPE_CHECKING:
+    from .app import AppLoader
 from .runtime import Runtime
 
 log = logging.getLogger("outbox_farm.child")
@@ -40,13 +45,24 @@ class BootError(Exception):
     """The runtime could not start."""
 
 
+def problem_path(heartbeat: Path) -> Path:
+    return heartbeat.with_name(heartbeat.name + ".problem")
+
+
 def run_child(
-    farm: Farm, dsn: str, heartbeat: Path, housekeeper: bool, options: dict[str, Any]
+    farm: Farm,
+    loader: AppLoader | None,
+    dsn: str,
+    heartbeat: Path,
+    housekeeper: bool,
+    options: dict[str, Any],
 ) -> NoReturn:
     """Entry point right after fork; never returns (os._exit skips the parent's atexit).
 
-    One process of the farm is the housekeeper: it alone refreshes the database-derived gauges
-    and vacuums the table, so N processes do not repeat the same table-wide work.
+    With a `loader`, the app is imported again here, from the files on disk, so a HUP rolls out
+    new code. One process of the farm is the housekeeper: it alone refreshes the
+    database-derived gauges and vacuums the table, so N processes do not repeat the same
+    table-wide work.
     """
     for sig in ARBITER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
@@ -56,6 +72,11 @@ def run_child(
     try:
         import uvloop
 
+        if loader is not None:
+            try:
+                farm = loader.reload()
+            except OutboxFarmError as exc:
+                raise BootError(str(exc)) from exc
         uvloop.run(_main(farm, dsn, heartbeat, housekeeper, options, arbiter))
     except BootError as exc:
         log.error("worker could not start: %s", exc, extra={"event": "boot_failed"})
@@ -68,12 +89,17 @@ def run_child(
     os._exit(code)
 
 
-async def _heartbeat(path: Path, arbiter: int, stop: asyncio.Event) -> None:
+async def _heartbeat(path: Path, runtime: Runtime, arbiter: int, stop: asyncio.Event) -> None:
+    reported: str | None = None
     while True:
         if os.getppid() != arbiter:  # the arbiter died (OOM killer, SIGKILL): nobody supervises
             log.error("arbiter %d is gone; draining", arbiter, extra={"event": "orphaned"})
             stop.set()
             return
+        problem = runtime.problem
+        if problem != reported:
+            problem_path(path).write_text(problem or "")
+            reported = problem
         now = time.time()
         os.utime(path, (now, now))
         await asyncio.sleep(HEARTBEAT_EVERY)
@@ -101,7 +127,7 @@ async def _main(
     except (OutboxFarmError, psycopg.Error, OSError) as exc:
         await runtime.stop(0)
         raise BootError(str(exc)) from exc
-    beat = asyncio.create_task(_heartbeat(heartbeat, arbiter, stop))
+    beat = asyncio.create_task(_heartbeat(heartbeat, runtime, arbiter, stop))
     try:
         await stop.wait()
         log.info("draining", extra={"event": "draining"})

@@ -384,7 +384,7 @@ def test_a_killed_child_is_replaced_and_no_row_is_lost(
         wait_for(lambda: farm.healthy(2), 30, "2 healthy workers again", farm)
         samples = farm.samples()
         assert value(samples, "outbox_farm_processes") == 2
-        assert (value(samples, "outbox_farm_process_restarts_total") or 0) >= 1
+        assert (value(samples, "outbox_farm_worker_restarts_total", reason="crash") or 0) >= 1
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
             40,
