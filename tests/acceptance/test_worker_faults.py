@@ -289,3 +289,29 @@ def test_reload_replaces_the_workers_when_a_source_file_changes(
         assert _versions(conn, ids) == {"reloaded"}
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()
+
+
+def test_healthz_is_503_with_the_reason_while_a_permanent_error_lasts(
+    fault_dir: Path, dsn: str, ledger: psycopg.Connection[Any]
+) -> None:
+    """A renamed outbox table is not a passing fault: /healthz says so until it is back."""
+    conn = ledger
+    with farm_process(fault_dir, dsn, "--poll-interval", "0.1", app="faultapp:farm") as farm:
+        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        conn.execute("ALTER TABLE outbox RENAME TO outbox_elsewhere")
+
+        def unhealthy() -> dict[str, Any] | None:
+            got = farm.health()
+            return got[1] if got is not None and got[0] == 503 else None
+
+        detail = wait_for(unhealthy, 30, "/healthz 503", farm)
+        assert any("outbox" in p and "does not exist" in p for p in detail["problems"]), detail
+        assert detail["alive"] == 2
+        assert "event=permanent_error" in farm.log()
+        conn.execute("ALTER TABLE outbox_elsewhere RENAME TO outbox")
+        wait_for(lambda: farm.healthy(2), 30, "/healthz 200 again", farm)
+        ids = publish(conn, "q", 10)
+        wait_for(lambda: ledger_stats(conn)[1] == 10, 30, "10 rows handled after", farm)
+        assert {int(r[0]) for r in conn.execute("SELECT id FROM ledger")} == set(ids)
+        code, _ = farm.stop()
+    assert code == 0, farm.log_tail()
