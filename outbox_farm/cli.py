@@ -215,19 +215,29 @@ def migrate(dsn: str | None, table: str, dlq_table: str, no_dlq: bool, repair: b
 @_dsn_option
 @_table_options
 def check(dsn: str | None, table: str, dlq_table: str, no_dlq: bool) -> None:
-    """Compare the live schema with what the farm needs; exit status 1 on drift.
+    """Compare the live schema, and this role's privileges, with what the farm needs; exit
+    status 1 on drift.
 
     Reports every problem at once: missing tables, columns, indexes, wrong types or
-    nullability, partial-index predicates, uniqueness and the lease CHECK.
+    nullability, partial-index predicates, uniqueness, the lease CHECK, and each missing
+    privilege with the GRANT that gives it.
     """
+    from .privileges import check_privileges
     from .schema_check import check_schema
 
     names = _names(table, dlq_table, no_dlq)
     with _database(dsn) as url, _connect(url) as conn:
         try:
-            problems = check_schema(conn, str(names.outbox), str(names.dlq) if names.dlq else None)
+            access = check_privileges(conn, names)
+            problems: list[object] = []
+            if not access.schema_usage_missing:  # else the catalog lookups are refused
+                dlq = str(names.dlq) if names.dlq else None
+                problems += check_schema(conn, str(names.outbox), dlq)
+            problems += access.problems
         except OutboxFarmError as exc:
             raise click.ClickException(str(exc)) from None
+    for note in access.notes:
+        click.echo(f"note: {note}")
     tables = ", ".join(str(t) for t in (names.outbox, names.dlq) if t)
     if not problems:
         click.echo(f"check: schema OK ({tables})")
@@ -298,6 +308,54 @@ def _prepare_metrics_dir(path: str | None) -> str:
         raise click.BadParameter(f"cannot use {folder}: {exc}", param_hint=hint) from None
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
     return str(folder)
+
+
+def _ready(
+    conn: psycopg.Connection[Any], names: TableNames, apply: bool, log: logging.Logger
+) -> None:
+    """start's one look at the database: migrate if asked, then refuse to begin without the
+    tables or the privileges the workers need (they would only retry in a loop)."""
+    from .migrate import migrate as run_migrate
+    from .privileges import check_privileges
+    from .queries import load_blocks
+
+    try:
+        if apply:
+            result = run_migrate(conn, names)
+            log.info(
+                "migrate: %d applied",
+                len(result.applied),
+                extra={"event": "migrated", "applied": result.applied},
+            )
+        access = check_privileges(conn, names)
+        missing = (
+            []
+            if access.schema_usage_missing
+            else [
+                str(t)
+                for t in (names.outbox, names.dlq)
+                if t
+                and conn.execute(
+                    load_blocks()["table_oid"], {"table": t.identifier().as_string(conn)}
+                ).fetchone()
+                == (None,)
+            ]
+        )
+    except OutboxFarmError as exc:
+        raise click.ClickException(str(exc)) from None
+    except psycopg.Error as exc:
+        raise click.ClickException(f"start-up check failed: {exc}") from None
+    if missing:
+        raise click.ClickException(
+            f"table(s) {', '.join(missing)} do not exist: run `outbox-farm migrate` first"
+        )
+    if access.problems:
+        raise click.ClickException(
+            "the database role lacks privileges the farm needs:\n  - "
+            + "\n  - ".join(access.problems)
+        )
+    for note in access.notes:
+        log.warning(note, extra={"event": "privileges_note"})
 
 
 @main.command(epilog=EPILOG)
@@ -468,28 +526,7 @@ def start(
     cli_log = logging.getLogger("outbox_farm.cli")
     with _database(dsn, lambda line: cli_log.info(line, extra={"event": "embedded"})) as url:
         with _connect(url) as conn:
-            if run_migrate or (run_migrate is None and not dsn):
-                from .migrate import migrate as apply
-
-                result = apply(conn, farm.names)
-                cli_log.info(
-                    "migrate: %d applied",
-                    len(result.applied),
-                    extra={"event": "migrated", "applied": result.applied},
-                )
-            missing = [
-                str(t)
-                for t in (farm.names.outbox, farm.names.dlq)
-                if t
-                and conn.execute(
-                    "SELECT to_regclass(%s)", [t.identifier().as_string(conn)]
-                ).fetchone()
-                == (None,)
-            ]
-        if missing:
-            raise click.ClickException(
-                f"table(s) {', '.join(missing)} do not exist: run `outbox-farm migrate` first"
-            )
+            _ready(conn, farm.names, run_migrate or (run_migrate is None and not dsn), cli_log)
         from .arbiter import Arbiter
 
         with tempfile_dir() as state:

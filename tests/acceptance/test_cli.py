@@ -33,12 +33,20 @@ def _script() -> str:
 CLI = _script()
 
 
-def run(*args: str, timeout: float = 30, **extra_env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, timeout: float = 30, cwd: str | None = None, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
     """The command with none of the caller's OUTBOX_FARM_* settings, plus `extra_env`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
     env.update(extra_env)
     return subprocess.run(
-        [CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+        [CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        check=False,
     )
 
 

@@ -132,10 +132,6 @@ def test_an_empty_metrics_bind_environment_variable_turns_metrics_off(
     assert listening == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs `start` to turn the ConfigurationError of Arbiter.run() into a click error",
-)
 def test_metrics_bind_in_use_is_one_line_naming_the_option(app_dir: Path, dsn: str) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
