@@ -5,7 +5,10 @@ waiting or `flush_interval` after the first one arrived, whichever comes first. 
 most four set-based statements (ack, retry, release, terminal) sent through one pipeline with
 a sync after each: statements between two syncs share one implicit transaction, and a failing
 DLQ move must not roll back the acks beside it. Every statement matches id and lease token;
-rows it did not match are lease_lost.
+rows it did not match are lease_lost, except after a lost connection: a statement sent again
+may find its rows gone because its first attempt committed before the reply was lost, and
+those are `outcome_unconfirmed`. Once written (or given up on), a row is settled in its
+queue's in-flight ledger, which frees its slot.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +26,10 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from .backoff import Backoff
+from .inflight import Ledger
 from .metrics import metrics
 from .outcome import Kind, Outcome
+from .problems import Problems
 from .queries import Queries
 
 log = logging.getLogger("outbox_farm.completer")
@@ -36,6 +41,7 @@ class _Statement:
     query: str
     outcomes: list[Outcome]
     params: dict[str, Any] = field(default_factory=dict)
+    resent: bool = False  # in flight when a connection died: it may have committed
 
 
 class Completer:
@@ -54,7 +60,8 @@ class Completer:
         flush_size: int = 1000,
         high_water: int = 20_000,
         on_retry: Callable[[str, float], None] = lambda queue, delay: None,
-        on_written: Callable[[str, int], None] = lambda queue, n: None,
+        ledgers: Mapping[str, Ledger] | None = None,
+        problems: Problems | None = None,
     ) -> None:
         self.pool = pool
         self.queries = queries
@@ -62,7 +69,8 @@ class Completer:
         self.flush_size = flush_size
         self.high_water = high_water
         self.on_retry = on_retry
-        self.on_written = on_written
+        self.ledgers: Mapping[str, Ledger] = ledgers if ledgers is not None else {}
+        self.problems = problems or Problems()
         self._pending: list[Outcome] = []
         self._wake = asyncio.Event()  # set when the first outcome of a batch arrives
         self._full = asyncio.Event()  # set when a batch reached flush_size, or at close
@@ -119,6 +127,7 @@ class Completer:
                 extra={"event": "flush_abandoned", "outcomes": len(self._pending)},
             )
             self._task.cancel()
+            self._failed(self._pending)
 
     async def _run(self) -> None:
         while True:
@@ -146,6 +155,13 @@ class Completer:
                     len(batch),
                     extra={"event": "flush_failed"},
                 )
+                self._failed(batch)
+
+    def _failed(self, outcomes: list[Outcome]) -> None:
+        """Count outcomes given up on without a write (each one is logged by its caller)."""
+        counts = Counter((o.kind.value, o.queue) for o in outcomes)
+        for (kind, queue), n in counts.items():
+            self._m.write_failed.labels(kind, queue).inc(n)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -161,6 +177,8 @@ class Completer:
             out.append(_Statement("retry", q["retry"], by_kind[Kind.RETRY]))
         if by_kind[Kind.RELEASE]:
             out.append(_Statement("release", q["release"], by_kind[Kind.RELEASE]))
+        if by_kind[Kind.EXPIRE]:
+            out.append(_Statement("expire", q["release"], by_kind[Kind.EXPIRE]))
         if by_kind[Kind.TERMINAL]:
             if q.names.dlq is not None:
                 out.append(_Statement("terminal", q["dlq_move"], by_kind[Kind.TERMINAL]))
@@ -194,8 +212,11 @@ class Completer:
         try:
             await self._write(batch)
         finally:
-            for queue, n in Counter(o.queue for o in batch).items():
-                self.on_written(queue, n)
+            ledgers = self.ledgers
+            for outcome in batch:
+                ledger = ledgers.get(outcome.queue)
+                if ledger is not None:
+                    ledger.settle(outcome.row_id, outcome.token)
 
     async def _write(self, batch: list[Outcome]) -> None:
         started = time.perf_counter()
@@ -217,15 +238,21 @@ class Completer:
                             todo.pop(0)
                             await self._isolate(stmt, exc)
                             continue
+                        unconfirmed = set()
+                        if stmt.resent:
+                            unconfirmed = await self._unconfirmed(conn, pipeline, stmt, matched)
                         todo.pop(0)
-                        self._account(stmt, matched)
+                        self._account(stmt, matched, unconfirmed)
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+                if todo:
+                    todo[0].resent = True
                 if self._closing and backoff.failures >= 8:
                     log.error(
                         "completer gave up writing at stop: %s",
                         exc,
                         extra={"event": "flush_abandoned"},
                     )
+                    self._failed([o for stmt in todo for o in stmt.outcomes])
                     return
                 delay = backoff.next()
                 log.warning(
@@ -238,6 +265,24 @@ class Completer:
         self._m.flush_seconds.observe(time.perf_counter() - started)
         self._m.flush_batch_size.observe(len(batch))
 
+    async def _unconfirmed(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        pipeline: psycopg.AsyncPipeline,
+        stmt: _Statement,
+        matched: set[tuple[int, uuid.UUID]],
+    ) -> set[int]:
+        """Of the rows a re-sent statement did not match, those that are gone or free: the
+        first attempt most likely wrote them. The rest are held under another token."""
+        missed = [o.row_id for o in stmt.outcomes if (o.row_id, o.token) not in matched]
+        if not missed:
+            return set()
+        cursor = conn.cursor()
+        await cursor.execute(self.queries["lease_holders"], {"ids": missed})
+        await pipeline.sync()
+        held = {row[0] for row in await cursor.fetchall() if row[1] is not None}
+        return set(missed) - held
+
     async def _isolate(self, stmt: _Statement, exc: psycopg.Error) -> None:
         """A statement failed as a whole: write its rows one by one so one bad row stays alone."""
         if len(stmt.outcomes) == 1:
@@ -249,12 +294,21 @@ class Completer:
             try:
                 async with self.pool.connection() as conn:
                     cursor = await conn.execute(single.query, single.params)
-                    self._account(single, {(r[0], r[1]) for r in await cursor.fetchall()})
+                    self._account(single, {(r[0], r[1]) for r in await cursor.fetchall()}, set())
             except psycopg.Error as row_exc:
                 self._report_failure(single, row_exc)
 
     def _report_failure(self, stmt: _Statement, exc: psycopg.Error) -> None:
         outcome = stmt.outcomes[0]
+        self._m.write_failed.labels(stmt.phase, outcome.queue).inc()
+        fields = {
+            "event": "write_failed",
+            "phase": stmt.phase,
+            "row_id": outcome.row_id,
+            "queue": outcome.queue,
+        }
+        if self.problems.report(f"{stmt.phase} write", exc, log, fields):
+            return  # logged, at most once a minute, as the problem it is
         hint = (
             " The DLQ table is missing or does not match: run `outbox-farm check`."
             if stmt.phase == "terminal" and self.queries.names.dlq is not None
@@ -268,44 +322,54 @@ class Completer:
             outcome.queue,
             str(exc).strip(),
             hint,
-            extra={
-                "event": "write_failed",
-                "phase": stmt.phase,
-                "row_id": outcome.row_id,
-                "queue": outcome.queue,
-            },
+            extra=fields,
         )
 
-    def _account(self, stmt: _Statement, matched: set[tuple[int, uuid.UUID]]) -> None:
+    def _account(
+        self, stmt: _Statement, matched: set[tuple[int, uuid.UUID]], unconfirmed: set[int]
+    ) -> None:
         m = self._m
+        phase = stmt.phase
+        self.problems.solved(f"{phase} write")
         done: Counter[str] = Counter()
         for outcome in stmt.outcomes:
             if (outcome.row_id, outcome.token) in matched:
                 done[outcome.queue] += 1
-                if stmt.phase == "retry":
+                if phase == "retry":
                     self.on_retry(outcome.queue, outcome.delay)
-                elif stmt.phase == "terminal":
-                    reason = str(outcome.reason)
-                    m.terminal.labels(outcome.queue, reason).inc()
-                    if self.queries.names.dlq is not None:
-                        m.dlq_written.labels(outcome.queue, reason).inc()
+                elif phase == "terminal" and self.queries.names.dlq is not None:
+                    m.dlq_written.labels(outcome.queue, str(outcome.reason)).inc()
                 continue
-            m.lease_lost.labels(outcome.queue, stmt.phase).inc()
+            if phase == "expire":
+                continue  # handed back because its lease ran short: losing it is expected
+            fields = {
+                "phase": phase,
+                "row_id": outcome.row_id,
+                "queue": outcome.queue,
+                "deliveries_count": outcome.deliveries_count,
+            }
+            if outcome.row_id in unconfirmed:
+                m.outcome_unconfirmed.labels(outcome.queue, phase).inc()
+                log.warning(
+                    "outcome unconfirmed: the %s of row %s of queue %s was sent again after a "
+                    "lost connection and found the row already gone or free; the first attempt "
+                    "most likely wrote it",
+                    phase,
+                    outcome.row_id,
+                    outcome.queue,
+                    extra={"event": "outcome_unconfirmed", **fields},
+                )
+                continue
+            m.lease_lost.labels(outcome.queue, phase).inc()
             log.warning(
                 "lease lost: row %s of queue %s was taken over before its %s was written; "
-                "nothing was changed (lease_ttl shorter than the handler?)",
+                "nothing was changed (is the heartbeat off, or was the worker stalled?)",
                 outcome.row_id,
                 outcome.queue,
-                stmt.phase,
-                extra={
-                    "event": "lease_lost",
-                    "phase": stmt.phase,
-                    "row_id": outcome.row_id,
-                    "queue": outcome.queue,
-                    "deliveries_count": outcome.deliveries_count,
-                },
+                phase,
+                extra={"event": "lease_lost", **fields},
             )
-        counter = {"ack": m.acked, "retry": m.retried, "release": m.released}.get(stmt.phase)
+        counter = {"ack": m.acked, "retry": m.retried, "release": m.released}.get(phase)
         if counter is not None:
             for queue, n in done.items():
                 counter.labels(queue).inc(n)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import threading
@@ -127,13 +128,15 @@ class Executors:
         self.inbox = inbox
         self.fetcher = fetcher
         self.completer = completer
+        self.ledger = fetcher.ledger
         self.is_async = spec.is_async
         self._slots: list[_Slot] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._watchdog: asyncio.Task[None] | None = None
-        m = metrics()
+        self._m = m = metrics()
         self._handler_seconds = m.handler_seconds.labels(spec.queue)
         self._lag = m.delivery_lag.labels(spec.queue)
+        self._expired = m.lease_lost.labels(spec.queue, "start")
 
     def start(self) -> None:
         for i in range(self.spec.concurrency):
@@ -190,20 +193,70 @@ class Executors:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _work(self, slot: _Slot) -> None:
-        timeout = self.spec.effective_timeout
+        ledger = self.ledger
         while True:
             msg = await self.inbox.get()
             if msg is None:
                 return
-            slot.deadline = time.monotonic() + timeout
-            outcome = await self._deliver(msg, slot)
-            slot.deadline = math.inf  # no await since the handler returned: no stray cancel
+            if time.monotonic() > msg.start_by:
+                await self._hand_back(msg)
+                continue
+            ledger.start(msg.id)
+            outcome, exc = await self._deliver(msg, slot)
+            if not ledger.finish(msg.id, msg.lease_token):
+                continue  # its lease was lost while it ran (the heartbeat counted it)
+            if outcome.kind is Kind.TERMINAL:
+                self._m.terminal.labels(msg.queue, str(outcome.reason)).inc()
             await self.completer.put(outcome)
+            if exc is not None and self.spec.on_failure is not None:
+                await self._on_failure(msg, exc, outcome)
+
+    async def _hand_back(self, msg: Message) -> None:
+        """Too little of this row's lease is left to start it (it waited behind slower
+        handlers): another runner may take it over any moment, or already has."""
+        self._expired.inc()
+        log.warning(
+            "lease lost: row %s of queue %s waited for an executor until less than half its "
+            "lease was left (lease_ttl=%gs); handing it back unrun (lower prefetch or raise "
+            "lease_ttl if this recurs)",
+            msg.id,
+            msg.queue,
+            self.spec.lease_ttl,
+            extra={
+                "event": "lease_lost",
+                "phase": "start",
+                "row_id": msg.id,
+                "queue": msg.queue,
+                "deliveries_count": msg.deliveries_count,
+            },
+        )
+        await self.completer.put(self._outcome(msg, Kind.EXPIRE))
+
+    async def _on_failure(self, msg: Message, exc: BaseException, outcome: Outcome) -> None:
+        """The user's hook, after the outcome was handed over: it cannot change it."""
+        hook = self.spec.on_failure
+        assert hook is not None
+        try:
+            result = hook(msg, exc, outcome)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.exception(
+                "on_failure hook %r raised for row %s of queue %s; the outcome (%s) stands",
+                hook,
+                msg.id,
+                msg.queue,
+                outcome.kind.value,
+                extra={"event": "hook_failed", "row_id": msg.id, "queue": msg.queue},
+            )
 
     def _outcome(self, msg: Message, kind: Kind, **fields: Any) -> Outcome:
         return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count, **fields)
 
-    async def _deliver(self, msg: Message, slot: _Slot) -> Outcome:
+    async def _deliver(self, msg: Message, slot: _Slot) -> tuple[Outcome, BaseException | None]:
+        """Run the handler; its outcome, and its exception if it failed."""
         spec = self.spec
         if spec.max_deliveries is not None and msg.deliveries_count > spec.max_deliveries:
             log.error(
@@ -220,11 +273,12 @@ class Executors:
                     "queue": msg.queue,
                 },
             )
-            return self._outcome(msg, Kind.TERMINAL, reason=Reason.MAX_DELIVERIES)
+            return self._outcome(msg, Kind.TERMINAL, reason=Reason.MAX_DELIVERIES), None
         # Seconds since the epoch on the database clock: the claim's now() plus local time since.
         started = msg.claimed_epoch + (time.monotonic() - msg.received_monotonic)
         self._lag.observe(max(started - msg.due_epoch, 0.0))
         began = time.perf_counter()
+        slot.deadline = time.monotonic() + spec.effective_timeout
         exc: BaseException | None = None
         try:
             if self.is_async:
@@ -236,9 +290,13 @@ class Executors:
                 exc = error  # raised by the handler itself: nobody cancelled this run
             elif not slot.expired:
                 # A stop past its deadline: the row is tried again at once.
-                self.completer.put_nowait(
-                    self._outcome(msg, Kind.RETRY, delay=0.0, ran=True, started_at=_utc(started))
-                )
+                slot.deadline = math.inf
+                if self.ledger.finish(msg.id, msg.lease_token):
+                    self.completer.put_nowait(
+                        self._outcome(
+                            msg, Kind.RETRY, delay=0.0, ran=True, started_at=_utc(started)
+                        )
+                    )
                 raise
             else:
                 slot.expired = False
@@ -251,9 +309,13 @@ class Executors:
             # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take
             # down the worker and every other row it holds; it is retried, then dead-lettered.
             exc = error
+        slot.deadline = math.inf  # no await since the handler returned: no stray cancel
+        if slot.expired:  # the handler swallowed its timeout's cancellation and returned
+            slot.expired = False
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
         duration = time.perf_counter() - began
         self._handler_seconds.observe(duration)
-        return self._decide(msg, exc, started, duration)
+        return self._decide(msg, exc, started, duration), exc
 
     def _decide(
         self, msg: Message, exc: BaseException | None, started: float, duration: float
@@ -289,12 +351,12 @@ class Executors:
                 return self._terminal(msg, Reason.RETRY_TERMINAL, exc)
         if exc is not None:
             log.warning(
-                "handler of queue %s failed on row %s (attempt %d): %s; retrying in %.3gs",
+                "handler of queue %s failed on row %s (attempt %d); retrying in %.3gs: %s",
                 msg.queue,
                 msg.id,
                 msg.attempts_count + 1,
-                describe_exception(exc),
                 delay,
+                describe_exception(exc),
                 extra={"event": "retry", "row_id": msg.id, "queue": msg.queue},
             )
         return self._outcome(msg, Kind.RETRY, delay=delay, ran=True, started_at=_utc(started))

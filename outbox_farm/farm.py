@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
-from .handler import DEFAULT_RETRY, AckPolicy, HandlerFunc, HandlerSpec
+from .handler import DEFAULT_RETRY, AckPolicy, FailureHook, HandlerFunc, HandlerSpec
 from .names import TableNames
 from .producer import Producer
 from .queries import Queries
@@ -23,13 +23,27 @@ class Farm(Producer):
     Producers only need the table names (`publish`, `apublish`, ...); workers also need the
     handlers registered with `@farm.handler(queue)`. The DSN is not part of the farm: it comes
     from the CLI or the environment, or is passed to `running()`.
+
+    Messages that fail for good are kept in `dlq_table` (`outbox_dlq`, which `outbox-farm
+    migrate` creates); `dlq_table=None` deletes them instead, and the runtime says so when it
+    starts. `on_failure(msg, exc, outcome)` is called after every failed handler run of every
+    queue whose handler has no hook of its own (for error trackers such as Sentry); it may be
+    async, runs on the event loop after the outcome was decided, and cannot change it.
     """
 
     def __init__(
-        self, table: str = "outbox", dlq_table: str | None = None, *, notify: bool = True
+        self,
+        table: str = "outbox",
+        dlq_table: str | None = "outbox_dlq",
+        *,
+        notify: bool = True,
+        on_failure: FailureHook | None = None,
     ) -> None:
         self.names = TableNames.build(table, dlq_table)
         super().__init__(Queries(self.names), notify=notify)
+        if on_failure is not None and not callable(on_failure):
+            raise ConfigurationError(f"on_failure must be callable, got {on_failure!r}")
+        self.on_failure = on_failure
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(
@@ -43,8 +57,13 @@ class Farm(Producer):
         lease_ttl: float = 60.0,
         timeout: float | None = None,
         prefetch: int | None = None,
+        heartbeat: bool = True,
+        on_failure: FailureHook | None = None,
     ) -> Callable[[HandlerFunc], HandlerFunc]:
-        """Register the decorated function (async or plain) as the handler of `queue`."""
+        """Register the decorated function (async or plain) as the handler of `queue`.
+
+        See `HandlerSpec` for the options; `on_failure` replaces the farm's hook for this queue.
+        """
         if not isinstance(queue, str) or not queue or len(queue) > 255:
             raise ConfigurationError(f"queue must be a non-empty string of <= 255 chars: {queue!r}")
         if queue in self.handlers:
@@ -66,6 +85,8 @@ class Farm(Producer):
                 lease_ttl,
                 timeout,
                 prefetch,
+                heartbeat,
+                on_failure if on_failure is not None else self.on_failure,
             )
             return func
 

@@ -20,9 +20,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from .backoff import Backoff
 from .handler import HandlerSpec
+from .inflight import Ledger
 from .leases import lease_token
 from .message import Message
 from .metrics import metrics
+from .problems import Problems
 from .queries import Queries
 
 log = logging.getLogger("outbox_farm.fetcher")
@@ -30,11 +32,8 @@ DUE_SLACK = 0.001  # wake a hair late rather than early: an early claim finds no
 
 
 class Fetcher:
-    """Claims for one queue.
-
-    State: `inflight` is raised by this task when it claims and lowered by the completer
-    (`done`) once a row's outcome is written; all on one event loop.
-    """
+    """Claims for one queue, and owns the queue's in-flight ledger (`ledger`): a row counts
+    against the capacity from its claim until the completer settles it."""
 
     def __init__(
         self,
@@ -45,6 +44,7 @@ class Fetcher:
         *,
         poll_interval: float = 0.5,
         worker_id: int | None = None,
+        problems: Problems | None = None,
         on_starved: Callable[[], None] = lambda: None,
     ) -> None:
         self.spec = spec
@@ -53,21 +53,21 @@ class Fetcher:
         self.inbox = inbox
         self.poll_interval = poll_interval
         self.worker_id = worker_id
+        self.problems = problems or Problems()
         self.on_starved = on_starved
+        self.operation = f"claim for queue {spec.queue}"
         self.capacity = spec.capacity
+        self.ledger = Ledger(spec.queue, self.capacity)
         # Claim in halves of the capacity: one half is handled while the other half's outcomes
         # are written, so claims and writes overlap; and claim only when a half fits, unless
         # nothing is in flight at all.
         self.batch = max(1, self.capacity // 2)
-        self.inflight = 0
         self._wake = asyncio.Event()
-        self._slots = asyncio.Event()
         self._due_at: float | None = None  # monotonic time of the earliest known due row
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._m = metrics()
         self._claimed = self._m.claimed.labels(spec.queue)
-        self._inflight_gauge = self._m.inflight.labels(spec.queue)
         self._fetch_seconds = self._m.fetch_seconds.labels(spec.queue)
 
     # -- called by other components ------------------------------------------------------
@@ -83,12 +83,6 @@ class Fetcher:
             self._due_at = due
             self._wake.set()  # re-arm the sleep with the earlier deadline
 
-    def done(self, n: int = 1) -> None:
-        """`n` claimed rows had their outcome written (or given up on)."""
-        self.inflight -= n
-        self._inflight_gauge.dec(n)
-        self._slots.set()
-
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
@@ -98,7 +92,7 @@ class Fetcher:
         """Stop claiming. A claim already sent is allowed to finish so its rows are known."""
         self._stopping = True
         self._wake.set()
-        self._slots.set()
+        self.ledger.slots.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
@@ -106,17 +100,19 @@ class Fetcher:
 
     async def _run(self) -> None:
         backoff = Backoff()
+        ledger = self.ledger
         while not self._stopping:
-            free = self.capacity - self.inflight
-            if free < self.batch and self.inflight > 0:
-                self._slots.clear()
+            free = ledger.free
+            if free < self.batch and len(ledger):
+                ledger.slots.clear()
                 self.on_starved()  # slots free up when outcomes are written: write them now
-                await self._slots.wait()
+                await ledger.slots.wait()
                 continue
             self._wake.clear()
             want = min(free, self.batch)
             try:
                 got = await self._claim(want)
+                self.problems.solved(self.operation)
                 if got == want:
                     backoff.reset()
                     continue  # more may be waiting: claim again at once
@@ -124,17 +120,18 @@ class Fetcher:
                 backoff.reset()
             except (psycopg.Error, OSError) as exc:
                 wait = backoff.next()
-                log.warning(
-                    "claim for queue %s failed (%s); retrying in %.2fs",
-                    self.spec.queue,
-                    str(exc).strip(),
-                    wait,
-                    extra={
-                        "event": "db_reconnect",
-                        "component": "fetcher",
-                        "queue": self.spec.queue,
-                    },
-                )
+                if not self.problems.report(self.operation, exc, log):
+                    log.warning(
+                        "claim for queue %s failed (%s); retrying in %.2fs",
+                        self.spec.queue,
+                        str(exc).strip(),
+                        wait,
+                        extra={
+                            "event": "db_reconnect",
+                            "component": "fetcher",
+                            "queue": self.spec.queue,
+                        },
+                    )
             if self._stopping:
                 return
             try:
@@ -145,12 +142,17 @@ class Fetcher:
 
     async def _claim(self, limit: int) -> int:
         started = time.perf_counter()
+        spec = self.spec
+        # The lease runs from the claim's now() on the database, which is after this moment:
+        # a deadline counted from here errs on the early side.
+        sent = time.monotonic()
         token = lease_token(self.worker_id)
         params = {
-            "queue": self.spec.queue,
+            "queue": spec.queue,
             "limit": limit,
-            "lease_ttl": self.spec.lease_ttl,
+            "lease_ttl": spec.lease_ttl,
             "token": token,
+            "held": self.ledger.held(),
         }
         async with self.pool.connection() as conn:
             cursor = await conn.execute(self.queries["claim"], params, binary=True)
@@ -159,10 +161,10 @@ class Fetcher:
         self._fetch_seconds.observe(time.perf_counter() - started)
         if not rows:
             return 0
-        self.inflight += len(rows)
+        self.ledger.hold((row[0] for row in rows), token)
         self._claimed.inc(len(rows))
-        self._inflight_gauge.inc(len(rows))
-        queue = self.spec.queue
+        start_by = sent + spec.lease_ttl - spec.start_margin
+        queue = spec.queue
         claimed_at = rows[0][9]  # one statement: one now() for every row
         claimed_epoch = claimed_at.timestamp()
         put = self.inbox.put_nowait
@@ -183,6 +185,7 @@ class Fetcher:
                     token,
                     claimed_at,
                     received_monotonic=received,
+                    start_by=start_by,
                     claimed_epoch=claimed_epoch,
                     due_epoch=due.timestamp(),
                 )
@@ -193,10 +196,7 @@ class Fetcher:
         """Seconds to sleep: the poll interval, or less when something is due sooner."""
         wait = self.poll_interval * random.uniform(0.9, 1.1)
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(
-                self.queries["next_due"],
-                {"queue": self.spec.queue, "lease_ttl": self.spec.lease_ttl},
-            )
+            cursor = await conn.execute(self.queries["next_due"], {"queue": self.spec.queue})
             row = await cursor.fetchone()
         if row is not None and row[0] is not None:
             wait = min(wait, max(float(row[0]), 0.0) + DUE_SLACK)

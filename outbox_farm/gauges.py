@@ -1,51 +1,80 @@
 """Database-derived gauges (backlog, oldest pending age, DLQ rows), refreshed by one process.
 
 Only one process of a farm runs this, so N processes do not run N identical aggregate queries.
+Each query is refreshed on its own: a missing DLQ table must not freeze the backlog.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from .metrics import metrics
+from .problems import Problems
 from .queries import Queries
 
 log = logging.getLogger("outbox_farm.gauges")
 
 
-async def refresh(pool: AsyncConnectionPool[Any], queries: Queries, queues: list[str]) -> None:
-    """One refresh. Queues with no rows are reported as 0, not left at their last value."""
+def _set_outbox(queues: list[str], rows: list[Any]) -> None:
+    """Queues with no rows are reported as 0, not left at their last value."""
     m = metrics()
-    async with pool.connection() as conn:
-        rows = await (await conn.execute(queries["gauges"])).fetchall()
-        dlq_rows = []
-        if queries.names.dlq is not None:
-            dlq_rows = await (await conn.execute(queries["dlq_gauges"])).fetchall()
-    backlog = {q: 0 for q in queues}
-    age = {q: 0.0 for q in queues}
+    backlog = dict.fromkeys(queues, 0)
+    age = dict.fromkeys(queues, 0.0)
     for queue, count, oldest in rows:
         backlog[queue], age[queue] = count, oldest
     for queue, count in backlog.items():
         m.backlog.labels(queue).set(count)
         m.oldest_pending_age.labels(queue).set(age[queue])
-    dlq = {q: 0 for q in queues} | dict(dlq_rows)
-    for queue, count in dlq.items():
+
+
+def _set_dlq(queues: list[str], rows: list[Any]) -> None:
+    m = metrics()
+    for queue, count in (dict.fromkeys(queues, 0) | dict(rows)).items():
         m.dlq_rows.labels(queue).set(count)
 
 
+async def refresh(
+    pool: AsyncConnectionPool[Any],
+    queries: Queries,
+    queues: list[str],
+    problems: Problems,
+) -> None:
+    """One refresh of every gauge; a failing query leaves only its own gauges unchanged."""
+    parts: list[tuple[str, str, Callable[[list[str], list[Any]], None]]] = [
+        ("backlog gauges", "gauges", _set_outbox)
+    ]
+    if queries.names.dlq is not None:
+        parts.append(("DLQ gauges", "dlq_gauges", _set_dlq))
+    for operation, statement, apply in parts:
+        try:
+            async with pool.connection() as conn:
+                rows = await (await conn.execute(queries[statement])).fetchall()
+        except (psycopg.Error, OSError) as exc:
+            if not problems.report(operation, exc, log):
+                log.warning(
+                    "%s refresh failed: %s",
+                    operation,
+                    str(exc).strip(),
+                    extra={"event": "gauges_failed"},
+                )
+            continue
+        problems.solved(operation)
+        apply(queues, rows)
+
+
 async def run(
-    pool: AsyncConnectionPool[Any], queries: Queries, queues: list[str], interval: float
+    pool: AsyncConnectionPool[Any],
+    queries: Queries,
+    queues: list[str],
+    interval: float,
+    problems: Problems,
 ) -> None:
     while True:
-        try:
-            await refresh(pool, queries, queues)
-        except (psycopg.Error, OSError) as exc:
-            log.warning(
-                "gauge refresh failed: %s", str(exc).strip(), extra={"event": "gauges_failed"}
-            )
+        await refresh(pool, queries, queues, problems)
         await asyncio.sleep(interval)

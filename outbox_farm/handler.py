@@ -10,9 +10,12 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .message import Message
+from .outcome import Outcome
 from .retry import ExponentialBackoff, RetryStrategy, check_seconds
 
 HandlerFunc = Callable[[Message], Awaitable[Any]] | Callable[[Message], Any]
+# on_failure(msg, exc, outcome): called after every failed run; may be async.
+FailureHook = Callable[[Message, BaseException, Outcome], Awaitable[Any] | Any]
 
 DEFAULT_RETRY = ExponentialBackoff(first=1.0, factor=2.0, cap=300.0, jitter=0.2, max_attempts=10)
 
@@ -29,9 +32,15 @@ class AckPolicy(enum.Enum):
 class HandlerSpec:
     """One queue's handler and policy.
 
-    `timeout` defaults to 90% of `lease_ttl`, so a hung handler is abandoned (and its row
-    retried) before another process could take the row over. `max_deliveries` counts claims,
-    including claims whose process died; a row claimed more often goes to the DLQ unrun.
+    `lease_ttl` is how long a row stays held by a worker that stopped answering. While its
+    handler runs, the lease is renewed every `lease_ttl / 3` (the `heartbeat`), so a handler may
+    run far longer than `lease_ttl`; without the heartbeat a `timeout` longer than `lease_ttl` is
+    refused, since the row would be run again elsewhere while the first run goes on. A claimed
+    row starts only while at least half its lease is left (the heartbeat then renews it in
+    time); one that waited longer is handed back unrun. `timeout` defaults to 90% of
+    `lease_ttl`. `max_deliveries` counts claims, including claims whose process died; a row
+    claimed more often goes to the DLQ unrun. `on_failure(msg, exc, outcome)` is called after
+    every failed run (for error trackers); what it raises is logged and changes nothing.
     """
 
     queue: str
@@ -43,6 +52,8 @@ class HandlerSpec:
     lease_ttl: float = 60.0
     timeout: float | None = None
     prefetch: int | None = None
+    heartbeat: bool = True
+    on_failure: FailureHook | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.func):
@@ -61,6 +72,15 @@ class HandlerSpec:
             raise ConfigurationError(f"ack must be an AckPolicy, got {self.ack!r}")
         check_seconds(self.lease_ttl, "lease_ttl", positive=True)
         check_seconds(self.timeout, "timeout", allow_none=True, positive=True)
+        if self.on_failure is not None and not callable(self.on_failure):
+            raise ConfigurationError(f"on_failure must be callable, got {self.on_failure!r}")
+        if not self.heartbeat and self.effective_timeout > self.lease_ttl:
+            raise ConfigurationError(
+                f"queue {self.queue!r}: timeout {self.effective_timeout:g}s is longer than "
+                f"lease_ttl {self.lease_ttl:g}s with heartbeat=False: the lease would expire "
+                "while the handler still runs, and another worker would run the message again. "
+                "Turn the heartbeat on, raise lease_ttl, or shorten the timeout"
+            )
 
     @property
     def is_async(self) -> bool:
@@ -72,6 +92,15 @@ class HandlerSpec:
     @property
     def effective_timeout(self) -> float:
         return self.timeout if self.timeout is not None else self.lease_ttl * 0.9
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.lease_ttl / 3
+
+    @property
+    def start_margin(self) -> float:
+        """Lease left that a claimed row needs to be started: enough for the next beat."""
+        return self.lease_ttl / 2
 
     @property
     def capacity(self) -> int:

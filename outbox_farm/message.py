@@ -45,8 +45,10 @@ class Message:
     decision: Decision | None = field(default=None, repr=False)
     nack_delay: float | None = field(default=None, repr=False)
     # Written by the fetcher once per claim: when its result arrived (time.monotonic()), and
-    # the claim's and this row's due time as epoch seconds on the database clock.
+    # the claim's and this row's due time as epoch seconds on the database clock; `start_by`
+    # (time.monotonic()) is when too little of the lease is left to start the handler.
     received_monotonic: float = field(default=0.0, repr=False)
+    start_by: float = field(default=float("inf"), repr=False)
     claimed_epoch: float = field(default=0.0, repr=False)
     due_epoch: float = field(default=0.0, repr=False)
 

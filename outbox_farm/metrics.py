@@ -44,6 +44,8 @@ class Metrics:
     terminal: Any
     dlq_written: Any
     lease_lost: Any
+    outcome_unconfirmed: Any
+    write_failed: Any
     handler_seconds: Any
     delivery_lag: Any
     inflight: Any
@@ -75,12 +77,30 @@ def metrics() -> Metrics:
         acked=counter("acked", "Rows deleted after a successful handler run.", "queue"),
         retried=counter("retried", "Rows scheduled for another attempt.", "queue"),
         released=counter("released", "Claimed rows handed back unstarted at stop.", "queue"),
-        terminal=counter("terminal", "Rows that failed for good, by reason.", "queue", "reason"),
+        terminal=counter(
+            "terminal", "Rows found to have failed for good, by reason.", "queue", "reason"
+        ),
         dlq_written=counter(
             "dlq_written", "Rows archived in the DLQ, by reason.", "queue", "reason"
         ),
         lease_lost=counter(
-            "lease_lost", "Writes that matched no row: the lease was taken over.", "queue", "phase"
+            "lease_lost",
+            "Rows whose lease was taken over (or ran short before the start): nothing written.",
+            "queue",
+            "phase",
+        ),
+        outcome_unconfirmed=counter(
+            "outcome_unconfirmed",
+            "Writes sent again after a lost connection that found their row gone or free: "
+            "most likely written by the first attempt.",
+            "queue",
+            "phase",
+        ),
+        write_failed=counter(
+            "write_failed",
+            "Outcomes that could not be written (the row is delivered again), by kind.",
+            "kind",
+            "queue",
         ),
         handler_seconds=histogram(
             "handler_seconds", "Handler run time.", ("queue",), LATENCY_BUCKETS

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import enum
+import traceback
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
 LAST_EXCEPTION_MAX = 8192
+FRAMES_MAX = 4096  # of those, at most this much for the innermost frames
 TRUNCATED = "…[truncated]"
+FRAMES_HEADER = "\nTraceback (innermost frames last):\n"
 
 
 class Kind(enum.Enum):
     ACK = "ack"  # handler succeeded: DELETE
     RETRY = "retry"  # try again later: UPDATE next_attempt_at, lease cleared
     RELEASE = "release"  # never started (stop): lease cleared, delivery taken back
+    EXPIRE = "expire"  # never started, its lease ran short while it waited: as RELEASE
     TERMINAL = "terminal"  # failed for good: DLQ move, or DELETE without a DLQ
 
 
@@ -39,10 +43,12 @@ class Outcome:
 
 
 def describe_exception(exc: BaseException | None) -> str | None:
-    """`repr(exc)`, cut to 8 KiB with a visible marker; never raises.
+    """`repr(exc)` and the innermost frames of its traceback, within 8 KiB; never raises.
 
-    Some exceptions carry megabytes (a rejected request body, a whole row); an unbounded
-    repr would slow every flush that carries it and bloat the DLQ.
+    Some exceptions carry megabytes (a rejected request body, a whole row); an unbounded text
+    would slow every flush that carries it and bloat the DLQ. The repr comes first (cut with a
+    visible marker when it must be), the frames nearest the raise after it: they say where it
+    failed, which the outer frames (the runtime's own) do not.
     """
     if exc is None:
         return None
@@ -50,6 +56,23 @@ def describe_exception(exc: BaseException | None) -> str | None:
         text = repr(exc)
     except Exception as repr_error:  # a broken __repr__ must not lose the row
         text = f"<{type(exc).__qualname__}: repr() failed with {repr_error.__class__.__name__}>"
-    if len(text) > LAST_EXCEPTION_MAX:
-        text = text[: LAST_EXCEPTION_MAX - len(TRUNCATED)] + TRUNCATED
-    return text.replace("\x00", "\\x00")  # Postgres text cannot hold NUL
+    frames = _innermost_frames(exc)
+    room = LAST_EXCEPTION_MAX - len(frames)
+    if len(text) > room:
+        text = text[: room - len(TRUNCATED)] + TRUNCATED
+    return (text + frames).replace("\x00", "\\x00")  # Postgres text cannot hold NUL
+
+
+def _innermost_frames(exc: BaseException) -> str:
+    try:
+        lines = traceback.format_list(traceback.extract_tb(exc.__traceback__))
+    except Exception:  # a frame whose source cannot be read: the repr alone still says a lot
+        return ""
+    kept: list[str] = []
+    size = len(FRAMES_HEADER)
+    for line in reversed(lines):
+        if size + len(line) > FRAMES_MAX:
+            break
+        kept.append(line)
+        size += len(line)
+    return FRAMES_HEADER + "".join(reversed(kept)).rstrip("\n") if kept else ""

@@ -25,9 +25,12 @@ from .dsn import probe, redact
 from .errors import ConfigurationError
 from .executor import Executors
 from .fetcher import Fetcher
+from .heartbeat import Heartbeat
+from .inflight import Ledger
 from .leases import check_worker_id
 from .listener import Listener
 from .message import Message
+from .problems import Problems
 
 if TYPE_CHECKING:
     from .farm import Farm
@@ -92,6 +95,9 @@ class Runtime:
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
         self.completer: Completer | None = None
+        self.ledgers: dict[str, Ledger] = {}
+        self.heartbeats: list[Heartbeat] = []
+        self.problems = Problems()
         self.listener: Listener | None = None
         self.pool: AsyncConnectionPool[Any] | None = None
         self._stack = AsyncExitStack()
@@ -117,10 +123,18 @@ class Runtime:
         await self.pool.open(wait=True, timeout=30)
         stack.push_async_callback(self.pool.close)
 
+        if self.farm.names.dlq is None:
+            log.warning(
+                "this farm has no DLQ (dlq_table=None): messages that fail for good will be "
+                "deleted, with nothing kept of them",
+                extra={"event": "no_dlq"},
+            )
         if self.gauges_interval:
             queues = [s.queue for s in self.specs]
             task = asyncio.create_task(
-                gauges.run(self.pool, self.farm.queries, queues, self.gauges_interval)
+                gauges.run(
+                    self.pool, self.farm.queries, queues, self.gauges_interval, self.problems
+                )
             )
             stack.push_async_callback(_cancel, task)
         if self.vacuum_interval:
@@ -135,9 +149,12 @@ class Runtime:
             flush_interval=self.flush_interval,
             flush_size=self.flush_size,
             on_retry=self._on_retry,
-            on_written=self._on_written,
+            ledgers=self.ledgers,
+            problems=self.problems,
         )
         self.completer.start()
+        # Stopped after the final flush: leases are extended until their outcomes are written.
+        stack.push_async_callback(self._stop_heartbeats)
         # Closed after the executors: their last outcomes must reach the final flush.
         stack.push_async_callback(self._close_completer)
 
@@ -150,12 +167,20 @@ class Runtime:
                 inbox,
                 poll_interval=self.poll_interval,
                 worker_id=self.worker_id,
+                problems=self.problems,
                 on_starved=self.completer.flush_now,
             )
+            self.ledgers[spec.queue] = fetcher.ledger
             executors = Executors(spec, inbox, fetcher, self.completer)
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
             executors.start()
             stack.push_async_callback(self._stop_executors, executors)
+            if spec.heartbeat:
+                heartbeat = Heartbeat(
+                    spec, fetcher.ledger, self.pool, self.farm.queries, self.problems
+                )
+                self.heartbeats.append(heartbeat)
+                heartbeat.start()
 
         if self.listen:
             self.listener = Listener(
@@ -192,6 +217,12 @@ class Runtime:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
+    @property
+    def problem(self) -> str | None:
+        """A one-line reason while a permanent database error (a missing privilege, table or
+        column) keeps an operation of this runtime failing; None once it succeeds again."""
+        return self.problems.current
+
     # -- wiring --------------------------------------------------------------------------
 
     def _on_notify(self, queue: str) -> None:
@@ -203,11 +234,6 @@ class Runtime:
         for fetcher in self.fetchers.values():
             fetcher.wake()
 
-    def _on_written(self, queue: str, n: int) -> None:
-        fetcher = self.fetchers.get(queue)
-        if fetcher is not None:
-            fetcher.done(n)
-
     def _on_retry(self, queue: str, delay: float) -> None:
         fetcher = self.fetchers.get(queue)
         if fetcher is not None:
@@ -215,6 +241,9 @@ class Runtime:
 
     async def _stop_fetchers(self) -> None:
         await asyncio.gather(*(f.stop() for f in self.fetchers.values()))
+
+    async def _stop_heartbeats(self) -> None:
+        await asyncio.gather(*(h.stop() for h in self.heartbeats))
 
     async def _stop_executors(self, executors: Executors) -> None:
         await executors.stop(self._deadline)

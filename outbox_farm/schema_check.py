@@ -34,6 +34,7 @@ OUTBOX_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "last_attempt_at": (TSTZ, False, False),
     "acquired_at": (TSTZ, False, False),
     "acquired_token": ("uuid", False, False),
+    "lease_expires_at": (TSTZ, False, False),
     "timer_id": (VARCHAR, False, False),
 }
 
@@ -62,7 +63,9 @@ class ExpectedIndex:
 
 OUTBOX_INDEXES = (
     ExpectedIndex("pending index", ("queue", "next_attempt_at"), False, "acquired_token IS NULL"),
-    ExpectedIndex("lease index", ("queue", "acquired_at"), False, "acquired_token IS NOT NULL"),
+    ExpectedIndex(
+        "lease index", ("queue", "lease_expires_at"), False, "acquired_token IS NOT NULL"
+    ),
     ExpectedIndex("timer index", ("queue", "timer_id"), True, "timer_id IS NOT NULL"),
 )
 DLQ_INDEXES = (ExpectedIndex("failure index", ("queue", "failed_at"), False, None),)

@@ -1,27 +1,42 @@
 -- name: claim
--- Two index-served branches, each locking with SKIP LOCKED so concurrent fetchers never wait
--- on each other: due rows nobody holds (pending index, in due order) and rows whose lease
--- expired (lease index; there is no separate reaper). Every time is the database's clock.
+-- Index-served branches, each locking with SKIP LOCKED so concurrent fetchers never wait on
+-- each other: rows whose lease expired (lease index; there is no separate reaper), then due
+-- rows nobody holds (pending index, in due order). Every time is the database's clock. A
+-- lease's expiry is the row's own `lease_expires_at`, set by the claim that took it and moved
+-- on by that claimer's heartbeat, so runners with different lease_ttl settings agree on it.
+-- Rows this runner still holds (`held`) are never taken again, even when their lease ran out.
+-- The `legacy` branch serves leases taken by a farm from before migration 0004, which sets no
+-- expiry: they expire by this runner's lease_ttl, as they did then.
 -- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery.
-WITH pending AS (
+WITH expired AS (
+    SELECT id FROM {outbox}
+    WHERE queue = %(queue)s AND acquired_token IS NOT NULL AND lease_expires_at < now()
+      AND id <> ALL(%(held)s::bigint[])
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), legacy AS (
+    SELECT id FROM {outbox}
+    WHERE queue = %(queue)s AND acquired_token IS NOT NULL AND lease_expires_at IS NULL
+      AND acquired_at < now() - make_interval(secs => %(lease_ttl)s::float8)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), pending AS (
     SELECT id FROM {outbox}
     WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
     ORDER BY next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT id FROM {outbox}
-    WHERE queue = %(queue)s AND acquired_token IS NOT NULL
-      AND acquired_at < now() - make_interval(secs => %(lease_ttl)s::float8)
-    ORDER BY acquired_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT id FROM (SELECT id FROM expired UNION ALL SELECT id FROM pending) AS c
+    SELECT id FROM (
+        SELECT id FROM expired UNION ALL SELECT id FROM legacy UNION ALL SELECT id FROM pending
+    ) AS c
     LIMIT %(limit)s
 )
 UPDATE {outbox} AS o
-SET acquired_token = %(token)s, acquired_at = now(), deliveries_count = o.deliveries_count + 1
+SET acquired_token = %(token)s, acquired_at = now(),
+    lease_expires_at = now() + make_interval(secs => %(lease_ttl)s::float8),
+    deliveries_count = o.deliveries_count + 1
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count, o.created_at,
@@ -30,13 +45,13 @@ RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count, o.cr
 -- name: next_due
 -- Seconds (database clock) until this queue next has something to claim: the earliest pending
 -- row or the earliest lease to expire. NULL when the queue is empty. Both minima are index
--- lookups on the partial indexes.
+-- lookups on the partial indexes. (Leases from before migration 0004 carry no expiry and are
+-- found by the poll.)
 SELECT extract(epoch FROM least(
     (SELECT min(next_attempt_at) FROM {outbox}
       WHERE queue = %(queue)s AND acquired_token IS NULL),
-    (SELECT min(acquired_at) FROM {outbox}
+    (SELECT min(lease_expires_at) FROM {outbox}
       WHERE queue = %(queue)s AND acquired_token IS NOT NULL)
-      + make_interval(secs => %(lease_ttl)s::float8)
 ) - now())::float8
 
 -- name: ack
@@ -57,17 +72,19 @@ SET next_attempt_at = now() + make_interval(secs => t.delay),
                             ELSE o.first_attempt_at END,
     last_attempt_at = CASE WHEN t.ran > 0 THEN t.started_at ELSE o.last_attempt_at END,
     acquired_token = NULL,
-    acquired_at = NULL
+    acquired_at = NULL,
+    lease_expires_at = NULL
 FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(delays)b::float8[], %(ran)b::int[],
             %(started)b::timestamptz[]) AS t(id, token, delay, ran, started_at)
 WHERE o.id = t.id AND o.acquired_token = t.token
 RETURNING o.id, t.token
 
 -- name: release
--- Claimed but never handed to a handler (graceful stop): clear the lease so another process
--- takes the row at once, and take back the delivery this claim counted.
+-- Claimed but never handed to a handler (graceful stop, or its lease ran short while it
+-- waited): clear the lease so another process takes the row at once, and take back the
+-- delivery this claim counted.
 UPDATE {outbox} AS o
-SET acquired_token = NULL, acquired_at = NULL,
+SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
 FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
 WHERE o.id = t.id AND o.acquired_token = t.token
@@ -139,5 +156,20 @@ VACUUM (SKIP_LOCKED, TRUNCATE false) {outbox}
 -- NULL` is the lease index's predicate, so only leased rows are read. deliveries_count is
 -- kept: the dead worker's delivery counts toward max_deliveries.
 UPDATE {outbox}
-SET acquired_token = NULL, acquired_at = NULL
+SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL
 WHERE acquired_token IS NOT NULL AND acquired_token BETWEEN %(low)s AND %(high)s
+
+-- name: extend_leases
+-- The heartbeat: one statement for every running row of a queue. Token-guarded like every
+-- write, so a lease another runner took over is not extended; the rows not returned are lost.
+UPDATE {outbox} AS o
+SET lease_expires_at = now() + make_interval(secs => %(lease_ttl)s::float8)
+FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
+WHERE o.id = t.id AND o.acquired_token = t.token
+RETURNING o.id
+
+-- name: lease_holders
+-- After a write was sent again on a new connection (the first reply was lost): who holds the
+-- rows it did not match. Another token: the lease was lost. No row, or no token: the first
+-- attempt most likely committed, so the outcome is unconfirmed rather than lost.
+SELECT id, acquired_token FROM {outbox} WHERE id = ANY(%(ids)b::bigint[])

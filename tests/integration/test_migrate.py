@@ -39,18 +39,21 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0001_outbox on outbox",
             "0002_dlq on outbox_dlq",
             "0003_vacuum_truncate on outbox",
+            "0004_lease_expiry on outbox",
         ]
         assert result.already == []
         assert lines == [
             "applying 0001_outbox on outbox",
             "applying 0002_dlq on outbox_dlq",
             "applying 0003_vacuum_truncate on outbox",
+            "applying 0004_lease_expiry on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
         assert records(conn) == [
             ("outbox", 1, "outbox"),
             ("outbox", 3, "vacuum_truncate"),
+            ("outbox", 4, "lease_expiry"),
             ("outbox_dlq", 2, "dlq"),
         ]
         assert check_schema(conn, "outbox", "outbox_dlq") == []
@@ -66,9 +69,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0001_outbox on outbox",
             "0002_dlq on outbox_dlq",
             "0003_vacuum_truncate on outbox",
+            "0004_lease_expiry on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 3
+        assert len(records(conn)) == 4
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -107,12 +111,14 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0001_outbox on outbox",
         "0002_dlq on outbox_dlq",
         "0003_vacuum_truncate on outbox",
+        "0004_lease_expiry on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert records(conn) == [
             ("outbox", 1, "outbox"),
             ("outbox", 3, "vacuum_truncate"),
+            ("outbox", 4, "lease_expiry"),
             ("outbox_dlq", 2, "dlq"),
         ]
         tables = conn.execute(
@@ -131,6 +137,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0001_outbox on jobs",
             "0002_dlq on jobs_dead",
             "0003_vacuum_truncate on jobs",
+            "0004_lease_expiry on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -153,7 +160,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         assert [r[0] for r in records(conn)] == [
             "jobs",
             "jobs",
+            "jobs",
             "jobs_dead",
+            "outbox",
             "outbox",
             "outbox",
             "outbox_dlq",
@@ -169,6 +178,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0001_outbox on app.jobs",
             "0002_dlq on app.jobs_dlq",
             "0003_vacuum_truncate on app.jobs",
+            "0004_lease_expiry on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -188,10 +198,18 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
     names = TableNames.build("outbox", None)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         result = migrate(conn, names)
-        assert result.applied == ["0001_outbox on outbox", "0003_vacuum_truncate on outbox"]
+        assert result.applied == [
+            "0001_outbox on outbox",
+            "0003_vacuum_truncate on outbox",
+            "0004_lease_expiry on outbox",
+        ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
-        assert records(conn) == [("outbox", 1, "outbox"), ("outbox", 3, "vacuum_truncate")]
+        assert records(conn) == [
+            ("outbox", 1, "outbox"),
+            ("outbox", 3, "vacuum_truncate"),
+            ("outbox", 4, "lease_expiry"),
+        ]
         assert check_schema(conn, "outbox") == []
         # Adding the DLQ later applies only its migration.
         assert migrate(conn, DEFAULT).applied == ["0002_dlq on outbox_dlq"]
@@ -212,7 +230,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (2 if dlq is None else 3)
+        assert len(result.applied) == (3 if dlq is None else 4)
         assert check_schema(conn, table, dlq) == []
 
 

@@ -114,12 +114,33 @@ def test_pending_index_must_not_be_unique(conn: Conn) -> None:
 def test_wrong_predicate_on_lease_index(conn: Conn) -> None:
     conn.execute("DROP INDEX outbox_lease_idx")
     conn.execute(
-        "CREATE INDEX outbox_lease_idx ON outbox (queue, acquired_at) WHERE acquired_token IS NULL"
+        "CREATE INDEX outbox_lease_idx ON outbox (queue, lease_expires_at)"
+        " WHERE acquired_token IS NULL"
     )
     assert only(conn).startswith(
-        "outbox: lease index outbox_lease_idx on (queue, acquired_at) has predicate "
+        "outbox: lease index outbox_lease_idx on (queue, lease_expires_at) has predicate "
         "WHERE acquired_token is null, expected WHERE acquired_token IS NOT NULL"
     )
+
+
+def test_lease_index_from_before_migration_0004_is_reported(conn: Conn) -> None:
+    """The lease index used to be keyed by acquired_at, which no claim orders by any more."""
+    conn.execute("DROP INDEX outbox_lease_idx")
+    conn.execute(
+        "CREATE INDEX outbox_lease_idx ON outbox (queue, acquired_at)"
+        " WHERE acquired_token IS NOT NULL"
+    )
+    assert only(conn).startswith("outbox: lease index on (queue, lease_expires_at) is missing")
+
+
+def test_missing_lease_expiry_column(conn: Conn) -> None:
+    conn.execute("ALTER TABLE outbox DROP COLUMN lease_expires_at")  # drops its index too
+    found = problems(conn)
+    assert found[0] == (
+        "outbox: column lease_expires_at is missing (expected timestamp with time zone)"
+    )
+    assert found[1].startswith("outbox: lease index on (queue, lease_expires_at) is missing")
+    assert len(found) == 2
 
 
 def test_non_unique_timer_index(conn: Conn) -> None:
@@ -241,7 +262,7 @@ def test_several_problems_reported_at_once(conn: Conn) -> None:
     expected_fragments = [
         "outbox: column first_attempt_at is missing",
         "outbox: column payload is text, expected bytea",
-        "outbox: lease index on (queue, acquired_at) is missing",
+        "outbox: lease index on (queue, lease_expires_at) is missing",
         "outbox: lease CHECK",
         "outbox_dlq: failure index on (queue, failed_at) is missing",
     ]

@@ -170,10 +170,12 @@ def _running_tasks(rt: Any) -> list[asyncio.Task[Any]]:
 
 def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn: str) -> None:
     """Leases of a dead runner, stamped by SQL relative to the database's now() (no Python
-    time involved): a lease 10 s old is taken over at once, one that expires in ~1 s exactly
-    then (poll_interval=5, so only the known lease expiry can wake the fetcher) and not a
-    moment before on the database clock, and one stamped in the database's future is left
-    alone."""
+    time involved). Expiry is the row's own `lease_expires_at`, whatever this runner's
+    lease_ttl says: a lease that expired long ago is taken over at once, one that expires in
+    ~1 s exactly then (poll_interval=5, so only the known lease expiry can wake the fetcher)
+    and not a moment before on the database clock although it was taken 10 s ago (older than
+    this runner's lease_ttl), and one that expires in an hour is left alone. A lease from
+    before migration 0004 (no expiry) expires by this runner's lease_ttl, as it did then."""
     ttl = 1.5
     farm = Farm(dlq_table="outbox_dlq")
     started: dict[int, tuple[float, int]] = {}
@@ -185,23 +187,34 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
-            stale, fresh, future = [await farm.apublish(aconn, {"n": n}, queue=Q) for n in range(3)]
+            stale, fresh, future, legacy = [
+                await farm.apublish(aconn, {"n": n}, queue=Q) for n in range(4)
+            ]
             dead = uuid.uuid4()
-            for row_id, age in ((stale, "10 s"), (fresh, "0.5 s"), (future, "-1 hour")):
+            for row_id, expires_in in (
+                (stale, "-8 s"),
+                (fresh, "1 s"),
+                (future, "1 hour"),
+                (legacy, None),
+            ):
                 await aconn.execute(
                     "UPDATE outbox SET acquired_token = %s, deliveries_count = 1, "
-                    "acquired_at = now() - %s::interval WHERE id = %s",
-                    (dead, age, row_id),
+                    "acquired_at = now() - interval '10 s', "
+                    "lease_expires_at = now() + %s::interval WHERE id = %s",
+                    (dead, expires_in, row_id),
                 )
             expires = await one(
                 aconn,
-                "SELECT extract(epoch FROM acquired_at + make_interval(secs => %s))::float8 "
-                "FROM outbox WHERE id = %s",
-                (ttl, fresh),
+                "SELECT extract(epoch FROM lease_expires_at)::float8 FROM outbox WHERE id = %s",
+                (fresh,),
             )
             offset = await clock_offset(aconn)
             async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0):
-                await until(lambda: stale in started, 1.0, "the long-expired lease taken over")
+                await until(
+                    lambda: stale in started and legacy in started,
+                    1.0,
+                    "the long-expired and the legacy lease taken over",
+                )
                 # Not before: while the database clock is short of the expiry, the row keeps
                 # the dead runner's lease.
                 while True:
@@ -231,6 +244,7 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
                 print(f"\nlease takeover lateness: {lateness * 1000:.1f} ms")
             assert started[stale][1] == 2  # each claim is counted
             assert started[fresh][1] == 2
+            assert started[legacy][1] == 2
             assert await column(aconn, "SELECT id FROM outbox") == [future]
         finally:
             await aconn.close()
@@ -666,7 +680,7 @@ CHILD = textwrap.dedent(
 
     farm = Farm(dlq_table="outbox_dlq")
 
-    @farm.handler("q", concurrency=4, lease_ttl=60.0)
+    @farm.handler("q", concurrency=4, lease_ttl=1.0, timeout=120.0)
     async def handle(msg):
         await asyncio.sleep(60)
 
@@ -685,7 +699,7 @@ def test_rows_of_a_sigkilled_process_come_back_after_their_lease(
     farm = Farm(dlq_table="outbox_dlq")
     deliveries: dict[int, int] = {}
 
-    @farm.handler(Q, lease_ttl=1.0)
+    @farm.handler(Q, lease_ttl=60.0)  # the dead child's 1 s leases decide, not this
     async def handle(msg: Message) -> None:
         deliveries[msg.id] = msg.deliveries_count
 
@@ -874,18 +888,20 @@ def _assert_index_plan(plan: Any, what: str, *indexes: str) -> None:
         assert index in used, f"{what} does not use {index}: uses {used - {None}}"
 
 
-def test_claim_next_due_and_release_worker_use_the_partial_indexes(
+def test_the_runtime_statements_use_their_indexes(
     conn: psycopg.Connection[Any],
 ) -> None:
     conn.execute(
         """
         INSERT INTO outbox (queue, payload, next_attempt_at, deliveries_count,
-                            acquired_token, acquired_at)
+                            acquired_token, acquired_at, lease_expires_at)
         SELECT 'queue-' || (g % 4), '\\x00'::bytea,
                now() + ((g % 1000) - 300) * interval '1 second',
                (g % 20 = 0)::int,
                CASE WHEN g % 20 = 0 THEN gen_random_uuid() END,
-               CASE WHEN g % 20 = 0 THEN now() - (g % 120) * interval '1 second' END
+               CASE WHEN g % 20 = 0 THEN now() - (g % 120) * interval '1 second' END,
+               CASE WHEN g % 20 = 0 AND g % 100 <> 0
+                    THEN now() + ((g % 120) - 60) * interval '1 second' END
         FROM generate_series(1, 200000) AS g
         """
     )
@@ -893,12 +909,19 @@ def test_claim_next_due_and_release_worker_use_the_partial_indexes(
     queries = Queries(TableNames.build("outbox", "outbox_dlq"))
     cases = {
         "claim": (
-            {"queue": "queue-1", "limit": 64, "lease_ttl": 60.0, "token": uuid.uuid4()},
+            {
+                "queue": "queue-1",
+                "limit": 64,
+                "lease_ttl": 60.0,
+                "token": uuid.uuid4(),
+                "held": list(range(21, 1300, 20)),
+            },
             ("outbox_pending_idx", "outbox_lease_idx"),
         ),
-        "next_due": (
-            {"queue": "queue-1", "lease_ttl": 60.0},
-            ("outbox_pending_idx", "outbox_lease_idx"),
+        "next_due": ({"queue": "queue-1"}, ("outbox_pending_idx", "outbox_lease_idx")),
+        "extend_leases": (
+            {"ids": list(range(21, 1300, 20)), "tokens": [uuid.uuid4()] * 64, "lease_ttl": 60.0},
+            ("outbox_pkey",),
         ),
         "release_worker": (
             dict(zip(("low", "high"), leases.token_range(5), strict=True)),

@@ -24,6 +24,8 @@ EXPECTED = [
     "vacuum_state",
     "vacuum",
     "release_worker",
+    "extend_leases",
+    "lease_holders",
     "table_oid",
     "columns",
     "indexes",

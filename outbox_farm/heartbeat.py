@@ -1,0 +1,80 @@
+"""The lease heartbeat: one per queue, extends the leases of the rows whose handlers run.
+
+Every `lease_ttl / 3` it sends one token-guarded UPDATE for all of the queue's running rows (and
+rows whose outcome is still being written), moving their `lease_expires_at` to a full
+`lease_ttl` past the database's now(). A handler may therefore run far longer than its lease,
+and only a worker that stopped beating (killed, hung, cut off) lets its rows expire. One missed
+beat is harmless; a row the UPDATE no longer matches was taken over, and the ledger marks it
+lost so its outcome is not written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from .handler import HandlerSpec
+from .inflight import Ledger
+from .problems import Problems
+from .queries import Queries
+
+log = logging.getLogger("outbox_farm.heartbeat")
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        ledger: Ledger,
+        pool: AsyncConnectionPool[Any],
+        queries: Queries,
+        problems: Problems,
+    ) -> None:
+        self.spec = spec
+        self.ledger = ledger
+        self.pool = pool
+        self.queries = queries
+        self.problems = problems
+        self.operation = f"lease heartbeat of queue {spec.queue}"
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            self._run(), name=f"outbox-farm-heartbeat-{self.spec.queue}"
+        )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.heartbeat_interval)
+            ids, tokens = self.ledger.active()
+            if not ids:
+                continue
+            try:
+                matched = await self._beat(ids, tokens)
+            except (psycopg.Error, OSError) as exc:
+                if not self.problems.report(self.operation, exc, log):
+                    log.warning(
+                        "%s failed (%s); trying again at the next beat",
+                        self.operation,
+                        str(exc).strip(),
+                        extra={"event": "heartbeat_failed", "queue": self.spec.queue},
+                    )
+                continue
+            self.problems.solved(self.operation)
+            self.ledger.extended(ids, tokens, matched)
+
+    async def _beat(self, ids: list[int], tokens: list[Any]) -> set[int]:
+        """Extend these leases; the ids of the rows still held under their tokens."""
+        params = {"ids": ids, "tokens": tokens, "lease_ttl": self.spec.lease_ttl}
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self.queries["extend_leases"], params)
+            return {row[0] for row in await cursor.fetchall()}

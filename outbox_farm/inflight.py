@@ -1,0 +1,137 @@
+"""The in-flight ledger: every row one queue holds, under which lease token, in which state.
+
+The fetcher adds the rows it claims and waits on `slots` when the queue is at capacity; the
+executors mark a row running when its handler starts and writing when its outcome is handed
+over; the heartbeat extends the leases of rows running or writing and marks those whose lease
+it finds lost; the completer settles a row once its outcome is written (or given up on), which
+frees its slot. All on one event loop, so nothing here locks.
+
+Entries are keyed by row id and checked against the token: after a retry is written but before
+its reply is read, the fetcher may claim the same row again, and the old write's settlement
+must not remove the new claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import uuid
+from collections.abc import Iterable
+
+from .metrics import metrics
+
+log = logging.getLogger("outbox_farm.inflight")
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # claimed, in the inbox
+    RUNNING = "running"  # its handler runs
+    WRITING = "writing"  # its outcome is with the completer
+
+
+class Lease:
+    __slots__ = ("lost", "state", "token")
+
+    def __init__(self, token: uuid.UUID) -> None:
+        self.token = token
+        self.state = State.WAITING
+        self.lost = False
+
+
+class Ledger:
+    """The rows of one queue that this process holds."""
+
+    def __init__(self, queue: str, capacity: int) -> None:
+        self.queue = queue
+        self.capacity = capacity
+        self.rows: dict[int, Lease] = {}
+        self.slots = asyncio.Event()  # set whenever a row is settled
+        m = metrics()
+        self._gauge = m.inflight.labels(queue)
+        self._lost = m.lease_lost.labels(queue, "heartbeat")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self.rows)
+
+    def held(self) -> list[int]:
+        """Ids of every row held: a claim must not take any of them again."""
+        return list(self.rows)
+
+    # -- fetcher -------------------------------------------------------------------------
+
+    def hold(self, row_ids: Iterable[int], token: uuid.UUID) -> None:
+        rows = self.rows
+        before = len(rows)
+        for row_id in row_ids:
+            rows[row_id] = Lease(token)
+        self._gauge.inc(len(rows) - before)
+
+    # -- executors -----------------------------------------------------------------------
+
+    def start(self, row_id: int) -> None:
+        lease = self.rows.get(row_id)
+        if lease is not None:
+            lease.state = State.RUNNING
+
+    def finish(self, row_id: int, token: uuid.UUID) -> bool:
+        """The handler returned: True when its outcome should be written, False when the
+        heartbeat found the lease lost meanwhile (then the row is settled here, unwritten)."""
+        lease = self.rows.get(row_id)
+        if lease is None or lease.token != token:
+            return True  # not ours to judge: the write is token-guarded anyway
+        if lease.lost:
+            self.settle(row_id, token)
+            return False
+        lease.state = State.WRITING
+        return True
+
+    # -- heartbeat -----------------------------------------------------------------------
+
+    def active(self) -> tuple[list[int], list[uuid.UUID]]:
+        """Rows whose leases the heartbeat extends: running, or their outcome not written."""
+        ids: list[int] = []
+        tokens: list[uuid.UUID] = []
+        for row_id, lease in self.rows.items():
+            if lease.state is not State.WAITING and not lease.lost:
+                ids.append(row_id)
+                tokens.append(lease.token)
+        return ids, tokens
+
+    def extended(self, ids: list[int], tokens: list[uuid.UUID], matched: set[int]) -> None:
+        """The heartbeat's reply. A running row it did not match is held by another token (or
+        gone): its handler's outcome will not be written. A row whose outcome is with the
+        completer may simply have been written first, so it is left to that write."""
+        for row_id, token in zip(ids, tokens, strict=True):
+            if row_id in matched:
+                continue
+            lease = self.rows.get(row_id)
+            if lease is None or lease.token != token or lease.state is not State.RUNNING:
+                continue
+            lease.lost = True
+            self._lost.inc()
+            log.warning(
+                "lease lost: row %s of queue %s is no longer held by this worker while its "
+                "handler runs; its outcome will not be written",
+                row_id,
+                self.queue,
+                extra={
+                    "event": "lease_lost",
+                    "phase": "heartbeat",
+                    "row_id": row_id,
+                    "queue": self.queue,
+                },
+            )
+
+    # -- completer -----------------------------------------------------------------------
+
+    def settle(self, row_id: int, token: uuid.UUID) -> None:
+        lease = self.rows.get(row_id)
+        if lease is not None and lease.token == token:
+            del self.rows[row_id]
+            self._gauge.dec()
+            self.slots.set()
