@@ -57,17 +57,21 @@ CREATE INDEX IF NOT EXISTS loadtest_ledger_msg_idx ON loadtest_ledger (msg_id);
 INVARIANTS: dict[str, str] = {
     "outbox-empty": "the outbox is empty at the end",
     "success-at-least-once": "every message that should succeed succeeded at least once",
-    "duplicates-within-lease-lost": "duplicate successes <= lease_lost_total (in all and per "
-    "queue): a message runs again only after a lost lease",
+    "duplicates-within-lease-lost": "duplicate successes <= lease_lost_total + "
+    "outcome_unconfirmed_total (in all and per queue): a message runs again only after a lost "
+    "lease or an unconfirmed write",
     "dlq-exactly-once": "every message that should fail is in the DLQ exactly once, with the "
     "expected failure_reason",
     "successes-never-in-dlq": "no message that should succeed is in the DLQ",
     "failures-never-succeed": "no message that should fail has a successful handler run",
     "terminal-equals-dlq-written": "terminal_total == dlq_written_total for every queue and "
-    "reason (/metrics)",
-    "dlq-rows-equal-dlq-written": "DLQ rows == dlq_written_total for every queue and reason",
-    "acks-equal-successes": "acked_total == messages that succeeded, per queue (a row is "
-    "deleted once: a lost ack must count as lease_lost, not as acked)",
+    "reason, but for terminal writes lost to another lease, unconfirmed or failed (/metrics)",
+    "no-write-failures": "write_failed_total is 0: every outcome decided was written",
+    "dlq-rows-equal-dlq-written": "DLQ rows == dlq_written_total for every queue and reason, "
+    "but for DLQ moves left unconfirmed",
+    "acks-equal-successes": "acked_total <= messages that succeeded <= acked_total + "
+    "unconfirmed acks, per queue (a row is deleted once: a lost ack must count as lease_lost, "
+    "not as acked)",
     "no-phantom-deliveries": "every message run or dead-lettered was committed by a publisher, "
     "on the queue it was published to (rolled-back publishes never run)",
     "flaky-failed-n-times": "every message with fail_times > 0 failed that often before it "
@@ -161,8 +165,10 @@ class QueueRow:
     acked: float = 0
     retried: float = 0
     lease_lost: float = 0
+    unconfirmed: float = 0
     terminal: float = 0
     dlq_written: float = 0
+    write_failed: float = 0
 
 
 @dataclass
@@ -192,8 +198,10 @@ class Report:
             "acked",
             "retried",
             "lease_lost",
+            "unconfirmed",
             "terminal",
             "dlq_written",
+            "write_failed",
         )
         rows = [head]
         total = QueueRow("TOTAL")
@@ -201,7 +209,14 @@ class Report:
             if q is not total:
                 for name in ("published", "runs", "succeeded", "duplicates", "claimed", "acked"):
                     setattr(total, name, getattr(total, name) + getattr(q, name))
-                for name in ("retried", "lease_lost", "terminal", "dlq_written"):
+                for name in (
+                    "retried",
+                    "lease_lost",
+                    "unconfirmed",
+                    "terminal",
+                    "dlq_written",
+                    "write_failed",
+                ):
                     setattr(total, name, getattr(total, name) + getattr(q, name))
                 total.dlq.update(q.dlq)
             dlq = sum(q.dlq.values())
@@ -218,8 +233,10 @@ class Report:
                     f"{q.acked:g}",
                     f"{q.retried:g}",
                     f"{q.lease_lost:g}",
+                    f"{q.unconfirmed:g}",
                     f"{q.terminal:g}",
                     f"{q.dlq_written:g}",
+                    f"{q.write_failed:g}",
                 )
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -322,11 +339,17 @@ def _duplicates(db: _Db, metrics: Metrics) -> tuple[Check, dict[str, int]]:
             """
         )
     }
-    lost = {k[0]: v for k, v in metrics.by("outbox_farm_lease_lost_total", "queue").items()}
+    lost: dict[str, float] = defaultdict(float)
+    for name in ("outbox_farm_lease_lost_total", "outbox_farm_outcome_unconfirmed_total"):
+        for (queue,), value in metrics.by(name, "queue").items():
+            lost[queue] += value
     total_dup, total_lost = sum(dups.values()), sum(lost.values())
     details = []
     if total_dup > total_lost:
-        details.append(f"{total_dup} duplicate success(es) but lease_lost_total is {total_lost:g}")
+        details.append(
+            f"{total_dup} duplicate success(es) but lease_lost_total + "
+            f"outcome_unconfirmed_total is {total_lost:g}"
+        )
     for queue, n in sorted(dups.items()):
         if n > lost.get(queue, 0):
             examples = db.rows(
@@ -336,8 +359,9 @@ def _duplicates(db: _Db, metrics: Metrics) -> tuple[Check, dict[str, int]]:
             )
             shown = _quote(f"{m} (pids {p})" for m, p in examples)
             details.append(
-                f"queue {queue!r}: {n} duplicate success(es) > lease_lost_total "
-                f"{lost.get(queue, 0):g}; duplicated messages include {shown}"
+                f"queue {queue!r}: {n} duplicate success(es) > lease_lost_total + "
+                f"outcome_unconfirmed_total {lost.get(queue, 0):g}; duplicated messages "
+                f"include {shown}"
             )
     return Check("duplicates-within-lease-lost", not details, details), dups
 
@@ -412,13 +436,34 @@ def _failures_never_succeed(db: _Db) -> Check:
 def _metric_pairs(metrics: Metrics, dlq: _DlqState, restarts: float) -> list[Check]:
     terminal = metrics.by("outbox_farm_terminal_total", "queue", "reason")
     written = metrics.by("outbox_farm_dlq_written_total", "queue", "reason")
+    # Terminal decisions are counted when made; a queue's decisions whose DLQ write was lost
+    # to another lease, left unconfirmed or failed explain that many missing dlq_written.
+    unwritten: dict[str, float] = defaultdict(float)
+    for name, label in (
+        ("outbox_farm_lease_lost_total", "phase"),
+        ("outbox_farm_outcome_unconfirmed_total", "phase"),
+        ("outbox_farm_write_failed_total", "kind"),
+    ):
+        for (queue, what), value in metrics.by(name, "queue", label).items():
+            if what == "terminal":
+                unwritten[queue] += value
+    missing: dict[str, float] = defaultdict(float)
+    for q, r in set(terminal) | set(written):
+        missing[q] += terminal.get((q, r), 0) - written.get((q, r), 0)
     details = [
         f"queue {q!r} reason {r!r}: terminal_total {terminal.get((q, r), 0):g} != "
         f"dlq_written_total {written.get((q, r), 0):g}"
+        + (f" ({unwritten[q]:g} terminal write(s) not made)" if unwritten.get(q) else "")
         for q, r in sorted(set(terminal) | set(written))
         if terminal.get((q, r), 0) != written.get((q, r), 0)
+        and (missing[q] != unwritten.get(q, 0) or written.get((q, r), 0) > terminal.get((q, r), 0))
     ]
     checks = [Check("terminal-equals-dlq-written", not details, details)]
+    failed = metrics.by("outbox_farm_write_failed_total", "queue", "kind")
+    failures = [
+        f"queue {q!r}: {n:g} {kind} write(s) failed" for (q, kind), n in sorted(failed.items()) if n
+    ]
+    checks.append(Check("no-write-failures", not failures, failures))
     if restarts:
         # A killed worker may die between its DLQ commit and its counter: counts may differ.
         checks.append(
@@ -430,11 +475,26 @@ def _metric_pairs(metrics: Metrics, dlq: _DlqState, restarts: float) -> list[Che
             )
         )
         return checks
+    # A DLQ move whose reply was lost archived its row uncounted (outcome_unconfirmed).
+    unconfirmed = {
+        q: v
+        for (q, phase), v in metrics.by(
+            "outbox_farm_outcome_unconfirmed_total", "queue", "phase"
+        ).items()
+        if phase == "terminal"
+    }
+    extra: dict[str, float] = defaultdict(float)
+    for q, r in set(dlq.by_key) | set(written):
+        extra[q] += dlq.by_key.get((q, r), 0) - written.get((q, r), 0)
     rows_details = [
         f"queue {q!r} reason {r!r}: {dlq.by_key.get((q, r), 0)} DLQ row(s) but "
         f"dlq_written_total {written.get((q, r), 0):g}"
         for q, r in sorted(set(dlq.by_key) | set(written))
         if dlq.by_key.get((q, r), 0) != written.get((q, r), 0)
+        and (
+            not 0 <= extra[q] <= unconfirmed.get(q, 0)
+            or written.get((q, r), 0) > dlq.by_key.get((q, r), 0)
+        )
     ]
     checks.append(Check("dlq-rows-equal-dlq-written", not rows_details, rows_details))
     return checks
@@ -456,11 +516,18 @@ def _acks(db: _Db, metrics: Metrics, restarts: float) -> Check:
         )
     }
     acked = {k[0]: v for k, v in metrics.by("outbox_farm_acked_total", "queue").items()}
+    unconfirmed = {
+        q: v
+        for (q, phase), v in metrics.by(
+            "outbox_farm_outcome_unconfirmed_total", "queue", "phase"
+        ).items()
+        if phase == "ack"
+    }
     details = [
         f"queue {q!r}: acked_total {acked.get(q, 0):g} but {succeeded.get(q, 0)} message(s) "
-        "succeeded"
+        "succeeded" + (f" ({unconfirmed[q]:g} ack(s) unconfirmed)" if unconfirmed.get(q) else "")
         for q in sorted(set(succeeded) | set(acked))
-        if acked.get(q, 0) != succeeded.get(q, 0)
+        if not acked.get(q, 0) <= succeeded.get(q, 0) <= acked.get(q, 0) + unconfirmed.get(q, 0)
     ]
     return Check("acks-equal-successes", not details, details)
 
@@ -561,8 +628,10 @@ def _queue_rows(db: _Db, metrics: Metrics, dups: dict[str, int], dlq: _DlqState)
         ("acked", "outbox_farm_acked_total"),
         ("retried", "outbox_farm_retried_total"),
         ("lease_lost", "outbox_farm_lease_lost_total"),
+        ("unconfirmed", "outbox_farm_outcome_unconfirmed_total"),
         ("terminal", "outbox_farm_terminal_total"),
         ("dlq_written", "outbox_farm_dlq_written_total"),
+        ("write_failed", "outbox_farm_write_failed_total"),
     ):
         for (queue,), value in metrics.by(name, "queue").items():
             setattr(row(queue), attr, value)

@@ -103,7 +103,7 @@ async def handle_flaky(msg: Message) -> None:
 )
 async def handle_slow(msg: Message) -> None:
     if msg.deliveries_count == 1:
-        await asyncio.sleep(scenario.SLOW_SLEEP)  # past the lease: another claim may run it
+        await asyncio.sleep(scenario.SLOW_SLEEP)  # twice its lease: the heartbeat holds it
     await record(msg, "success")
 
 

@@ -238,8 +238,24 @@ def maxdel_ran_twice(st: dict[str, Any]) -> None:
     st["s"].run(st["maxdel"], "maxdel", "hang", pid=102)
 
 
+def dlq_move_failed(st: dict[str, Any]) -> None:
+    # The DLQ move failed once (and was retried on the next delivery): decided twice, written
+    # once. The failed write explains the difference; it is a violation of its own.
+    st["s"].count("outbox_farm_terminal_total", 1, queue="poison", reason="retry_terminal")
+    st["s"].count("outbox_farm_write_failed_total", 1, queue="poison", kind="terminal")
+
+
+def unconfirmed_ack_not_a_duplicate(st: dict[str, Any]) -> None:
+    # An ack committed but its reply was lost: not acked_total, outcome_unconfirmed instead,
+    # and a lease_lost in the same queue cannot cover a duplicate of another message.
+    s: State = st["s"]
+    s.count("outbox_farm_acked_total", -1, queue="ok")
+    s.count("outbox_farm_outcome_unconfirmed_total", 1, queue="ok", phase="ack")
+    s.count("outbox_farm_acked_total", -1, queue="flaky")
+
+
 CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
-    (dup_without_lease_lost, "duplicates-within-lease-lost", "lease_lost_total is 0"),
+    (dup_without_lease_lost, "duplicates-within-lease-lost", "outcome_unconfirmed_total is 0"),
     (dup_on_other_queue, "duplicates-within-lease-lost", "queue 'ok'"),
     (never_succeeded, "success-at-least-once", "never succeeded"),
     (dlq_row_missing, "dlq-exactly-once", "missing from the DLQ"),
@@ -260,7 +276,24 @@ CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
     (failure_succeeded, "failures-never-succeed", "should fail succeeded"),
     (flaky_succeeded_early, "flaky-failed-n-times", "1 failure(s) of 2"),
     (maxdel_ran_twice, "max-deliveries-respected", "2 runs, max 1"),
+    (dlq_move_failed, "no-write-failures", "1 terminal write(s) failed"),
+    (unconfirmed_ack_not_a_duplicate, "acks-equal-successes", "acked_total 0 but 1 message(s)"),
 ]
+
+
+def test_unconfirmed_outcomes_explain_missing_acks_and_duplicates(state: dict[str, Any]) -> None:
+    """A database restart: an ack and a DLQ move committed but their replies were lost, and
+    a message ran twice (its first run's ack unconfirmed, the row taken again meanwhile)."""
+    s: State = state["s"]
+    s.count("outbox_farm_acked_total", -1, queue="ok")
+    s.count("outbox_farm_outcome_unconfirmed_total", 1, queue="ok", phase="ack")
+    s.count("outbox_farm_dlq_written_total", -1, queue="reject", reason="rejected")
+    s.count("outbox_farm_outcome_unconfirmed_total", 1, queue="reject", phase="terminal")
+    s.run(state["flaky"], "flaky", "success", pid=102)
+    s.count("outbox_farm_outcome_unconfirmed_total", 1, queue="flaky", phase="ack")
+    report = s.check()
+    assert report.ok, report.render()
+    assert "unconfirmed" in report.table()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The completer counts a write as done only for the lease it was made under."""
+"""The completer counts a write as done only for the lease it was made under, and tells a
+write lost to another lease from one whose reply was lost."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
+from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm.completer import Completer
@@ -59,3 +62,71 @@ def test_a_stale_and_a_current_outcome_of_one_row_in_one_flush(
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 1]
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (1,)
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(f"outbox_farm_{name}_total", labels) or 0.0
+
+
+@pytest.mark.parametrize("connection_lost", [True, False], ids=["resent", "first-try"])
+def test_a_resent_ack_that_finds_its_row_gone_is_unconfirmed_not_lease_lost(
+    dsn: str, conn: psycopg.Connection[Any], connection_lost: bool
+) -> None:
+    """The completer's connection dies with its ack in flight; the ack had committed (here:
+    the row is deleted just before, as the first attempt would have). Sent again, it matches
+    nothing: a row that is gone is outcome_unconfirmed; a row held under another token is
+    still lease_lost. Without a lost connection, both are lease_lost as before."""
+    queue = f"unconfirmed_{connection_lost}"
+    token, other = uuid.uuid4(), uuid.uuid4()
+    ids = []
+    for _ in range(2):
+        row = conn.execute(
+            "INSERT INTO outbox (queue, payload, acquired_token, acquired_at, lease_expires_at,"
+            " deliveries_count) VALUES (%s, 'x', %s, now(), now() + interval '1 minute', 1)"
+            " RETURNING id",
+            [queue, token],
+        ).fetchone()
+        assert row is not None
+        ids.append(row[0])
+    gone, taken = ids
+    before = {
+        name: _sample(name, queue=queue, phase="ack")
+        for name in ("outcome_unconfirmed", "lease_lost")
+    }
+    acked = _sample("acked", queue=queue)
+
+    async def flush() -> None:
+        queries = Queries(TableNames.build("outbox", "outbox_dlq"))
+        pool = AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+        )
+        async with pool:
+            async with pool.connection() as pooled:
+                pid = await (await pooled.execute("SELECT pg_backend_pid()")).fetchone()
+            conn.execute("DELETE FROM outbox WHERE id = %s", [gone])
+            conn.execute("UPDATE outbox SET acquired_token = %s WHERE id = %s", [other, taken])
+            if connection_lost:
+                assert pid is not None
+                conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
+            await Completer(pool, queries)._flush(
+                [Outcome(Kind.ACK, i, token, queue, 1) for i in (gone, taken)]
+            )
+
+    asyncio.run(flush())
+    after = {
+        name: _sample(name, queue=queue, phase="ack")
+        for name in ("outcome_unconfirmed", "lease_lost")
+    }
+    expected = (
+        {"outcome_unconfirmed": 1, "lease_lost": 1}
+        if connection_lost
+        else {
+            "outcome_unconfirmed": 0,
+            "lease_lost": 2,
+        }
+    )
+    assert {name: after[name] - before[name] for name in after} == expected
+    assert _sample("acked", queue=queue) == acked
+    assert conn.execute("SELECT acquired_token FROM outbox WHERE id = %s", [taken]).fetchone() == (
+        other,
+    )

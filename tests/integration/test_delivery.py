@@ -14,7 +14,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import Any
@@ -22,6 +22,9 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm import (
     AckPolicy,
@@ -32,10 +35,12 @@ from outbox_farm import (
     Message,
     NoRetry,
     Retry,
+    gauges,
 )
 from outbox_farm.completer import Completer
 from outbox_farm.metrics import metrics
-from outbox_farm.outcome import FRAMES_HEADER, TRUNCATED, Kind, Outcome
+from outbox_farm.outcome import FRAMES_HEADER, TRUNCATED, Kind, Outcome, Reason
+from outbox_farm.problems import Problems
 
 DLQ = "outbox_dlq"
 POLL = 0.05  # poll_interval of every runtime below, unless a test says otherwise
@@ -1181,3 +1186,147 @@ def test_running_without_handlers_or_with_unknown_queues_is_refused() -> None:
 def test_unhashable_queue_name_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError):
         Farm(dlq_table=DLQ).handler(["q"])(_noop)  # type: ignore[arg-type]
+
+
+# -- counters and health that tell the truth ------------------------------------------------
+
+
+def _gauge(name: str, queue: str) -> float | None:
+    return REGISTRY.get_sample_value(f"outbox_farm_{name}", {"queue": queue})
+
+
+def test_each_gauge_refreshes_on_its_own_so_a_missing_dlq_does_not_freeze_the_backlog(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    q = qname("gauge")
+    farm = Farm()
+    problems = Problems()
+
+    def refresh() -> None:
+        async def once() -> None:
+            pool = AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False)
+            async with pool:
+                await gauges.refresh(pool, farm.queries, [q], problems)
+
+        asyncio.run(once())
+
+    for n in range(3):
+        publish(farm, conn, n, queue=q)
+    refresh()
+    assert (_gauge("backlog", q), _gauge("dlq_rows", q)) == (3, 0)
+    assert problems.current is None
+
+    conn.execute("DROP TABLE outbox_dlq")
+    for n in range(2):
+        publish(farm, conn, n, queue=q)
+    refresh()
+    assert _gauge("backlog", q) == 5  # still follows the table
+    assert _gauge("dlq_rows", q) == 0  # unknown: left as it was
+    assert problems.current is not None
+    assert problems.current.startswith("DLQ gauges: ")
+    assert "outbox_dlq" in problems.current
+
+
+@pytest.fixture
+def stranger_dsn(dsn: str, conn: psycopg.Connection) -> Iterator[tuple[str, str]]:
+    """A login role that may use the outbox but does not own it, and its name."""
+    role = f"outbox_farm_worker_{uuid.uuid4().hex[:8]}"
+    ident = sql.Identifier(role)
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+    try:
+        conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO {}").format(ident))
+        yield make_conninfo(dsn, user=role), role
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+        conn.execute(sql.SQL("DROP ROLE {}").format(ident))
+
+
+def test_a_missing_privilege_is_the_runtimes_problem_until_it_is_granted_again(
+    stranger_dsn: tuple[str, str], conn: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker_dsn, role = stranger_dsn
+    q = qname("priv")
+    farm = Farm()
+    handled: list[int] = []
+
+    @farm.handler(q)
+    async def handle(msg: Message) -> None:
+        handled.append(msg.id)
+
+    grant = sql.SQL("{} UPDATE ON outbox {} {}")
+
+    def permanent() -> list[logging.LogRecord]:
+        return [r for r in records(caplog, "permanent_error") if r.levelno == logging.ERROR]
+
+    async def scenario() -> None:
+        async with farm.running(worker_dsn, poll_interval=POLL, vacuum_interval=None) as rt:
+            first = publish(farm, conn, "before", queue=q)
+            await eventually(lambda: first in handled, "a delivery while all is well")
+            assert rt.problem is None
+            conn.execute(grant.format(sql.SQL("REVOKE"), sql.SQL("FROM"), sql.Identifier(role)))
+            problem = await eventually(lambda: rt.problem, "the problem to be reported")
+            assert problem.startswith(f"claim for queue {q}: permission denied")
+            assert "\n" not in problem
+            await asyncio.sleep(1.0)  # the claim is retried several times meanwhile
+            assert rt.problem == problem
+            assert len(permanent()) == 1  # logged once, not once per retry
+            conn.execute(grant.format(sql.SQL("GRANT"), sql.SQL("TO"), sql.Identifier(role)))
+            await eventually(lambda: rt.problem is None, "the problem to clear", timeout=10)
+            later = publish(farm, conn, "after", queue=q)
+            await eventually(lambda: later in handled, "a delivery once granted again")
+
+    with caplog.at_level(logging.WARNING, logger="outbox_farm"):
+        asyncio.run(scenario())
+    (record,) = permanent()
+    assert "permission denied" in record.getMessage()
+
+
+def test_on_failure_hooks_see_every_failed_run_and_cannot_change_its_outcome(
+    dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The farm's hook serves every queue without one of its own; a queue's own hook (async
+    here) replaces it. A hook that raises is logged, and the row still goes where the handler's
+    failure sent it: retried, then to the DLQ."""
+    q, own = qname("hook"), qname("ownhook")
+    seen: list[tuple[str, int, str, Kind, Reason | None]] = []
+
+    def farm_hook(msg: Message, exc: BaseException, outcome: Outcome) -> None:
+        seen.append(("farm", msg.id, repr(exc), outcome.kind, outcome.reason))
+        raise RuntimeError("the error tracker is down")
+
+    async def own_hook(msg: Message, exc: BaseException, outcome: Outcome) -> None:
+        seen.append(("own", msg.id, repr(exc), outcome.kind, outcome.reason))
+        raise KeyboardInterrupt  # not even this changes the outcome
+
+    farm = Farm(on_failure=farm_hook)
+    retry = ConstantBackoff(delay=0.05, max_attempts=2)
+
+    @farm.handler(q, retry=retry)
+    async def fails(msg: Message) -> None:
+        raise ValueError(f"no {msg.attempts_count}")
+
+    @farm.handler(own, retry=retry, on_failure=own_hook)
+    async def also_fails(msg: Message) -> None:
+        raise ValueError(f"no {msg.attempts_count}")
+
+    @farm.handler(qname("fine"))
+    async def fine(msg: Message) -> None:
+        return None
+
+    rows = {queue: publish(farm, conn, "x", queue=queue) for queue in (q, own)}
+
+    async def scenario() -> None:
+        async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
+            for queue in (q, own):
+                await eventually(lambda queue=queue: db.dlq_rows(queue), f"{queue}'s DLQ row")
+
+    with caplog.at_level(logging.WARNING, logger="outbox_farm"):
+        asyncio.run(scenario())
+    for who, queue in (("farm", q), ("own", own)):
+        assert [s[1:] for s in seen if s[0] == who] == [
+            (rows[queue], repr(ValueError("no 0")), Kind.RETRY, None),
+            (rows[queue], repr(ValueError("no 1")), Kind.TERMINAL, Reason.RETRY_TERMINAL),
+        ]
+    assert len(records(caplog, "hook_failed")) == 4
+    assert farm.handlers[q].on_failure is farm_hook
+    assert farm.handlers[own].on_failure is own_hook

@@ -745,6 +745,186 @@ def test_rows_of_a_sigkilled_process_come_back_after_their_lease(
     print(f"\nafter SIGKILL every row delivered in {took * 1000:.0f} ms (lease_ttl 1 s)")
 
 
+# -- invariant 10: a handler runs only while its lease holds --------------------------------
+
+
+def test_a_prefetched_row_whose_lease_ran_short_is_handed_back_and_every_row_runs_once(
+    dsn: str,
+) -> None:
+    """concurrency=1, lease_ttl=0.5, a 2 s handler: the prefetched row waits far past its
+    lease. It is not started on a lease another runner may hold; it is handed back (its
+    delivery with it) and claimed afresh, so each row runs once, and the long run keeps its
+    own lease by the heartbeat."""
+    farm = Farm(dlq_table="outbox_dlq")
+    runs: list[tuple[int, int]] = []
+
+    @farm.handler(Q, concurrency=1, prefetch=1, lease_ttl=0.5, timeout=5.0)
+    async def handle(msg: Message) -> None:
+        runs.append((msg.id, msg.deliveries_count))
+        await asyncio.sleep(2.0 if len(runs) == 1 else 0.3)
+
+    async def scenario() -> None:
+        aconn = await aconnect(dsn)
+        try:
+            counts = {
+                phase: sample("outbox_farm_lease_lost_total", queue=Q, phase=phase)
+                for phase in ("start", "ack")
+            }
+            acked = sample("outbox_farm_acked_total", queue=Q)
+            ids = await farm.apublish_batch(aconn, ["first", "second"], queue=Q)
+            async with farm.running(dsn, poll_interval=0.05, graceful_timeout=2.0):
+                await until(lambda: is_empty(aconn), 6.0, "both rows acked")
+                await asyncio.sleep(0.3)  # time for a second run, if there were one
+            assert sorted(i for i, _ in runs) == sorted(ids), runs
+            assert {d for _, d in runs} == {1}  # the hand-back took its delivery back
+            assert sample("outbox_farm_lease_lost_total", queue=Q, phase="start") == (
+                counts["start"] + 1
+            )
+            assert sample("outbox_farm_lease_lost_total", queue=Q, phase="ack") == counts["ack"]
+            assert sample("outbox_farm_acked_total", queue=Q) == acked + 2
+        finally:
+            await aconn.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_heartbeat_lets_a_handler_outlive_its_lease_and_run_once(dsn: str) -> None:
+    """lease_ttl=1 and a 4 s handler, with a second runtime polling the queue all along: the
+    row runs once, its lease moving on while it runs, and its ack is the only write."""
+    farms = [Farm(dlq_table="outbox_dlq") for _ in range(2)]
+    runs: list[tuple[int, int]] = []
+    for n, farm in enumerate(farms):
+
+        @farm.handler(Q, lease_ttl=1.0, timeout=10.0)
+        async def handle(msg: Message, n: int = n) -> None:
+            runs.append((n, msg.deliveries_count))
+            await asyncio.sleep(4.0)
+
+    async def scenario() -> None:
+        aconn = await aconnect(dsn)
+        try:
+            lost = sample("outbox_farm_lease_lost_total", queue=Q, phase="ack")
+            acked = sample("outbox_farm_acked_total", queue=Q)
+            row_id = await farms[0].apublish(aconn, "long", queue=Q)
+            async with farms[0].running(dsn, poll_interval=0.05, graceful_timeout=6.0):
+                await until(lambda: runs, 3.0, "the handler to start")
+                first = await one(
+                    aconn, "SELECT lease_expires_at FROM outbox WHERE id = %s", (row_id,)
+                )
+                async with farms[1].running(dsn, poll_interval=0.05, graceful_timeout=6.0):
+                    await asyncio.sleep(2.0)  # twice the lease: the other runtime would take it
+                    later = await one(
+                        aconn, "SELECT lease_expires_at FROM outbox WHERE id = %s", (row_id,)
+                    )
+                    assert later > first  # moved on by the heartbeat
+                    await until(lambda: is_empty(aconn), 6.0, "the ack")
+            assert runs == [(0, 1)]
+            assert sample("outbox_farm_acked_total", queue=Q) == acked + 1
+            assert sample("outbox_farm_lease_lost_total", queue=Q, phase="ack") == lost
+        finally:
+            await aconn.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_runner_never_claims_again_a_row_it_still_runs(dsn: str) -> None:
+    """The heartbeat stops (a stalled connection): the running row's lease runs out, yet its
+    own runner, claiming every 50 ms, must not take it and run it a second time beside the
+    first. With nobody else around, the first run's ack still holds."""
+    farm = Farm(dlq_table="outbox_dlq")
+    runs: list[int] = []
+
+    @farm.handler(Q, concurrency=2, lease_ttl=0.5, timeout=5.0)
+    async def handle(msg: Message) -> None:
+        runs.append(msg.deliveries_count)
+        await asyncio.sleep(1.5)
+
+    async def scenario() -> None:
+        aconn = await aconnect(dsn)
+        try:
+            row_id = await farm.apublish(aconn, "x", queue=Q)
+            async with farm.running(dsn, poll_interval=0.05, graceful_timeout=3.0) as rt:
+                await until(lambda: runs, 3.0, "the handler to start")
+                for heartbeat in rt.heartbeats:
+                    await heartbeat.stop()
+                await until(
+                    lambda: one(
+                        aconn,
+                        "SELECT lease_expires_at < now() FROM outbox WHERE id = %s",
+                        (row_id,),
+                    ),
+                    2.0,
+                    "the lease to run out",
+                )
+                await until(lambda: is_empty(aconn), 3.0, "the first run's ack")
+            assert runs == [1]
+        finally:
+            await aconn.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_lost_while_the_handler_runs_is_found_by_the_heartbeat_and_nothing_written(
+    dsn: str,
+) -> None:
+    farm = Farm(dlq_table="outbox_dlq")
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    @farm.handler(Q, lease_ttl=0.6, timeout=5.0)
+    async def handle(msg: Message) -> None:
+        runs.append(msg.id)
+        await gate.wait()
+
+    async def scenario() -> None:
+        aconn = await aconnect(dsn)
+        try:
+            lost = sample("outbox_farm_lease_lost_total", queue=Q, phase="heartbeat")
+            lost_ack = sample("outbox_farm_lease_lost_total", queue=Q, phase="ack")
+            acked = sample("outbox_farm_acked_total", queue=Q)
+            row_id = await farm.apublish(aconn, "x", queue=Q)
+            async with farm.running(dsn, poll_interval=0.05, graceful_timeout=2.0):
+                await until(lambda: runs, 3.0, "the handler to start")
+                other = uuid.uuid4()  # another runner took the row over
+                await aconn.execute(
+                    "UPDATE outbox SET acquired_token = %s, acquired_at = now(), "
+                    "lease_expires_at = now() + interval '1 hour' WHERE id = %s",
+                    (other, row_id),
+                )
+                await until(
+                    lambda: (
+                        sample("outbox_farm_lease_lost_total", queue=Q, phase="heartbeat")
+                        == lost + 1
+                    ),
+                    2.0,
+                    "the heartbeat to find the lease lost",
+                )
+                gate.set()
+                await asyncio.sleep(0.3)  # the handler returned; its ack would be written now
+                token = await one(
+                    aconn, "SELECT acquired_token FROM outbox WHERE id = %s", (row_id,)
+                )
+                assert token == other
+            assert sample("outbox_farm_acked_total", queue=Q) == acked
+            assert sample("outbox_farm_lease_lost_total", queue=Q, phase="ack") == lost_ack
+        finally:
+            await aconn.close()
+
+    asyncio.run(scenario())
+
+
+def test_without_the_heartbeat_a_timeout_longer_than_the_lease_is_refused() -> None:
+    farm = Farm(dlq_table="outbox_dlq")
+
+    async def handle(msg: Message) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"heartbeat=False.*lease would expire"):
+        farm.handler(Q, lease_ttl=10, timeout=30, heartbeat=False)(handle)
+    farm.handler(Q, lease_ttl=10, timeout=10, heartbeat=False)(handle)
+    assert farm.handlers[Q].heartbeat is False
+
+
 # -- a dead worker's leases, handed back by its supervisor ----------------------------------
 
 
