@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The standard outbox_farm performance report (producer, drain, latency, database cost).
 
-    python loadtests/bench.py --dsn "host=127.0.0.1 user=postgres dbname=test"
+    python loadtests/bench.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
     python loadtests/bench.py --dsn ... --json            # the same as JSON on stdout
     python loadtests/bench.py --dsn ... --sustained 120   # steady load, per-window report
 

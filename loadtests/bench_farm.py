@@ -1,6 +1,6 @@
 """Farm benchmark: drain throughput of `outbox-farm start --procs N`, and worker memory.
 
-    python loadtests/bench_farm.py --dsn "host=127.0.0.1 user=postgres dbname=test"
+    python loadtests/bench_farm.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
     python loadtests/bench_farm.py --steady 300        # the 5-minute memory run
 
 For each --procs value: pre-load --rows rows, start the real CLI as a subprocess with a no-op

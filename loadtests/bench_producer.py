@@ -12,7 +12,7 @@ Phases, each on an emptied table in a scratch database (created here, dropped at
 
 Usage (a scratch database `outbox_farm_bench_<random>` is created on that server):
 
-    python loadtests/bench_producer.py --dsn "host=127.0.0.1 user=postgres dbname=test"
+    python loadtests/bench_producer.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
     python loadtests/bench_producer.py --messages 5000 --json results.json
 
 Without --dsn (and without OUTBOX_FARM_DSN) the embedded Postgres is started. Every phase

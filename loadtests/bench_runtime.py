@@ -17,7 +17,7 @@ Phases, in a scratch database (created here, dropped WITH (FORCE) at the end):
 
 Usage:
 
-    python loadtests/bench_runtime.py --dsn "host=127.0.0.1 user=postgres dbname=test"
+    python loadtests/bench_runtime.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
     python loadtests/bench_runtime.py --rows 5000 --json results.json
 
 Without --dsn (and without OUTBOX_FARM_DSN) the embedded Postgres is started. Every phase is

@@ -5,7 +5,7 @@
     python loadtests/run_loadtest.py --ui                 # Locust's web UI on 127.0.0.1:8089
 
 Steps, each bounded in time: pick the server (--dsn, else OUTBOX_FARM_DSN, else the local
-"host=127.0.0.1 user=postgres dbname=test", else an embedded Postgres); create a scratch
+"host=127.0.0.1 user=postgres dbname=postgres", else an embedded Postgres); create a scratch
 database there, migrate it and add the load test's tables; start `outbox-farm start
 farmapp:farm --procs N` with its own /metrics port; run Locust (`locustfile.py`) as a
 subprocess; wait for the farm to drain; run the checker (`checker.py`) against the database
@@ -49,7 +49,7 @@ from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
 
 HERE = Path(__file__).resolve().parent
-LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=test"
+LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=postgres"
 CLI = Path(sys.executable).parent / "outbox-farm"
 GRACEFUL = 10.0  # the farm's --graceful-timeout
 BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
