@@ -290,7 +290,6 @@ class Executors:
                 exc = error  # raised by the handler itself: nobody cancelled this run
             elif not slot.expired:
                 # A stop past its deadline: the row is tried again at once.
-                slot.deadline = math.inf
                 if self.ledger.finish(msg.id, msg.lease_token):
                     self.completer.put_nowait(
                         self._outcome(
