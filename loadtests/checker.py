@@ -655,7 +655,7 @@ def check(
     checks = [_outbox_empty(db), _success_at_least_once(db)]
     dup_check, dups = _duplicates(db, metrics)
     checks += [dup_check, *_dlq_checks(db, dlq), _failures_never_succeed(db)]
-    restarts = metrics.total("outbox_farm_process_restarts_total")
+    restarts = metrics.total("outbox_farm_worker_restarts_total")
     checks += [*_metric_pairs(metrics, dlq, restarts), _acks(db, metrics, restarts)]
     checks += [_phantoms(db, dlq), _flaky(db), _max_runs(db)]
     return Report(checks, _queue_rows(db, metrics, dups, dlq), restarts)

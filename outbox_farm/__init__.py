@@ -18,6 +18,7 @@ from .errors import (
 from .farm import Farm
 from .handler import AckPolicy
 from .message import Message
+from .outcome import Kind, Outcome, Reason
 from .retry import ConstantBackoff, ExponentialBackoff, LinearBackoff, NoRetry, RetryStrategy
 from .schema_check import check_schema
 
@@ -30,11 +31,14 @@ __all__ = [
     "ExponentialBackoff",
     "Farm",
     "IdentifierError",
+    "Kind",
     "LinearBackoff",
     "Message",
     "MigrationError",
     "NoRetry",
+    "Outcome",
     "OutboxFarmError",
+    "Reason",
     "Retry",
     "RetryStrategy",
     "SchemaError",

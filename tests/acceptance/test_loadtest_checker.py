@@ -329,7 +329,7 @@ def test_counter_to_row_checks_are_skipped_after_a_worker_restart(state: dict[st
     # A killed worker may die between a commit and its counter.
     written_without_row(state)
     s.count("outbox_farm_acked_total", 1, queue="ok")
-    s.count("outbox_farm_process_restarts_total", 1)
+    s.count("outbox_farm_worker_restarts_total", 1, reason="crash")
     report = s.check()
     assert report.ok, report.render()
     assert "[SKIP] dlq-rows-equal-dlq-written" in report.render()
