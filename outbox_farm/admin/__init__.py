@@ -1,0 +1,49 @@
+"""The operator tools as a Python API, for admin scripts: what `outbox-farm stats`, `dlq` and
+`doctor` run. Every function takes a psycopg connection (outside a transaction: replay and
+purge commit batch by batch) and the `TableNames` of the farm's tables.
+
+    from outbox_farm.admin import DlqFilter, When, dlq_replay
+    from outbox_farm.names import TableNames
+
+    names = TableNames.build("outbox", "outbox_dlq")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        done = dlq_replay(conn, names, DlqFilter(queue="orders", since=When.parse("2h")))
+"""
+
+from .dlq import (
+    DlqEntry,
+    DlqFilter,
+    DlqRow,
+    Done,
+    Payload,
+    Summary,
+    SummaryLine,
+    dlq_list,
+    dlq_purge,
+    dlq_replay,
+    dlq_show,
+    dlq_summary,
+)
+from .durations import When, parse_duration
+from .stats import Count, DlqCounts, QueueStats, queue_stats
+
+__all__ = [
+    "Count",
+    "DlqCounts",
+    "DlqEntry",
+    "DlqFilter",
+    "DlqRow",
+    "Done",
+    "Payload",
+    "QueueStats",
+    "Summary",
+    "SummaryLine",
+    "When",
+    "dlq_list",
+    "dlq_purge",
+    "dlq_replay",
+    "dlq_show",
+    "dlq_summary",
+    "parse_duration",
+    "queue_stats",
+]

@@ -1,0 +1,239 @@
+"""`doctor`: is this database fit to run a farm on, and if not, what to do about it.
+
+Each check gives OK, WARN or FAIL and, when not OK, the next step. FAIL means the farm cannot
+work as it should (no table, missing privileges, a transaction holding back VACUUM for longer
+than the limit); WARN means it works but will degrade (autovacuum off, a filling NOTIFY queue,
+a backlog). The checks only read: the statistics views, the catalogs and the outbox's indexes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import psycopg
+
+from ..names import QualifiedName, TableNames
+from ..privileges import check_privileges
+from ..schema_check import check_schema
+from .sql import AdminSql
+from .stats import RowCounter
+
+MIN_SERVER = 120000  # VACUUM (SKIP_LOCKED, TRUNCATE false) and vacuum_truncate: PostgreSQL 12
+NOTIFY_WARN, NOTIFY_FAIL = 0.1, 0.5
+SLOT_XID_WARN = 1_000_000
+DEAD_WARN = 100_000
+
+
+class Status(Enum):
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    hint: str = ""  # what to do, when not OK
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_xmin_age: float = 300.0  # seconds a snapshot may hold back VACUUM before FAIL
+    max_lag: float = 60.0  # seconds the oldest ready row may wait before WARN
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _one(conn: psycopg.Connection[Any], statement: str, params: Any = None) -> Any:
+    return conn.execute(statement, params).fetchone()
+
+
+def _server(conn: psycopg.Connection[Any], sql: AdminSql) -> list[Check]:
+    num, version, user, db, track_counts, autovacuum, usage = _one(conn, sql.render("admin_server"))
+    checks = [Check("connection", Status.OK, f"database {db} as {user}")]
+    if num < MIN_SERVER:
+        checks.append(
+            Check(
+                "server version",
+                Status.FAIL,
+                f"PostgreSQL {version}",
+                "the farm needs PostgreSQL 12 or later; upgrade the server",
+            )
+        )
+    else:
+        checks.append(Check("server version", Status.OK, f"PostgreSQL {version}"))
+    if not track_counts:
+        checks.append(
+            Check(
+                "track_counts",
+                Status.WARN,
+                "off: no row statistics are kept",
+                "autovacuum cannot run and the farm's VACUUM runs blind; set track_counts = on "
+                "in postgresql.conf and reload",
+            )
+        )
+    else:
+        checks.append(Check("track_counts", Status.OK, "on"))
+    if not autovacuum:
+        checks.append(
+            Check(
+                "autovacuum",
+                Status.WARN,
+                "off for the whole server",
+                "only the farm's own VACUUM (start --vacuum-interval, needs table ownership) keeps "
+                "the outbox small; set autovacuum = on in postgresql.conf and reload",
+            )
+        )
+    else:
+        checks.append(Check("autovacuum", Status.OK, "on"))
+    share = f"{usage:.1%} of the NOTIFY queue in use"
+    hint = (
+        "a session that LISTENs but does not read (or sits in a long transaction) holds "
+        "it; find it in pg_stat_activity and end it: when the queue is full every "
+        "publish fails"
+    )
+    status = (
+        Status.FAIL if usage >= NOTIFY_FAIL else Status.WARN if usage >= NOTIFY_WARN else Status.OK
+    )
+    checks.append(Check("notify queue", status, share, hint if status is not Status.OK else ""))
+    return checks
+
+
+def _access(conn: psycopg.Connection[Any], names: TableNames) -> list[Check]:
+    access = check_privileges(conn, names)
+    checks = [
+        Check("privileges", Status.FAIL, problem, "an owner runs the GRANT above")
+        for problem in access.problems
+    ]
+    checks += [Check("privileges", Status.WARN, note, "optional") for note in access.notes]
+    if not access.problems and not access.notes:
+        checks.append(Check("privileges", Status.OK, "everything the farm does is granted"))
+    if access.schema_usage_missing:
+        return checks  # the catalog lookups of the schema check would be refused
+    dlq = str(names.dlq) if names.dlq else None
+    problems = check_schema(conn, str(names.outbox), dlq)
+    checks += [
+        Check(
+            "schema",
+            Status.FAIL,
+            str(problem),
+            "run `outbox-farm migrate` (`--repair` for a dropped index), then `check`",
+        )
+        for problem in problems
+    ]
+    if not problems:
+        checks.append(Check("schema", Status.OK, "tables, columns and indexes as expected"))
+    return checks
+
+
+def _tables(conn: psycopg.Connection[Any], sql: AdminSql, names: TableNames) -> list[Check]:
+    checks = []
+    tables: list[QualifiedName] = [names.outbox, *([names.dlq] if names.dlq else [])]
+    for table in tables:
+        row = _one(
+            conn, sql.render("admin_table_health"), {"table": table.identifier().as_string(conn)}
+        )
+        if row is None:
+            continue  # the schema check reports the missing table
+        size, live, dead, since, autovacuum_off = row
+        vacuumed = "never vacuumed" if since is None else f"last vacuum {since:.0f}s ago"
+        detail = f"{_size(size)}, {live} live and {dead} dead row versions, {vacuumed}"
+        if dead > max(DEAD_WARN, 2 * live):
+            checks.append(
+                Check(
+                    f"table {table}",
+                    Status.WARN,
+                    detail,
+                    "dead rows pile up: is something holding back xmin (below)? Is the farm's "
+                    "VACUUM allowed (owner or MAINTAIN)? A one-off `VACUUM` helps meanwhile",
+                )
+            )
+        else:
+            checks.append(Check(f"table {table}", Status.OK, detail))
+        if autovacuum_off:
+            checks.append(
+                Check(
+                    f"table {table}",
+                    Status.WARN,
+                    "autovacuum_enabled = false",
+                    f"turn it back on: ALTER TABLE {table} RESET (autovacuum_enabled)",
+                )
+            )
+    return checks
+
+
+def _xmin(conn: psycopg.Connection[Any], sql: AdminSql, limits: Limits) -> Check:
+    row = _one(conn, sql.render("admin_xmin_holder"))
+    if row is None:
+        return Check("xmin horizon", Status.OK, "no open snapshot holds back VACUUM")
+    kind, who, seconds, xid_age = row
+    age = "" if seconds is None else f"open for {seconds:.0f}s, "
+    detail = f"oldest holder: {kind} {who}, {age}{xid_age} transactions behind"
+    late = seconds is not None and seconds > limits.max_xmin_age
+    if late or (seconds is None and xid_age > SLOT_XID_WARN):
+        hint = {
+            "session": "VACUUM cannot remove the outbox's dead rows while it is open: commit "
+            "or end it (SELECT pg_terminate_backend(pid)), and set "
+            "idle_in_transaction_session_timeout",
+            "prepared transaction": "COMMIT PREPARED or ROLLBACK PREPARED it",
+            "replication slot": "a slot nobody reads: drop it with pg_drop_replication_slot()",
+        }[kind]
+        return Check("xmin horizon", Status.FAIL if late else Status.WARN, detail, hint)
+    return Check("xmin horizon", Status.OK, detail)
+
+
+def _lag(conn: psycopg.Connection[Any], names: TableNames, limits: Limits) -> Check:
+    counter = RowCounter(conn, names, 0)
+    ages = {queue: counter.oldest_ready(queue) for queue in counter.queues("outbox_queues")}
+    if not ages or max(ages.values()) == 0:
+        return Check("oldest ready row", Status.OK, "no row is waiting")
+    queue = max(ages, key=lambda q: ages[q])
+    detail = f"due {ages[queue]:.1f}s ago on queue {queue}"
+    if ages[queue] > limits.max_lag:
+        return Check(
+            "oldest ready row",
+            Status.WARN,
+            detail,
+            "the farm is behind or not running: see `outbox-farm stats` and the farm's "
+            "/healthz; more --procs or concurrency if it is busy",
+        )
+    return Check("oldest ready row", Status.OK, detail)
+
+
+def doctor(
+    conn: psycopg.Connection[Any], names: TableNames, limits: Limits | None = None
+) -> list[Check]:
+    """Every check, in the order an operator reads them; the caller prints and decides. A
+    check the database refuses (a missing privilege on a catalog view, say) is a FAIL of its
+    own, and the others still run (the connection must be in autocommit mode)."""
+    limits = limits or Limits()
+    sql = AdminSql(names)
+    sections: list[tuple[str, Callable[[], list[Check]]]] = [
+        ("server", lambda: _server(conn, sql)),
+        ("privileges and schema", lambda: _access(conn, names)),
+        ("tables", lambda: _tables(conn, sql, names)),
+        ("xmin horizon", lambda: [_xmin(conn, sql, limits)]),
+    ]
+    checks: list[Check] = []
+    for name, section in sections:
+        try:
+            checks += section()
+        except psycopg.Error as exc:
+            checks.append(Check(name, Status.FAIL, str(exc).strip(), "fix this first"))
+    if all(c.status is not Status.FAIL for c in checks if c.name in ("privileges", "schema")):
+        try:
+            checks.append(_lag(conn, names, limits))
+        except psycopg.Error as exc:
+            checks.append(Check("oldest ready row", Status.FAIL, str(exc).strip()))
+    return checks

@@ -1,0 +1,268 @@
+-- name: admin_dlq_match
+-- The operator's DLQ filter, a condition on `d`: every filter is a parameter that is NULL when
+-- not given, so one statement serves every combination. Times are the database clock: `since`
+-- and `until` are either a time or seconds before now(). `grep` is a plain substring (no
+-- wildcards): case-insensitive in the exception and the headers, exact bytes in the payload
+-- (the payload may not be text). Filled into the statements below in place of `match`.
+(%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+AND (%(queue)s::text IS NULL OR d.queue = %(queue)s::text)
+AND (%(reason)s::text IS NULL OR d.failure_reason = %(reason)s::text)
+AND (%(since_at)s::timestamptz IS NULL OR d.failed_at >= %(since_at)s::timestamptz)
+AND (%(since_ago)s::float8 IS NULL
+     OR d.failed_at >= now() - make_interval(secs => %(since_ago)s::float8))
+AND (%(until_at)s::timestamptz IS NULL OR d.failed_at < %(until_at)s::timestamptz)
+AND (%(until_ago)s::float8 IS NULL
+     OR d.failed_at < now() - make_interval(secs => %(until_ago)s::float8))
+AND (%(grep)s::text IS NULL
+     OR strpos(lower(coalesce(d.last_exception, '')), lower(%(grep)s::text)) > 0
+     OR strpos(lower(coalesce(d.headers::text, '')), lower(%(grep)s::text)) > 0
+     OR position(convert_to(%(grep)s::text, 'UTF8') IN d.payload) > 0)
+
+-- name: admin_dlq_list
+-- Newest first. Only the exception's first line: the whole text (up to 8 KiB) is for `show`.
+SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count, d.created_at,
+       d.failed_at, octet_length(d.payload)::bigint, d.headers,
+       split_part(coalesce(d.last_exception, ''), E'\n', 1)
+FROM {dlq} AS d
+WHERE {match}
+ORDER BY d.id DESC
+LIMIT %(limit)s
+
+-- name: admin_dlq_show
+SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count, d.created_at,
+       d.failed_at, d.payload, d.headers, d.last_exception, d.timer_id
+FROM {dlq} AS d
+WHERE d.id = %(id)s
+
+-- name: admin_dlq_summary
+-- What a replay or purge with this filter would touch, by queue and reason; `max(id)` bounds
+-- the operation to the rows counted here, so rows failing meanwhile are left for later.
+SELECT d.queue, d.failure_reason, count(*)::bigint, min(d.failed_at), max(d.failed_at),
+       max(d.id)
+FROM {dlq} AS d
+WHERE {match}
+GROUP BY d.queue, d.failure_reason
+ORDER BY d.queue, d.failure_reason
+
+-- name: admin_dlq_replay
+-- One batch of a replay, one statement and so one transaction: the DELETE feeds the INSERT, so
+-- a batch is either moved whole or not at all, and a killed replay neither loses nor repeats a
+-- row (run it again: what was moved is no longer in the DLQ). Keyset on id (`after`, `upto`).
+-- The new row keeps payload, headers and created_at; it gets fresh counters, a due time of
+-- now() + delay, and the headers `replayed_from` (the DLQ row's id) and `replay_count`. A
+-- timer id is kept unless a live timer of the same id (or an earlier row of this batch) holds
+-- it: the unique timer index would otherwise fail the whole batch. One NOTIFY per queue that
+-- got due rows; `wake` is read in the final SELECT because an unreferenced CTE never runs.
+WITH picked AS (
+    SELECT d.id FROM {dlq} AS d
+    WHERE d.id > %(after)s AND d.id <= %(upto)s AND {match}
+    ORDER BY d.id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM {dlq} AS d USING picked
+    WHERE d.id = picked.id
+    RETURNING d.id, d.queue, d.payload, d.headers, d.created_at, d.timer_id
+), target AS (
+    SELECT m.*, coalesce(%(to_queue)s::text, m.queue) AS dest,
+           row_number() OVER (PARTITION BY coalesce(%(to_queue)s::text, m.queue), m.timer_id
+                              ORDER BY m.id) AS nth
+    FROM moved AS m
+), ins AS (
+    INSERT INTO {outbox} (queue, payload, headers, created_at, next_attempt_at, timer_id)
+    SELECT t.dest, t.payload,
+           coalesce(t.headers, '{{}}'::jsonb) || jsonb_build_object(
+               'replayed_from', t.id,
+               'replay_count',
+               CASE WHEN jsonb_typeof(t.headers -> 'replay_count') = 'number'
+                    THEN (t.headers ->> 'replay_count')::numeric + 1 ELSE 1 END),
+           t.created_at,
+           now() + make_interval(secs => %(delay)s::float8),
+           CASE WHEN t.nth = 1 AND NOT EXISTS (
+                    SELECT 1 FROM {outbox} AS o WHERE o.queue = t.dest AND o.timer_id = t.timer_id)
+                THEN t.timer_id END
+    FROM target AS t
+    ORDER BY t.id
+    RETURNING queue, next_attempt_at
+), wake AS (
+    SELECT pg_notify(%(channel)s, w.queue)
+    FROM (SELECT DISTINCT queue FROM ins WHERE next_attempt_at <= now()) AS w
+)
+SELECT (SELECT max(id) FROM moved), (SELECT count(*) FROM ins)::bigint,
+       (SELECT count(*) FROM wake)::bigint
+
+-- name: admin_dlq_purge
+-- One batch of a purge, keyset on id like the replay.
+WITH picked AS (
+    SELECT d.id FROM {dlq} AS d
+    WHERE d.id > %(after)s AND d.id <= %(upto)s AND {match}
+    ORDER BY d.id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {dlq} AS d USING picked WHERE d.id = picked.id RETURNING d.id
+)
+SELECT max(id), count(*)::bigint FROM gone
+
+-- name: outbox_queues
+-- The queues with rows in the outbox, read as a loose index scan: one index probe per queue on
+-- each partial index (pending, leased) instead of a scan of every row. The planner needs the
+-- partial indexes' predicates spelled out to use them.
+WITH RECURSIVE pending AS (
+    (SELECT queue FROM {outbox} WHERE acquired_token IS NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.queue FROM {outbox} AS o
+            WHERE o.acquired_token IS NULL AND o.queue > p.queue ORDER BY o.queue LIMIT 1)
+    FROM pending AS p WHERE p.queue IS NOT NULL
+), leased AS (
+    (SELECT queue FROM {outbox} WHERE acquired_token IS NOT NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.queue FROM {outbox} AS o
+            WHERE o.acquired_token IS NOT NULL AND o.queue > l.queue ORDER BY o.queue LIMIT 1)
+    FROM leased AS l WHERE l.queue IS NOT NULL
+)
+SELECT queue::text FROM pending WHERE queue IS NOT NULL
+UNION
+SELECT queue::text FROM leased WHERE queue IS NOT NULL
+
+-- name: dlq_queues
+-- The queues with DLQ rows: a loose index scan of the (queue, failed_at) index.
+WITH RECURSIVE q AS (
+    (SELECT queue FROM {dlq} ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.queue FROM {dlq} AS d WHERE d.queue > q.queue ORDER BY d.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue::text FROM q WHERE queue IS NOT NULL
+
+-- name: admin_count
+-- At most `cap` matching rows of one queue counted: what an index range scan reads in
+-- milliseconds. A count that reaches the cap is replaced by the planner's estimate (the same
+-- statement under EXPLAIN), so `stats` stays fast on a table of millions of rows. The table is
+-- the outbox or the DLQ, the condition one of the admin_is_* blocks.
+SELECT count(*)::bigint FROM (
+    SELECT 1 FROM {table} WHERE queue = %(queue)s AND {condition} LIMIT %(cap)s
+) AS capped
+
+-- name: admin_explain
+-- The planner's view of a statement: its estimated rows and cost, without running it.
+EXPLAIN (FORMAT JSON) {statement}
+
+-- name: admin_is_ready
+-- Due rows nobody holds: a range of the pending index.
+acquired_token IS NULL AND next_attempt_at <= now()
+
+-- name: admin_is_scheduled
+-- Rows due later (delayed publishes and retries waiting for their time): the pending index.
+acquired_token IS NULL AND next_attempt_at > now()
+
+-- name: admin_is_leased
+-- Claimed rows, in flight: the lease index.
+acquired_token IS NOT NULL
+
+-- name: admin_is_expired
+-- Leases past their expiry (database clock): a range of the lease index. The next claim takes
+-- them over.
+acquired_token IS NOT NULL AND lease_expires_at < now()
+
+-- name: admin_is_retrying
+-- Rows whose handler already failed at least once. No index covers attempts_count, so this
+-- one is estimated on a large queue.
+attempts_count > 0
+
+-- name: admin_is_dead
+-- DLQ rows of one reason that failed within the window (NULL: ever); only ever EXPLAINed, for
+-- the estimate when admin_dlq_newest could not read every row of the window.
+failure_reason = %(reason)s
+AND (%(window)s::float8 IS NULL OR failed_at >= now() - make_interval(secs => %(window)s::float8))
+
+-- name: admin_dlq_newest
+-- The newest `cap` DLQ rows of one queue (a backward range of the (queue, failed_at) index),
+-- counted by reason for the last hour, the last day and all of them. With `oldest` (seconds
+-- since the oldest row read failed) the caller knows which windows the rows read cover.
+SELECT failure_reason::text,
+       count(*) FILTER (WHERE failed_at >= now() - interval '1 hour')::bigint,
+       count(*) FILTER (WHERE failed_at >= now() - interval '1 day')::bigint,
+       count(*)::bigint,
+       extract(epoch FROM now() - min(min(failed_at)) OVER ())::float8
+FROM (
+    SELECT failure_reason, failed_at FROM {dlq}
+    WHERE queue = %(queue)s
+    ORDER BY failed_at DESC
+    LIMIT %(cap)s
+) AS newest
+GROUP BY failure_reason
+ORDER BY failure_reason
+
+-- name: admin_oldest_ready
+-- Seconds since the oldest ready row of one queue became due (0 when none): the first entry of
+-- the pending index's range.
+SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8
+FROM {outbox}
+WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
+
+-- name: dlq_expire_queue
+-- DLQ retention, one batch of one queue: the oldest rows past the retention, found on the
+-- (queue, failed_at) index so a pass costs the rows it deletes, not the size of the DLQ.
+-- SKIP LOCKED: an operator's replay or purge holding a row is not waited for.
+WITH old AS (
+    SELECT id FROM {dlq}
+    WHERE queue = %(queue)s AND failed_at < now() - make_interval(secs => %(age)s::float8)
+    ORDER BY failed_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {dlq} AS d USING old WHERE d.id = old.id RETURNING d.id
+)
+SELECT count(*)::bigint FROM gone
+
+-- name: admin_server
+-- The server-wide settings `doctor` looks at. pg_notification_queue_usage() is the share of
+-- the NOTIFY queue in use: a LISTENing session that stops reading holds it, and a full queue
+-- makes every NOTIFY, so every publish, fail.
+SELECT current_setting('server_version_num')::int, current_setting('server_version'),
+       current_user::text, current_database()::text,
+       current_setting('track_counts')::bool, current_setting('autovacuum')::bool,
+       pg_notification_queue_usage()::float8
+
+-- name: admin_table_health
+-- Size, live and dead row versions (from the statistics, so zero with track_counts off),
+-- seconds since the last VACUUM of any kind, and whether autovacuum is off for this table
+-- alone. No row: no such table.
+SELECT pg_total_relation_size(c.oid)::bigint,
+       coalesce(s.n_live_tup, 0)::bigint,
+       coalesce(s.n_dead_tup, 0)::bigint,
+       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8,
+       coalesce(c.reloptions, '{{}}'::text[]) @> ARRAY['autovacuum_enabled=false']
+FROM pg_class AS c
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(%(table)s)
+
+-- name: admin_xmin_holder
+-- Who holds back the xmin horizon of this database, oldest first: a session's open snapshot
+-- (a long or idle-in-transaction transaction), a prepared transaction, or a replication slot.
+-- VACUUM cannot remove row versions deleted after that point: on an outbox, which deletes every
+-- row it delivers, dead rows pile up for as long as it is held. Seconds are NULL for a slot.
+SELECT kind, who, seconds, xid_age
+FROM (
+    SELECT 'session' AS kind,
+           'pid ' || pid || ' (' || coalesce(usename::text, '-') || ', '
+               || coalesce(nullif(application_name, ''), '-') || ', '
+               || coalesce(state, '-') || ')' AS who,
+           extract(epoch FROM now() - coalesce(xact_start, query_start))::float8 AS seconds,
+           age(backend_xmin)::bigint AS xid_age
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+    UNION ALL
+    SELECT 'prepared transaction', gid || ' (owner ' || owner || ')',
+           extract(epoch FROM now() - prepared)::float8, age(transaction)::bigint
+    FROM pg_prepared_xacts
+    WHERE database = current_database()
+    UNION ALL
+    SELECT 'replication slot', slot_name::text, NULL,
+           greatest(age(xmin), age(catalog_xmin))::bigint
+    FROM pg_replication_slots
+    WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+) AS holders
+ORDER BY xid_age DESC
+LIMIT 1
