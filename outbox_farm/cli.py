@@ -563,5 +563,10 @@ def tempfile_dir() -> Iterator[Any]:
         yield Path(folder)
 
 
+from .ops_cli import register as register_operator_commands  # noqa: E402
+
+register_operator_commands(main)
+
+
 if __name__ == "__main__":
     main()
