@@ -1,0 +1,84 @@
+"""DLQ retention: `start --dlq-retention 30d` deletes DLQ rows older than that, a little at a time.
+
+Seed 000 leaves retention to the operator ("a plain DELETE ... from a daily cron"); a farm that
+already runs a housekeeping worker can do it without the cron. One process of the farm runs this
+loop. Each pass walks the DLQ's queues (a loose scan of the (queue, failed_at) index) and
+deletes each queue's rows past the retention in batches of BATCH, each batch its own short
+transaction found on that index: a pass costs the rows it deletes, never a scan of the table,
+and never holds locks long enough to stall the farm's DLQ moves. Ages are on the database clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from functools import cache
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from .queries import Queries
+
+log = logging.getLogger("outbox_farm.retention")
+
+BATCH = 500
+
+
+@cache
+def purged_counter() -> Any:
+    """outbox_farm_dlq_purged_total{queue}, created on first use (see metrics.py: the farm sets
+    PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client)."""
+    from prometheus_client import Counter
+
+    return Counter(
+        "outbox_farm_dlq_purged",
+        "DLQ rows deleted by the farm's retention (--dlq-retention).",
+        ["queue"],
+    )
+
+
+async def expire_once(
+    pool: AsyncConnectionPool[Any], queries: Queries, retention: float, batch: int = BATCH
+) -> int:
+    """Delete every DLQ row that failed more than `retention` seconds ago; how many."""
+    total = 0
+    async with pool.connection() as conn:
+        queues = [row[0] for row in await (await conn.execute(queries["dlq_queues"])).fetchall()]
+    for queue in queues:
+        while True:
+            async with pool.connection() as conn:
+                cursor = await conn.execute(
+                    queries["dlq_expire_queue"], {"queue": queue, "age": retention, "batch": batch}
+                )
+                row = await cursor.fetchone()
+            deleted = int(row[0]) if row else 0
+            if deleted:
+                purged_counter().labels(queue).inc(deleted)
+                total += deleted
+            if deleted < batch:
+                break
+    return total
+
+
+async def run(
+    pool: AsyncConnectionPool[Any], queries: Queries, retention: float, interval: float = 60.0
+) -> None:
+    """Every `interval` seconds (jittered) until cancelled; a failed pass is logged and the
+    next one tries again."""
+    while True:
+        try:
+            deleted = await expire_once(pool, queries, retention)
+            if deleted:
+                log.info(
+                    "DLQ retention deleted %d row(s) older than %gs",
+                    deleted,
+                    retention,
+                    extra={"event": "dlq_purged", "rows": deleted},
+                )
+        except (psycopg.Error, OSError) as exc:
+            log.warning(
+                "DLQ retention failed: %s", str(exc).strip(), extra={"event": "dlq_purge_failed"}
+            )
+        await asyncio.sleep(interval * random.uniform(0.9, 1.1))
