@@ -1,0 +1,164 @@
+"""`stats` numbers on a real database: exact while small, estimated past the limit, and read
+from the farm's indexes (EXPLAIN), so they stay fast on a large table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox_farm.admin import Count, queue_stats
+from outbox_farm.admin.sql import AdminSql
+from outbox_farm.admin.stats import OUTBOX_COUNTS
+from outbox_farm.names import TableNames
+
+NAMES = TableNames.build("outbox", "outbox_dlq")
+Conn = psycopg.Connection[Any]
+
+ROWS = """
+INSERT INTO outbox (queue, payload, attempts_count, next_attempt_at, acquired_at, acquired_token,
+                    lease_expires_at)
+VALUES
+ ('q', 'ready', 0, now() - interval '90 seconds', NULL, NULL, NULL),
+ ('q', 'ready', 1, now() - interval '5 seconds', NULL, NULL, NULL),
+ ('q', 'ready', 0, now(), NULL, NULL, NULL),
+ ('q', 'later', 2, now() + interval '1 hour', NULL, NULL, NULL),
+ ('q', 'later', 0, now() + interval '1 minute', NULL, NULL, NULL),
+ ('q', 'leased', 0, now(), now(), gen_random_uuid(), now() + interval '1 minute'),
+ ('q', 'expired', 0, now(), now(), gen_random_uuid(), now() - interval '1 second'),
+ ('other', 'later', 0, now() + interval '1 hour', NULL, NULL, NULL)
+"""
+
+DEAD = """
+INSERT INTO outbox_dlq (original_id, queue, payload, deliveries_count, created_at, failed_at,
+                        failure_reason)
+VALUES (1, 'q', 'x', 1, now(), now() - interval '10 minutes', 'rejected'),
+       (2, 'q', 'x', 1, now(), now() - interval '5 hours', 'rejected'),
+       (3, 'q', 'x', 1, now(), now() - interval '3 days', 'rejected'),
+       (4, 'q', 'x', 1, now(), now() - interval '3 days', 'max_deliveries'),
+       (5, 'dlq_only', 'x', 1, now(), now(), 'retry_terminal')
+"""
+
+
+def exact(n: int) -> Count:
+    return Count(n, True)
+
+
+def test_counts_per_queue_are_exact_while_small(conn: Conn) -> None:
+    conn.execute(ROWS)
+    conn.execute(DEAD)
+    stats = {s.queue: s for s in queue_stats(conn, NAMES)}
+    assert sorted(stats) == ["dlq_only", "other", "q"]
+    q = stats["q"]
+    assert q.counts == {
+        "ready": exact(3),
+        "scheduled": exact(2),
+        "in_flight": exact(2),
+        "expired": exact(1),
+        "retrying": exact(2),
+    }
+    assert 90 <= q.oldest_ready_age < 120
+    by_reason = {d.reason: (d.last_hour, d.last_day, d.total) for d in q.dlq}
+    assert by_reason == {
+        "max_deliveries": (exact(0), exact(0), exact(1)),
+        "rejected": (exact(1), exact(2), exact(3)),
+    }
+    assert q.dlq_total("total") == exact(4)
+    assert stats["other"].oldest_ready_age == 0
+    assert stats["dlq_only"].counts["ready"] == exact(0)
+
+
+def test_one_queue(conn: Conn) -> None:
+    conn.execute(ROWS)
+    assert [s.queue for s in queue_stats(conn, NAMES, "other")] == ["other"]
+
+
+def test_past_the_limit_a_count_is_the_planners_estimate(conn: Conn) -> None:
+    conn.execute("INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1, 500)")
+    conn.execute(
+        "INSERT INTO outbox_dlq (original_id, queue, payload, deliveries_count, created_at, "
+        "failed_at, failure_reason) SELECT g, 'q', 'x', 1, now(), now() - interval '2 days', "
+        "'rejected' FROM generate_series(1, 300) AS g"
+    )
+    conn.execute("ANALYZE outbox")
+    conn.execute("ANALYZE outbox_dlq")
+    (q,) = queue_stats(conn, NAMES, exact_limit=100)
+    assert not q.counts["ready"].exact
+    assert 250 <= q.counts["ready"].value <= 1000
+    assert q.counts["scheduled"] == exact(0)
+    (dead,) = q.dlq
+    assert dead.total.exact is False
+    assert 150 <= dead.total.value <= 600
+
+
+def plan_nodes(plan: Any) -> list[dict[str, Any]]:
+    nodes, todo = [], [plan[0]["Plan"]]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        todo += node.get("Plans", [])
+    return nodes
+
+
+def explain(conn: Conn, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    sql = AdminSql(NAMES)
+    row = conn.execute(sql.render("admin_explain", statement=statement), params).fetchone()
+    assert row is not None
+    return plan_nodes(row[0])
+
+
+@pytest.fixture
+def big(conn: Conn) -> Conn:
+    """50,000 rows of a busy queue and a few of queue q, with statistics."""
+    conn.execute(
+        "INSERT INTO outbox (queue, payload) SELECT 'busy', 'x' FROM generate_series(1, 50000)"
+    )
+    conn.execute(ROWS)
+    conn.execute(
+        "INSERT INTO outbox_dlq (original_id, queue, payload, deliveries_count, created_at, "
+        "failure_reason) SELECT g, 'busy', 'x', 1, now(), 'rejected' "
+        "FROM generate_series(1, 20000) AS g"
+    )
+    conn.execute(DEAD)
+    conn.execute("VACUUM ANALYZE outbox")
+    conn.execute("VACUUM ANALYZE outbox_dlq")
+    return conn
+
+
+@pytest.mark.parametrize(
+    ("count", "index"),
+    [
+        ("ready", "outbox_pending_idx"),
+        ("scheduled", "outbox_pending_idx"),
+        ("in_flight", "outbox_lease_idx"),
+        ("expired", "outbox_lease_idx"),
+    ],
+)
+def test_counts_are_read_from_the_farms_indexes(big: Conn, count: str, index: str) -> None:
+    sql = AdminSql(NAMES)
+    statement = sql.render(
+        "admin_explain", statement="admin_count", table="outbox", condition=OUTBOX_COUNTS[count]
+    )
+    row = big.execute(statement, {"queue": "q", "cap": 10_001}).fetchone()
+    assert row is not None
+    nodes = plan_nodes(row[0])
+    assert index in {n.get("Index Name") for n in nodes}
+    assert "Seq Scan" not in {n["Node Type"] for n in nodes}
+
+
+@pytest.mark.parametrize(
+    ("statement", "params", "index"),
+    [
+        ("outbox_queues", {}, "outbox_pending_idx"),
+        ("dlq_queues", {}, "outbox_dlq_queue_failed_idx"),
+        ("admin_oldest_ready", {"queue": "q"}, "outbox_pending_idx"),
+        ("admin_dlq_newest", {"queue": "q", "cap": 10_001}, "outbox_dlq_queue_failed_idx"),
+    ],
+)
+def test_queue_listing_and_ages_never_scan_the_table(
+    big: Conn, statement: str, params: dict[str, Any], index: str
+) -> None:
+    nodes = explain(big, statement, params)
+    assert index in {n.get("Index Name") for n in nodes}
+    assert "Seq Scan" not in {n["Node Type"] for n in nodes}
