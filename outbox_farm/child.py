@@ -120,7 +120,7 @@ async def _main(
     # Immediate stop: no drain; claimed rows come back when their leases expire.
     loop.add_signal_handler(signal.SIGQUIT, os._exit, 0)
     if not housekeeper:
-        options = options | {"vacuum_interval": None}
+        options = options | {"vacuum_interval": None, "dlq_retention": None}
     runtime = Runtime(farm, dsn, gauges_interval=5.0 if housekeeper else None, **options)
     try:
         await runtime.start()

@@ -60,6 +60,18 @@ def _table_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """Option callback: `30d`, `12h`, `15m`, `45s` or plain seconds, as seconds."""
+    from .admin.durations import parse_duration
+
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except OutboxFarmError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 def _seconds_option(
     name: str, default: float, minimum: float, text: str
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -411,6 +423,16 @@ def _ready(
     "autovacuum. Needs table ownership or MAINTAIN.",
 )
 @click.option(
+    "--dlq-retention",
+    callback=duration,
+    envvar="OUTBOX_FARM_DLQ_RETENTION",
+    default=None,
+    metavar="DURATION",
+    help="Delete DLQ rows older than this (e.g. 30d, 12h), a few hundred at a time, from one "
+    "worker once a minute. Default: keep them until you purge them "
+    "(`outbox-farm dlq purge`). [env OUTBOX_FARM_DLQ_RETENTION]",
+)
+@click.option(
     "--metrics-bind",
     callback=_check_bind,
     metavar="HOST:PORT",
@@ -480,6 +502,7 @@ def start(
     heartbeat_timeout: float,
     poll_interval: float,
     vacuum_interval: float,
+    dlq_retention: float | None,
     metrics_bind: str,
     metrics_dir: str | None,
     run_migrate: bool | None,
@@ -540,6 +563,7 @@ def start(
                     "queues": selected,
                     "graceful_timeout": graceful_timeout,
                     "vacuum_interval": vacuum_interval,
+                    "dlq_retention": dlq_retention,
                 },
                 graceful_timeout=graceful_timeout,
                 heartbeat_timeout=heartbeat_timeout,

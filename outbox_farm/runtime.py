@@ -19,7 +19,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from . import gauges, vacuum
+from . import gauges, retention, vacuum
 from .completer import Completer
 from .dsn import probe, redact
 from .errors import ConfigurationError
@@ -56,9 +56,10 @@ class Runtime:
     `listen` (False: poll only), `gauges_interval` (refresh the database-derived gauges every
     so many seconds; one process of a farm does it), `vacuum_interval` (check every so many
     seconds whether the outbox table needs a VACUUM and run it; 0 or None: leave it to
-    autovacuum; see `vacuum`), `worker_id` (0 to 2**31-1, carried in every lease token this
-    runtime takes, so that a supervisor can free a dead worker's rows with
-    `leases.release_worker`).
+    autovacuum; see `vacuum`), `dlq_retention` (delete DLQ rows older than so many seconds,
+    once a minute, one process of a farm; see `retention`), `worker_id` (0 to 2**31-1,
+    carried in every lease token this runtime takes, so that a supervisor can free a dead
+    worker's rows with `leases.release_worker`).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class Runtime:
         listen: bool = True,
         gauges_interval: float | None = None,
         vacuum_interval: float | None = 10.0,
+        dlq_retention: float | None = None,
         worker_id: int | None = None,
     ) -> None:
         if not farm.handlers:
@@ -91,6 +93,7 @@ class Runtime:
         self.listen = listen
         self.gauges_interval = gauges_interval
         self.vacuum_interval = vacuum_interval
+        self.dlq_retention = dlq_retention if self.farm.names.dlq is not None else None
         self.worker_id = None if worker_id is None else check_worker_id(worker_id)
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
@@ -107,7 +110,7 @@ class Runtime:
     async def start(self) -> None:
         await probe(self.dsn)
         stack = self._stack
-        chores = bool(self.gauges_interval) + bool(self.vacuum_interval)
+        chores = bool(self.gauges_interval) + bool(self.vacuum_interval) + bool(self.dlq_retention)
         # Closed last: everything below writes through it. No check on checkout (it would cost a
         # round trip per statement): every user of the pool retries on a broken connection,
         # and the pool discards connections that come back broken.
@@ -140,6 +143,11 @@ class Runtime:
         if self.vacuum_interval:
             task = asyncio.create_task(
                 vacuum.run(self.pool, self.farm.queries, self.vacuum_interval)
+            )
+            stack.push_async_callback(_cancel, task)
+        if self.dlq_retention:
+            task = asyncio.create_task(
+                retention.run(self.pool, self.farm.queries, self.dlq_retention)
             )
             stack.push_async_callback(_cancel, task)
 
