@@ -221,9 +221,12 @@ def farm_process(
     procs: int = 2,
     app: str = "farmapp:farm",
     graceful: float = GRACEFUL,
+    metrics_bind: str | None = None,
     **app_env: str,
 ) -> Iterator[RunningFarm]:
-    """Start `outbox-farm start` in a new session; always kill its whole process group after."""
+    """Start `outbox-farm start` in a new session; always kill its whole process group after.
+
+    /metrics is on a free port of loopback unless `metrics_bind` says otherwise."""
     port = free_port()
     log_path = tmp_path / f"{name}.log"
     command = [
@@ -235,7 +238,7 @@ def farm_process(
         "--dsn",
         dsn,
         "--metrics-bind",
-        f"127.0.0.1:{port}",
+        metrics_bind or f"127.0.0.1:{port}",
         "--metrics-dir",
         str(tmp_path / f"{name}-metrics"),
         "--graceful-timeout",

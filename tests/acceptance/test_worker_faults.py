@@ -19,7 +19,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import threading
 import time
 import urllib.request
@@ -30,8 +29,6 @@ import psycopg
 import pytest
 
 from tests.acceptance.test_farm import (
-    CLI,
-    clean_env,
     farm_process,
     ledger_stats,
     scalar,
@@ -323,40 +320,18 @@ def test_healthz_is_503_with_the_reason_while_a_permanent_error_lasts(
 
 
 def test_metrics_bind_port_zero_logs_the_port_actually_bound(fault_dir: Path, dsn: str) -> None:
-    log_path = fault_dir / "zero.log"
-    command = [
-        str(CLI),
-        "start",
-        "faultapp:farm",
-        "--procs",
-        "1",
-        "--dsn",
-        dsn,
-        "--metrics-bind",
-        "127.0.0.1:0",
-        "--metrics-dir",
-        str(fault_dir / "zero-metrics"),
-    ]
-    env = clean_env(FARMAPP_DSN=dsn, TMPDIR=str(fault_dir))
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command,
-            cwd=fault_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
+    with farm_process(
+        fault_dir, dsn, app="faultapp:farm", procs=1, metrics_bind="127.0.0.1:0"
+    ) as farm:
         found = wait_for(
-            lambda: re.search(r"metrics on 127\.0\.0\.1:(\d+)", log_path.read_text()),
+            lambda: re.search(r"metrics on 127\.0\.0\.1:(\d+)", farm.log()),
             30,
             "the bound port in the log",
+            farm,
         )
         port = int(found.group(1))
         assert port != 0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             assert reply.status == 200
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        code, _ = farm.stop()
+    assert code == 0, farm.log_tail()
