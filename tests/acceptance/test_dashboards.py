@@ -1,0 +1,212 @@
+"""The shipped Grafana dashboard and Prometheus alert rules: valid, tested with promtool, and
+naming only metrics a real farm exports.
+
+The rule tests need promtool (Debian/Ubuntu: `apt-get install -y --no-install-recommends
+prometheus`); without it they are skipped, saying so. The metric test runs a farm that acks,
+retries, dead-letters, fails a DLQ write, loses a lease and loses a worker, so every counter the
+files name has been written at least once, and then reads its /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.acceptance.test_farm import farm_process, wait_for
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+RULES = DEPLOY / "prometheus" / "outbox-farm-alerts.yml"
+RULE_TESTS = DEPLOY / "prometheus" / "outbox-farm-alerts.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "outbox-farm.json"
+METRIC = re.compile(r"\boutbox_farm_[a-z_]+\b")
+# Named by the files, exported once the farm wires them in (see the operator-tools change
+# notes): the retention loop's counter, and the DLQ gauge's `reason` label.
+PENDING = {"outbox_farm_dlq_purged_total"}
+PENDING_LABELS = {("outbox_farm_dlq_rows", "reason")}
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool is not installed (apt-get install -y --no-install-recommends prometheus)",
+)
+
+DASHAPP = '''\
+"""Every outcome a dashboard shows, on its own queue."""
+import asyncio
+
+from outbox_farm import ConstantBackoff, Farm, Message, NoRetry
+
+farm = Farm(table="outbox", dlq_table="outbox_dlq")
+
+
+@farm.handler("ok")
+async def ok(msg: Message) -> None:
+    pass
+
+
+@farm.handler("flaky", retry=ConstantBackoff(0.1))
+async def flaky(msg: Message) -> None:
+    if msg.attempts_count == 0:
+        raise RuntimeError("first attempt fails")
+
+
+@farm.handler("bad", retry=NoRetry())
+async def bad(msg: Message) -> None:
+    raise ValueError("always fails")
+
+
+@farm.handler("broken", retry=NoRetry())
+async def broken(msg: Message) -> None:
+    raise ValueError("fails, and the DLQ refuses it")
+
+
+@farm.handler("slow")
+async def slow(msg: Message) -> None:
+    await asyncio.sleep(3)
+'''
+
+REFUSE_BROKEN = """
+CREATE FUNCTION refuse_broken() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.queue = 'broken' THEN RAISE EXCEPTION 'DLQ refuses queue broken'; END IF;
+RETURN NEW; END $$;
+CREATE TRIGGER refuse_broken BEFORE INSERT ON outbox_dlq FOR EACH ROW
+EXECUTE FUNCTION refuse_broken();
+"""
+
+
+def named_metrics() -> set[str]:
+    """Every outbox_farm_* name in the alert rules and the dashboard's queries."""
+    texts = [RULES.read_text()]
+    dashboard = json.loads(DASHBOARD.read_text())
+    texts += [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    return {name for text in texts for name in METRIC.findall(text)}
+
+
+@needs_promtool
+def test_the_alert_rules_are_valid() -> None:
+    assert PROMTOOL is not None
+    result = subprocess.run(
+        [PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 7 rules found" in result.stdout
+
+
+@needs_promtool
+def test_the_alert_rules_fire_when_they_should_and_only_then() -> None:
+    assert PROMTOOL is not None
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", RULE_TESTS.name],
+        cwd=RULE_TESTS.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_the_issue_asks_for_is_there() -> None:
+    alerts = set(re.findall(r"- alert: (\w+)", RULES.read_text()))
+    assert alerts == {
+        "OutboxFarmDown",
+        "OutboxBacklogGrowing",
+        "OutboxOldestReadyTooOld",
+        "OutboxTerminalRateSpike",
+        "OutboxDlqWriteFailed",
+        "OutboxLeaseLostSustained",
+        "OutboxWorkersRestarting",
+    }
+    tested = set(re.findall(r"alertname: (\w+)", RULE_TESTS.read_text()))
+    assert tested == alerts
+
+
+def test_the_dashboard_has_the_two_views_and_well_formed_panels() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert [r.split(":")[0] for r in rows] == ["Outbox reliability", "Processing"]
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    for panel in panels:
+        assert panel["description"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["targets"]
+        assert all(t["expr"] and t["refId"] for t in panel["targets"])
+    titles = {p["title"] for p in panels}
+    for needed in (
+        "Backlog",
+        "Delivery latency p99",
+        "Retries and exhaustion",
+        "DLQ routing",
+        "Consumption rate",
+        "Failure ratio",
+        "DLQ volume",
+    ):
+        assert needed in titles
+
+
+def scrape(farm: Any) -> dict[str, set[frozenset[str]]]:
+    """Sample name -> the label-name sets it is exported with."""
+    found: dict[str, set[frozenset[str]]] = {}
+    for sample in farm.samples():
+        found.setdefault(sample.name, set()).add(frozenset(sample.labels))
+    return found
+
+
+@pytest.fixture
+def farm_metrics(tmp_path: Path, dsn: str, conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """/metrics of a farm that went through every outcome."""
+    (tmp_path / "dashapp.py").write_text(DASHAPP)
+    conn.execute(REFUSE_BROKEN)
+    wanted = named_metrics() - PENDING
+    with farm_process(tmp_path, dsn, app="dashapp:farm", procs=2) as farm:
+        wait_for(lambda: farm.healthy(2), 30, "a healthy farm", farm)
+        for queue in ("ok", "flaky", "bad", "broken", "slow"):
+            conn.execute(
+                "INSERT INTO outbox (queue, payload) SELECT %s, 'x' FROM generate_series(1, 3)",
+                [queue],
+            )
+        taken = wait_for(
+            lambda: conn.execute(
+                "UPDATE outbox SET acquired_token = gen_random_uuid() "
+                "WHERE queue = 'slow' AND acquired_token IS NOT NULL RETURNING id"
+            ).fetchall(),
+            20,
+            "a leased row of queue slow",
+            farm,
+        )
+        assert taken
+        victim = sorted(farm.children())[0]
+        os.kill(victim, signal.SIGKILL)
+        return wait_for(
+            lambda: (found := scrape(farm)) and wanted <= set(found) and found,
+            60,
+            f"every metric the dashboards name: {sorted(wanted)}",
+            farm,
+        )
+
+
+@pytest.mark.slow
+def test_every_metric_the_files_name_is_exported_by_a_farm(farm_metrics: dict[str, Any]) -> None:
+    missing = named_metrics() - PENDING - set(farm_metrics)
+    assert missing == set()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="exported once the farm wires in DLQ retention and the per-reason DLQ gauge",
+    strict=False,
+)
+def test_the_pending_metrics_are_exported(farm_metrics: dict[str, Any]) -> None:
+    assert set(farm_metrics) >= PENDING
+    for name, label in PENDING_LABELS:
+        assert any(label in labels for labels in farm_metrics[name])
