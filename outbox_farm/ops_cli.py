@@ -135,7 +135,8 @@ def _render(frame: dict[str, Any]) -> str:
     farm = frame["farm"]
     if "error" in farm:
         out += ["", f"farm rates: {farm['error']}"]
-    out += ["", "~ = the planner's estimate (too many rows to count one by one quickly)"]
+    if any("~" in line for line in out):
+        out += ["", "~ = the planner's estimate (too many rows to count one by one quickly)"]
     return "\n".join(out)
 
 

@@ -90,7 +90,7 @@ def test_stats_watch_redraws_until_ctrl_c(dsn: str, tmp_path: Path) -> None:
             env=env,
         )
         try:
-            wait_for(lambda: output.read_text().count("~ = the planner") >= 3, 20, "3 frames")
+            wait_for(lambda: output.read_text().count("oldest ready") >= 3, 20, "3 frames")
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=10) == 0
         finally:
