@@ -79,7 +79,8 @@ def test_stats_says_when_the_farm_is_not_reachable(dsn: str) -> None:
     assert "cannot read the farm's metrics at http://127.0.0.1:1/metrics" in data["farm"]["error"]
 
 
-def test_stats_watch_redraws_until_ctrl_c(dsn: str, tmp_path: Path) -> None:
+def test_stats_watch_redraws_until_ctrl_c(dsn: str, conn: Conn, tmp_path: Path) -> None:
+    conn.execute("INSERT INTO outbox (queue, payload) VALUES ('orders', 'x')")
     output = tmp_path / "watch.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
     with output.open("w") as sink:
@@ -96,6 +97,7 @@ def test_stats_watch_redraws_until_ctrl_c(dsn: str, tmp_path: Path) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
+                proc.wait(timeout=10)
     assert "Traceback" not in output.read_text()
 
 
@@ -246,6 +248,7 @@ def test_a_replay_killed_in_the_middle_loses_and_repeats_nothing(dsn: str, conn:
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(timeout=10)
     moved, left = counts(conn)
     assert 0 < moved < total, "the kill came after the end: nothing was tested"
     assert moved + left == total
