@@ -15,6 +15,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from .metrics import metrics
+from .outcome import Reason
 from .problems import Problems
 from .queries import Queries
 
@@ -34,9 +35,11 @@ def _set_outbox(queues: list[str], rows: list[Any]) -> None:
 
 
 def _set_dlq(queues: list[str], rows: list[Any]) -> None:
+    """Every reason of every queue is set, 0 when it has no rows, so a purged DLQ reads 0."""
     m = metrics()
-    for queue, count in (dict.fromkeys(queues, 0) | dict(rows)).items():
-        m.dlq_rows.labels(queue).set(count)
+    counts = {(q, r.value): 0 for q in queues for r in Reason} | {(q, r): n for q, r, n in rows}
+    for (queue, reason), count in counts.items():
+        m.dlq_rows.labels(queue, reason).set(count)
 
 
 async def refresh(

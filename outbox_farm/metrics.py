@@ -126,7 +126,9 @@ def metrics() -> Metrics:
             "mostrecent",
             "queue",
         ),
-        dlq_rows=gauge("dlq_rows", "Rows in the DLQ table.", "mostrecent", "queue"),
+        dlq_rows=gauge(
+            "dlq_rows", "Rows in the DLQ table, by failure reason.", "mostrecent", "queue", "reason"
+        ),
         vacuum_seconds=histogram(
             "vacuum_seconds", "VACUUMs of the outbox table run by the farm.", (), LATENCY_BUCKETS
         ),

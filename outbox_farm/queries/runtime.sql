@@ -123,8 +123,8 @@ FROM {outbox}
 GROUP BY queue
 
 -- name: dlq_gauges
--- DLQ rows per queue.
-SELECT queue, count(*)::bigint FROM {dlq} GROUP BY queue
+-- DLQ rows per queue and failure reason (the dashboards split DLQ volume by reason).
+SELECT queue, failure_reason, count(*)::bigint FROM {dlq} GROUP BY queue, failure_reason
 
 -- name: vacuum_state
 -- Whether this role may vacuum the outbox table (owner, or MAINTAIN from PostgreSQL 17 on;

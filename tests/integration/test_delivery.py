@@ -1191,8 +1191,8 @@ def test_unhashable_queue_name_is_a_configuration_error() -> None:
 # -- counters and health that tell the truth ------------------------------------------------
 
 
-def _gauge(name: str, queue: str) -> float | None:
-    return REGISTRY.get_sample_value(f"outbox_farm_{name}", {"queue": queue})
+def _gauge(name: str, queue: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(f"outbox_farm_{name}", {"queue": queue, **labels})
 
 
 def test_each_gauge_refreshes_on_its_own_so_a_missing_dlq_does_not_freeze_the_backlog(
@@ -1213,7 +1213,7 @@ def test_each_gauge_refreshes_on_its_own_so_a_missing_dlq_does_not_freeze_the_ba
     for n in range(3):
         publish(farm, conn, n, queue=q)
     refresh()
-    assert (_gauge("backlog", q), _gauge("dlq_rows", q)) == (3, 0)
+    assert (_gauge("backlog", q), _gauge("dlq_rows", q, reason="rejected")) == (3, 0)
     assert problems.current is None
 
     conn.execute("DROP TABLE outbox_dlq")
@@ -1221,7 +1221,7 @@ def test_each_gauge_refreshes_on_its_own_so_a_missing_dlq_does_not_freeze_the_ba
         publish(farm, conn, n, queue=q)
     refresh()
     assert _gauge("backlog", q) == 5  # still follows the table
-    assert _gauge("dlq_rows", q) == 0  # unknown: left as it was
+    assert _gauge("dlq_rows", q, reason="rejected") == 0  # unknown: left as it was
     assert problems.current is not None
     assert problems.current.startswith("DLQ gauges: ")
     assert "outbox_dlq" in problems.current
