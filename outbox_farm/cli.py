@@ -20,6 +20,7 @@ from .dsn import check_dsn, redact
 from .errors import ConfigurationError, OutboxFarmError
 from .exposition import parse_bind
 from .names import TableNames
+from .ops_cli import duration
 
 EPILOG = "Every option can also be set from the environment variable shown in its help."
 
@@ -58,18 +59,6 @@ def _table_options(func: Callable[..., Any]) -> Callable[..., Any]:
         help="Outbox table name, optionally schema.table. [env OUTBOX_FARM_TABLE]",
     )(func)
     return func
-
-
-def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """Option callback: `30d`, `12h`, `15m`, `45s` or plain seconds, as seconds."""
-    from .admin.durations import parse_duration
-
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except OutboxFarmError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def _seconds_option(

@@ -60,6 +60,33 @@ def _filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def _bulk_options(verb: str, past: str, moved: str) -> Callable[..., Any]:
+    """--batch, --dry-run and --yes, worded for replay or purge."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(
+            [
+                click.option(
+                    "--batch",
+                    type=click.IntRange(1, 100_000),
+                    default=DEFAULT_BATCH,
+                    show_default=True,
+                    help=f"Rows {moved} per transaction.",
+                ),
+                click.option(
+                    "--dry-run", is_flag=True, help=f"Say what would be {past}; change nothing."
+                ),
+                click.option(
+                    "--yes", "-y", is_flag=True, help=f"Do not ask before {verb} several rows."
+                ),
+            ]
+        ):
+            func = option(func)
+        return func
+
+    return decorate
+
+
 def _where(ids: tuple[int, ...], **given: Any) -> DlqFilter:
     return DlqFilter(ids=ids or None, **given)
 
@@ -233,15 +260,7 @@ def add_dlq(main: click.Group) -> None:
         help="Make the rows due this long from now (45s, 15m), to spread a big "
         "replay or wait for a deploy.  [default: now]",
     )
-    @click.option(
-        "--batch",
-        type=click.IntRange(1, 100_000),
-        default=DEFAULT_BATCH,
-        show_default=True,
-        help="Rows moved per transaction.",
-    )
-    @click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
-    @click.option("--yes", "-y", is_flag=True, help="Do not ask before replaying several rows.")
+    @_bulk_options("replaying", "replayed", "moved")
     @json_option
     def replay(
         dsn: str | None,
@@ -310,15 +329,7 @@ def add_dlq(main: click.Group) -> None:
         help="Only rows that failed longer ago than this (90d, 12h), by the database clock.",
     )
     @click.option("--all", "every", is_flag=True, help="Purge every row of the DLQ.")
-    @click.option(
-        "--batch",
-        type=click.IntRange(1, 100_000),
-        default=DEFAULT_BATCH,
-        show_default=True,
-        help="Rows deleted per transaction.",
-    )
-    @click.option("--dry-run", is_flag=True, help="Say what would be purged; change nothing.")
-    @click.option("--yes", "-y", is_flag=True, help="Do not ask before purging several rows.")
+    @_bulk_options("purging", "purged", "deleted")
     @json_option
     def purge(
         dsn: str | None,
