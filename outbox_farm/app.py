@@ -92,7 +92,9 @@ class AppLoader:
         self.modules = frozenset(
             name
             for name in set(sys.modules) - before
-            if name == top or name.startswith(top + ".") or not _is_library(sys.modules[name])
+            if name == top
+            or name.startswith(top + ".")
+            or not (_is_library(sys.modules[name]) or name.partition(".")[0] == __package__)
         )
         return farm
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,11 +212,13 @@ class Completer:
         try:
             await self._write(batch)
         finally:
-            ledgers = self.ledgers
+            written: dict[str, list[tuple[int, uuid.UUID]]] = defaultdict(list)
             for outcome in batch:
-                ledger = ledgers.get(outcome.queue)
+                written[outcome.queue].append((outcome.row_id, outcome.token))
+            for queue, leases in written.items():
+                ledger = self.ledgers.get(queue)
                 if ledger is not None:
-                    ledger.settle(outcome.row_id, outcome.token)
+                    ledger.settle_all(leases)
 
     async def _write(self, batch: list[Outcome]) -> None:
         started = time.perf_counter()

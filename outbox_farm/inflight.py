@@ -130,8 +130,17 @@ class Ledger:
     # -- completer -----------------------------------------------------------------------
 
     def settle(self, row_id: int, token: uuid.UUID) -> None:
-        lease = self.rows.get(row_id)
-        if lease is not None and lease.token == token:
-            del self.rows[row_id]
-            self._gauge.dec()
+        self.settle_all([(row_id, token)])
+
+    def settle_all(self, leases: Iterable[tuple[int, uuid.UUID]]) -> None:
+        """Free the slots of rows whose outcomes are written. The gauge moves once per call:
+        with the multiprocess registry each move is a locked write to a shared file."""
+        rows = self.rows
+        before = len(rows)
+        for row_id, token in leases:
+            lease = rows.get(row_id)
+            if lease is not None and lease.token == token:
+                del rows[row_id]
+        if len(rows) < before:
+            self._gauge.dec(before - len(rows))
             self.slots.set()
