@@ -184,6 +184,8 @@ def drain_section(
         "rows": rows,
         "rate_msg_s": run["rate"],
         "seconds": run["seconds"],
+        "worker_cpu_us_per_message": round(run["worker_cpu_us_per_message"], 1),
+        "machine_cpu_us_per_message": round(run["machine_cpu_us_per_message"], 1),
         "statements": statements,
         "statements_per_message": statements / rows,
         "wal_bytes": int(wal),
@@ -289,6 +291,14 @@ def standard_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{d['rate_msg_s']:,.0f} msg/s",
                 f">= {target:,.0f}" if target else "-",
                 verdict(None if target is None else d["rate_msg_s"] >= target),
+            )
+        )
+        rows.append(
+            (
+                "  CPU µs / message: workers / whole machine (database included)",
+                f"{d['worker_cpu_us_per_message']:.1f} / {d['machine_cpu_us_per_message']:.1f}",
+                "-",
+                "",
             )
         )
         rows.append(

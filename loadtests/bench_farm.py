@@ -121,6 +121,24 @@ def drain(dsn: str, procs: int, rows: int, appdir: Path) -> float:
     return drain_run(dsn, procs, rows, appdir)["rate"]
 
 
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User + system CPU time the processes used so far (0 for one that is gone)."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _machine_busy() -> float:
+    """CPU seconds every core of this machine spent busy (database included)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
 def drain_run(
     dsn: str,
     procs: int,
@@ -131,8 +149,11 @@ def drain_run(
     """Pre-load, start the farm, time the drain, stop it (waits for the arbiter to exit).
 
     `on_loaded` runs after the pre-load, before the farm starts (to take "before" readings).
-    Returns rate (msg/s), seconds, rows counted at the start, and `polls`: the count(*)
-    statements this function ran against the bench database.
+    Returns rate (msg/s), seconds, rows counted at the start, `polls` (the count(*)
+    statements this function ran against the bench database), and the CPU time per message
+    of the workers and of the whole machine during the drain: on a box whose cores the farm
+    and the database saturate, these move far less from run to run than msg/s does, so they
+    are what a before/after comparison should read.
     """
     preload(dsn, rows)
     if on_loaded is not None:
@@ -147,12 +168,16 @@ def drain_run(
                     raise SystemExit(f"farm did not start; see {appdir}/drain-{procs}.log")
                 time.sleep(0.005)
             began, left_at_start = time.perf_counter(), count(conn)
+            workers = psutil.Process(proc.pid).children()
+            cpu_before, busy_before = _cpu_seconds(workers), _machine_busy()
             polls += 1
             while (polls := polls + 1) and (left := count(conn)) > 0:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"drain did not finish: {left} rows left")
                 time.sleep(0.02)
             elapsed = time.perf_counter() - began
+            worker_cpu = _cpu_seconds(workers) - cpu_before
+            machine_cpu = _machine_busy() - busy_before
     finally:
         stop_farm(proc)
     return {
@@ -160,6 +185,8 @@ def drain_run(
         "seconds": elapsed,
         "rows_at_start": left_at_start,
         "polls": polls,
+        "worker_cpu_us_per_message": worker_cpu * 1e6 / left_at_start,
+        "machine_cpu_us_per_message": machine_cpu * 1e6 / left_at_start,
     }
 
 
