@@ -152,6 +152,23 @@ class Check:
         return "\n".join([text, *(f"         - {d}" for d in self.details)])
 
 
+# The per-queue columns that add up to the TOTAL row.
+SUMMED = (
+    "published",
+    "runs",
+    "succeeded",
+    "duplicates",
+    "claimed",
+    "acked",
+    "retried",
+    "lease_lost",
+    "unconfirmed",
+    "terminal",
+    "dlq_written",
+    "write_failed",
+)
+
+
 @dataclass
 class QueueRow:
     queue: str
@@ -207,16 +224,7 @@ class Report:
         total = QueueRow("TOTAL")
         for q in [*self.queues, total]:
             if q is not total:
-                for name in ("published", "runs", "succeeded", "duplicates", "claimed", "acked"):
-                    setattr(total, name, getattr(total, name) + getattr(q, name))
-                for name in (
-                    "retried",
-                    "lease_lost",
-                    "unconfirmed",
-                    "terminal",
-                    "dlq_written",
-                    "write_failed",
-                ):
+                for name in SUMMED:
                     setattr(total, name, getattr(total, name) + getattr(q, name))
                 total.dlq.update(q.dlq)
             dlq = sum(q.dlq.values())
