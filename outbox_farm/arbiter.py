@@ -37,11 +37,13 @@ from .app import AppLoader
 from .child import ARBITER_SIGNALS, BOOT_ERROR, problem_path, run_child
 from .dsn import redact
 from .farm import Farm
+from .settings import RuntimeSettings
 
 log = logging.getLogger("outbox_farm.arbiter")
 MAX_BOOT_FAILURES = 5
 BOOT_TIMEOUT = 60.0
 QUICK_CRASH = 1.0  # a slot whose worker dies sooner than this after the last crash backs off
+GAUGES_INTERVAL = 5.0  # seconds between the housekeeper's refreshes of the database gauges
 RELEASE_TIMEOUT = 5.0  # seconds the arbiter spends handing back a dead worker's rows
 
 
@@ -99,7 +101,7 @@ class Arbiter:
     dsn: str
     procs: int
     state_dir: Path
-    runtime_options: dict[str, Any] = field(default_factory=dict)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     graceful_timeout: float = 30.0
     heartbeat_timeout: float = 30.0
     metrics_bind: str | None = "127.0.0.1:9464"
@@ -240,7 +242,11 @@ class Arbiter:
         heartbeat.touch()
         os.utime(heartbeat, (spawned_at - 1, spawned_at - 1))
         worker_id = int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF
-        options = self.runtime_options | {"worker_id": worker_id}
+        # One process of the farm is the housekeeper: it alone refreshes the database-derived
+        # gauges, vacuums the table and prunes the DLQ.
+        settings = self.runtime.for_worker(
+            worker_id, housekeeper=slot == 0, gauges_interval=GAUGES_INTERVAL
+        )
         loader = None if self.preload else self.loader
         pid = os.fork()
         if pid == 0:
@@ -248,7 +254,7 @@ class Arbiter:
                 self._http.close()
             os.close(self._pipe_r)
             os.close(self._pipe_w)
-            run_child(self.farm, loader, self.dsn, heartbeat, slot == 0, options)
+            run_child(self.farm, loader, self.dsn, heartbeat, settings)
         self.children[pid] = Child(pid, slot, worker_id, spawned_at, heartbeat)
         self._processes.set(len(self.children))
 

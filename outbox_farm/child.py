@@ -15,16 +15,17 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import psycopg
 
 from .errors import OutboxFarmError
 from .farm import Farm
+from .runtime import Runtime
+from .settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from .app import AppLoader
-from .runtime import Runtime
 
 log = logging.getLogger("outbox_farm.child")
 BOOT_ERROR = 3  # exit status of a child that could not start its runtime
@@ -54,15 +55,12 @@ def run_child(
     loader: AppLoader | None,
     dsn: str,
     heartbeat: Path,
-    housekeeper: bool,
-    options: dict[str, Any],
+    settings: RuntimeSettings,
 ) -> NoReturn:
     """Entry point right after fork; never returns (os._exit skips the parent's atexit).
 
     With a `loader`, the app is imported again here, from the files on disk, so a HUP rolls out
-    new code. One process of the farm is the housekeeper: it alone refreshes the
-    database-derived gauges and vacuums the table, so N processes do not repeat the same
-    table-wide work.
+    new code. `settings` are this worker's own (see `RuntimeSettings.for_worker`).
     """
     for sig in ARBITER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
@@ -77,7 +75,7 @@ def run_child(
                 farm = loader.reload()
             except OutboxFarmError as exc:
                 raise BootError(str(exc)) from exc
-        uvloop.run(_main(farm, dsn, heartbeat, housekeeper, options, arbiter))
+        uvloop.run(_main(farm, dsn, heartbeat, settings, arbiter))
     except BootError as exc:
         log.error("worker could not start: %s", exc, extra={"event": "boot_failed"})
         code = BOOT_ERROR
@@ -109,8 +107,7 @@ async def _main(
     farm: Farm,
     dsn: str,
     heartbeat: Path,
-    housekeeper: bool,
-    options: dict[str, Any],
+    settings: RuntimeSettings,
     arbiter: int,
 ) -> None:
     loop = asyncio.get_running_loop()
@@ -119,9 +116,7 @@ async def _main(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     # Immediate stop: no drain; claimed rows come back when their leases expire.
     loop.add_signal_handler(signal.SIGQUIT, os._exit, 0)
-    if not housekeeper:
-        options = options | {"vacuum_interval": None, "dlq_retention": None}
-    runtime = Runtime(farm, dsn, gauges_interval=5.0 if housekeeper else None, **options)
+    runtime = Runtime(list(farm.handlers.values()), farm.queries, dsn, settings)
     try:
         await runtime.start()
     except (OutboxFarmError, psycopg.Error, OSError) as exc:

@@ -540,6 +540,7 @@ def start(
         with _connect(url) as conn:
             _ready(conn, farm.names, run_migrate or (run_migrate is None and not dsn), cli_log)
         from .arbiter import Arbiter
+        from .settings import RuntimeSettings
 
         with tempfile_dir() as state:
             arbiter = Arbiter(
@@ -547,13 +548,13 @@ def start(
                 url,
                 procs,
                 state,
-                runtime_options={
-                    "poll_interval": poll_interval,
-                    "queues": selected,
-                    "graceful_timeout": graceful_timeout,
-                    "vacuum_interval": vacuum_interval,
-                    "dlq_retention": dlq_retention,
-                },
+                runtime=RuntimeSettings(
+                    poll_interval=poll_interval,
+                    queues=tuple(selected) if selected else None,
+                    graceful_timeout=graceful_timeout,
+                    vacuum_interval=vacuum_interval,
+                    dlq_retention=dlq_retention,
+                ),
                 graceful_timeout=graceful_timeout,
                 heartbeat_timeout=heartbeat_timeout,
                 metrics_bind=metrics_bind or None,

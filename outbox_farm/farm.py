@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ from .names import TableNames
 from .producer import Producer
 from .queries import Queries
 from .retry import RetryStrategy
+from .settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -93,15 +95,20 @@ class Farm(Producer):
         return register
 
     @asynccontextmanager
-    async def running(self, dsn: str, **options: Any) -> AsyncIterator[Runtime]:
+    async def running(
+        self, dsn: str, settings: RuntimeSettings | None = None, **options: Any
+    ) -> AsyncIterator[Runtime]:
         """Run every handler of this farm in the current event loop until the block exits.
 
         For embedding in an asyncio application (a web app's lifespan). Leaving the block is a
-        graceful stop; see `Runtime` for the options.
+        graceful stop. `settings`, or its fields given one by one as keywords (`poll_interval=`,
+        `queues=`, ...): see `RuntimeSettings`.
         """
         from .runtime import Runtime
 
-        runtime = Runtime(self, dsn, **options)
+        if options:
+            settings = dataclasses.replace(settings or RuntimeSettings(), **options)
+        runtime = Runtime(list(self.handlers.values()), self.queries, dsn, settings)
         await runtime.start()
         try:
             yield runtime

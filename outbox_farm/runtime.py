@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import psycopg
@@ -25,15 +26,14 @@ from .dsn import probe, redact
 from .errors import ConfigurationError
 from .executor import Executors
 from .fetcher import Fetcher
+from .handler import HandlerSpec
 from .heartbeat import Heartbeat
 from .inflight import Ledger
-from .leases import check_worker_id
 from .listener import Listener
 from .message import Message
 from .problems import Problems
-
-if TYPE_CHECKING:
-    from .farm import Farm
+from .queries import Queries
+from .settings import RuntimeSettings
 
 log = logging.getLogger("outbox_farm.runtime")
 
@@ -48,53 +48,31 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 class Runtime:
-    """Runs a farm's handlers on the current event loop.
-
-    Options: `queues` (a subset of the farm's queues), `poll_interval` (seconds between polls
-    when idle; NOTIFY and known due times wake sooner), `flush_interval` / `flush_size` (the
-    completer's batch limits), `graceful_timeout` (how long `stop()` lets handlers finish),
-    `listen` (False: poll only), `gauges_interval` (refresh the database-derived gauges every
-    so many seconds; one process of a farm does it), `vacuum_interval` (check every so many
-    seconds whether the outbox table needs a VACUUM and run it; 0 or None: leave it to
-    autovacuum; see `vacuum`), `dlq_retention` (delete DLQ rows older than so many seconds,
-    once a minute, one process of a farm; see `retention`), `worker_id` (0 to 2**31-1,
-    carried in every lease token this runtime takes, so that a supervisor can free a dead
-    worker's rows with `leases.release_worker`).
-    """
+    """Runs handlers on the current event loop: `specs` (one per queue), over the tables of
+    `queries`, against `dsn`, as `settings` say (see `RuntimeSettings`)."""
 
     def __init__(
         self,
-        farm: Farm,
+        specs: Sequence[HandlerSpec],
+        queries: Queries,
         dsn: str,
-        *,
-        queues: list[str] | None = None,
-        poll_interval: float = 0.5,
-        flush_interval: float = 0.01,
-        flush_size: int = 1000,
-        graceful_timeout: float = 30.0,
-        listen: bool = True,
-        gauges_interval: float | None = None,
-        vacuum_interval: float | None = 10.0,
-        dlq_retention: float | None = None,
-        worker_id: int | None = None,
+        settings: RuntimeSettings | None = None,
     ) -> None:
-        if not farm.handlers:
+        settings = settings or RuntimeSettings()
+        if not specs:
             raise ConfigurationError("the farm has no handlers: register one with @farm.handler")
-        unknown = sorted(set(queues or ()) - set(farm.handlers))
+        by_queue = {spec.queue: spec for spec in specs}
+        unknown = sorted(set(settings.queues or ()) - set(by_queue))
         if unknown:
             raise ConfigurationError(f"no handler registered for queues {unknown}")
-        self.farm = farm
+        self.queries = queries
+        self.names = queries.names
         self.dsn = dsn
-        self.specs = [farm.handlers[q] for q in (queues or farm.handlers)]
-        self.poll_interval = poll_interval
-        self.flush_interval = flush_interval
-        self.flush_size = flush_size
-        self.graceful_timeout = graceful_timeout
-        self.listen = listen
-        self.gauges_interval = gauges_interval
-        self.vacuum_interval = vacuum_interval
-        self.dlq_retention = dlq_retention if self.farm.names.dlq is not None else None
-        self.worker_id = None if worker_id is None else check_worker_id(worker_id)
+        self.settings = settings
+        self.specs = [by_queue[q] for q in (settings.queues or by_queue)]
+        # No DLQ: nothing to prune.
+        self.dlq_retention = settings.dlq_retention if self.names.dlq is not None else None
+        self.worker_id = settings.worker_id
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
         self.completer: Completer | None = None
@@ -110,7 +88,11 @@ class Runtime:
     async def start(self) -> None:
         await probe(self.dsn)
         stack = self._stack
-        chores = bool(self.gauges_interval) + bool(self.vacuum_interval) + bool(self.dlq_retention)
+        chores = (
+            bool(self.settings.gauges_interval)
+            + bool(self.settings.vacuum_interval)
+            + bool(self.dlq_retention)
+        )
         # Closed last: everything below writes through it. No check on checkout (it would cost a
         # round trip per statement): every user of the pool retries on a broken connection,
         # and the pool discards connections that come back broken.
@@ -126,36 +108,34 @@ class Runtime:
         await self.pool.open(wait=True, timeout=30)
         stack.push_async_callback(self.pool.close)
 
-        if self.farm.names.dlq is None:
+        if self.names.dlq is None:
             log.warning(
                 "this farm has no DLQ (dlq_table=None): messages that fail for good will be "
                 "deleted, with nothing kept of them",
                 extra={"event": "no_dlq"},
             )
-        if self.gauges_interval:
+        if self.settings.gauges_interval:
             queues = [s.queue for s in self.specs]
             task = asyncio.create_task(
                 gauges.run(
-                    self.pool, self.farm.queries, queues, self.gauges_interval, self.problems
+                    self.pool, self.queries, queues, self.settings.gauges_interval, self.problems
                 )
             )
             stack.push_async_callback(_cancel, task)
-        if self.vacuum_interval:
+        if self.settings.vacuum_interval:
             task = asyncio.create_task(
-                vacuum.run(self.pool, self.farm.queries, self.vacuum_interval)
+                vacuum.run(self.pool, self.queries, self.settings.vacuum_interval)
             )
             stack.push_async_callback(_cancel, task)
         if self.dlq_retention:
-            task = asyncio.create_task(
-                retention.run(self.pool, self.farm.queries, self.dlq_retention)
-            )
+            task = asyncio.create_task(retention.run(self.pool, self.queries, self.dlq_retention))
             stack.push_async_callback(_cancel, task)
 
         self.completer = Completer(
             self.pool,
-            self.farm.queries,
-            flush_interval=self.flush_interval,
-            flush_size=self.flush_size,
+            self.queries,
+            flush_interval=self.settings.flush_interval,
+            flush_size=self.settings.flush_size,
             on_retry=self._on_retry,
             ledgers=self.ledgers,
             problems=self.problems,
@@ -171,9 +151,9 @@ class Runtime:
             fetcher = Fetcher(
                 spec,
                 self.pool,
-                self.farm.queries,
+                self.queries,
                 inbox,
-                poll_interval=self.poll_interval,
+                poll_interval=self.settings.poll_interval,
                 worker_id=self.worker_id,
                 problems=self.problems,
                 on_starved=self.completer.flush_now,
@@ -184,16 +164,12 @@ class Runtime:
             executors.start()
             stack.push_async_callback(self._stop_executors, executors)
             if spec.heartbeat:
-                heartbeat = Heartbeat(
-                    spec, fetcher.ledger, self.pool, self.farm.queries, self.problems
-                )
+                heartbeat = Heartbeat(spec, fetcher.ledger, self.pool, self.queries, self.problems)
                 self.heartbeats.append(heartbeat)
                 heartbeat.start()
 
-        if self.listen:
-            self.listener = Listener(
-                self.dsn, self.farm.names.channel, self._on_notify, self._wake_all
-            )
+        if self.settings.listen:
+            self.listener = Listener(self.dsn, self.names.channel, self._on_notify, self._wake_all)
             self.listener.start()
             stack.push_async_callback(self.listener.close)
 
@@ -214,7 +190,7 @@ class Runtime:
         and the pool. Safe to call twice."""
         if self._stopped.is_set():
             return
-        timeout = self.graceful_timeout if graceful_timeout is None else graceful_timeout
+        timeout = self.settings.graceful_timeout if graceful_timeout is None else graceful_timeout
         self._deadline = time.monotonic() + timeout
         try:
             await self._stack.aclose()

@@ -38,7 +38,7 @@ from outbox_farm.errors import ConfigurationError
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
-from outbox_farm.runtime import Runtime
+from outbox_farm.settings import RuntimeSettings
 
 Q = "q"
 AConn = psycopg.AsyncConnection[Any]
@@ -986,15 +986,9 @@ def test_release_worker_frees_only_that_workers_rows_and_keeps_their_deliveries(
 
 
 def test_worker_ids_out_of_range_are_refused() -> None:
-    farm = Farm(dlq_table="outbox_dlq")
-
-    @farm.handler(Q)
-    async def handle(msg: Message) -> None:
-        return None
-
     for bad in (-1, 2**31, 1.5, True, "7"):
         with pytest.raises(ConfigurationError, match="worker_id"):
-            Runtime(farm, "dbname=never", worker_id=bad)  # type: ignore[arg-type]
+            RuntimeSettings(worker_id=bad)  # type: ignore[arg-type]
 
 
 # -- connections do not grow with concurrency ----------------------------------------------

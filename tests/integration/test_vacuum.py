@@ -25,6 +25,7 @@ from outbox_farm import Farm, Message
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
 from outbox_farm.runtime import Runtime
+from outbox_farm.settings import RuntimeSettings
 from outbox_farm.vacuum import MIN_DEAD_TUPLES, Pass, run, vacuum_once
 
 QUERIES = Queries(TableNames.build("outbox", "outbox_dlq"))
@@ -198,7 +199,9 @@ def test_a_running_farm_keeps_its_table_vacuumed(dsn: str, conn: psycopg.Connect
     n = 3000
 
     async def scenario() -> None:
-        runtime = Runtime(farm, dsn, vacuum_interval=0.3)
+        runtime = Runtime(
+            list(farm.handlers.values()), farm.queries, dsn, RuntimeSettings(vacuum_interval=0.3)
+        )
         await runtime.start()
         try:
             with psycopg.connect(dsn) as producer:

@@ -1,0 +1,75 @@
+"""Typed, frozen settings: validated once where they are made, then passed down unchanged.
+
+The CLI, `Farm.running()` and the tests build these; the arbiter and the runtime only read
+them. A bad value fails here, with the option's name, before any process or connection starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+from .leases import check_worker_id
+from .retry import check_seconds
+
+
+def _whole(value: object, what: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{what} must be a whole number >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeSettings:
+    """How one process runs its handlers (see `Runtime`).
+
+    `queues`: a subset of the farm's queues (None: all). `poll_interval`: seconds between
+    claims while idle (NOTIFY and known due times wake sooner). `flush_interval` /
+    `flush_size`: the completer's batch limits. `graceful_timeout`: how long a stop lets
+    running handlers finish. `listen`: False polls only. `gauges_interval`,
+    `vacuum_interval`, `dlq_retention`: the table-wide chores (refresh the database-derived
+    gauges, VACUUM the outbox when it needs it, delete DLQ rows older than so many seconds);
+    None or 0 turns one off; a farm runs them in one process only. `worker_id`: carried in
+    every lease token, so that a supervisor can free a dead worker's rows.
+    """
+
+    queues: tuple[str, ...] | None = None
+    poll_interval: float = 0.5
+    flush_interval: float = 0.01
+    flush_size: int = 1000
+    graceful_timeout: float = 30.0
+    listen: bool = True
+    gauges_interval: float | None = None
+    vacuum_interval: float | None = 10.0
+    dlq_retention: float | None = None
+    worker_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.queues is not None:
+            if isinstance(self.queues, str) or not isinstance(self.queues, Iterable):
+                raise ConfigurationError(f"queues must be a list of names, got {self.queues!r}")
+            object.__setattr__(self, "queues", tuple(self.queues))
+        check_seconds(self.poll_interval, "poll_interval", positive=True)
+        check_seconds(self.flush_interval, "flush_interval")
+        _whole(self.flush_size, "flush_size", 1)
+        check_seconds(self.graceful_timeout, "graceful_timeout")
+        for what in ("gauges_interval", "vacuum_interval", "dlq_retention"):
+            check_seconds(getattr(self, what), what, allow_none=True)
+        if self.worker_id is not None:
+            check_worker_id(self.worker_id)
+
+    def for_worker(
+        self, worker_id: int, *, housekeeper: bool, gauges_interval: float
+    ) -> RuntimeSettings:
+        """One supervised worker's copy: its id, and the chores only if it is the housekeeper,
+        so that N processes do not repeat the same table-wide work."""
+        if housekeeper:
+            return dataclasses.replace(self, worker_id=worker_id, gauges_interval=gauges_interval)
+        return dataclasses.replace(
+            self,
+            worker_id=worker_id,
+            gauges_interval=None,
+            vacuum_interval=None,
+            dlq_retention=None,
+        )
