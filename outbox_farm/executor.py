@@ -1,8 +1,10 @@
-"""Executors: `concurrency` tasks per queue that run the handler and decide each row's fate.
+"""Executors: `concurrency` tasks per queue that run the handler and hand each row's outcome
+to the completer.
 
-The decision (ack, retry after a delay, terminal with a reason) is made here and handed to the
-completer; nothing in this module writes to the database. A handler's exception is kept for
-the retry strategy and, cut to 8 KiB, for the DLQ.
+This module is the machinery: the tasks, the per-call timeout, a thread per sync
+handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure);
+the decision's log lines are written by `_log` and its metrics by `_count`, one place each.
+Nothing here writes to the database.
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
+from . import decision
 from .completer import Completer
-from .errors import DeadLetter, Retry
+from .decision import Notes, Verdict
 from .fetcher import Fetcher
-from .handler import AckPolicy, HandlerSpec
-from .message import Decision, Message
+from .handler import HandlerSpec
+from .message import Message
 from .metrics import metrics
-from .outcome import Kind, Outcome, Reason, describe_exception
+from .outcome import Kind, Outcome
 
 log = logging.getLogger("outbox_farm.executor")
 
@@ -33,36 +36,7 @@ class HandlerTimeout(TimeoutError):
     """The handler ran past its per-message timeout and was abandoned."""
 
 
-class NoDecision(RuntimeError):
-    """A manual-ack handler returned without calling ack(), nack() or reject()."""
-
-
-def _utc(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, UTC)
-
-
-def _valid_delay(value: object, msg: Message) -> float | None:
-    """A handler's Retry(delay): seconds >= 0, or None (use the strategy) with a warning."""
-    if value is None:
-        return None
-    try:
-        delay = float(value.total_seconds() if isinstance(value, timedelta) else value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        delay = math.nan
-    if math.isfinite(delay) and delay >= 0:
-        return delay
-    log.warning(
-        "Retry(delay=%r) from the handler of queue %s is not seconds >= 0; using the "
-        "retry strategy instead (row %s)",
-        value,
-        msg.queue,
-        msg.id,
-        extra={"event": "bad_retry_delay", "row_id": msg.id, "queue": msg.queue},
-    )
-    return None
-
-
-async def _in_thread(func: Callable[[Message], Any], msg: Message) -> Any:
+async def _in_thread(func: Callable[[Any], Any], name: str, arg: Any) -> Any:
     """Run a sync handler in a thread of its own.
 
     Not a shared pool: a hung handler that timed out keeps its thread, and in a pool it would
@@ -82,13 +56,13 @@ async def _in_thread(func: Callable[[Message], Any], msg: Message) -> Any:
 
     def target() -> None:
         try:
-            result, error = func(msg), None
+            result, error = func(arg), None
         except BaseException as caught:
             result, error = None, caught
         with contextlib.suppress(RuntimeError):  # the loop closed: this run was abandoned
             loop.call_soon_threadsafe(settle, error, result)
 
-    threading.Thread(target=target, daemon=True, name=f"outbox-farm-{msg.queue}").start()
+    threading.Thread(target=target, daemon=True, name=name).start()
     error, result = await future
     if error is not None:
         raise error
@@ -129,10 +103,16 @@ class Executors:
         self.fetcher = fetcher
         self.completer = completer
         self.ledger = fetcher.ledger
-        self.is_async = spec.is_async
+        self.timeout = spec.effective_timeout
         self._slots: list[_Slot] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._watchdog: asyncio.Task[None] | None = None
+        # A sync handler runs in a thread per call.
+        self._call = (
+            spec.func
+            if spec.is_async
+            else partial(_in_thread, spec.func, f"outbox-farm-{spec.queue}")
+        )
         self._m = m = metrics()
         self._handler_seconds = m.handler_seconds.labels(spec.queue)
         self._lag = m.delivery_lag.labels(spec.queue)
@@ -149,7 +129,7 @@ class Executors:
         self._watchdog = asyncio.create_task(self._watch(), name="outbox-farm-watchdog")
 
     async def _watch(self) -> None:
-        period = min(1.0, max(self.spec.effective_timeout / 10, 0.005))
+        period = min(1.0, max(self.timeout / 10, 0.005))
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
@@ -166,7 +146,7 @@ class Executors:
         while not self.inbox.empty():
             msg = self.inbox.get_nowait()
             if msg is not None:
-                self.completer.put_nowait(self._outcome(msg, Kind.RELEASE))
+                self.completer.put_nowait(decision.released(msg))
         for _ in self._tasks:
             self.inbox.put_nowait(None)
         try:
@@ -183,7 +163,7 @@ class Executors:
         if running:
             log.warning(
                 "%d handlers of queue %s still running at the stop deadline; cancelling them "
-                "(their rows are retried)",
+                "(their rows are retried, unless the handler decided them)",
                 len(running),
                 self.spec.queue,
                 extra={"event": "stop_deadline", "queue": self.spec.queue},
@@ -193,7 +173,7 @@ class Executors:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _work(self, slot: _Slot) -> None:
-        ledger = self.ledger
+        ledger, spec = self.ledger, self.spec
         while True:
             msg = await self.inbox.get()
             if msg is None:
@@ -202,42 +182,90 @@ class Executors:
                 await self._hand_back(msg)
                 continue
             ledger.start(msg.id)
-            outcome, exc = await self._deliver(msg, slot)
-            if not ledger.finish(msg.id, msg.lease_token):
-                continue  # its lease was lost while it ran (the heartbeat counted it)
-            if outcome.kind is Kind.TERMINAL:
-                self._m.terminal.labels(msg.queue, str(outcome.reason)).inc()
-            await self.completer.put(outcome)
-            if exc is not None and self.spec.on_failure is not None:
-                await self._on_failure(msg, exc, outcome)
+            exc: BaseException | None = None
+            verdict = decision.before_run(spec, msg)
+            if verdict is None:
+                started = self._started(msg)
+                began = time.perf_counter()
+                try:
+                    exc = await self._run(slot, msg)
+                except asyncio.CancelledError:
+                    self._interrupted([(msg, started)], began)
+                    raise
+                verdict = decision.decide(spec, msg, exc, started, self._ran(began))
+            outcome = self._settle(msg, verdict)
+            if outcome is not None:
+                await self.completer.put(outcome)
+                if spec.on_failure is not None:
+                    await self._hook(msg, exc, outcome)
+
+    async def _run(self, slot: _Slot, arg: Any) -> BaseException | None:
+        """Call the handler under the slot's deadline: None when it
+        returned, else the exception it ended with (its timeout as HandlerTimeout). The
+        cancellation of a stop past its deadline propagates."""
+        slot.deadline = time.monotonic() + self.timeout
+        exc: BaseException | None = None
+        try:
+            await self._call(arg)
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            assert task is not None
+            if not task.cancelling():
+                exc = error  # raised by the handler itself: nobody cancelled this run
+            elif not slot.expired:
+                raise
+            else:
+                slot.expired = False
+                task.uncancel()
+                exc = HandlerTimeout(
+                    f"handler of queue {self.spec.queue!r} exceeded its timeout of "
+                    f"{self.timeout:g}s"
+                )
+        except BaseException as error:
+            # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take
+            # down the worker and every other row it holds; it is retried, then dead-lettered.
+            exc = error
+        slot.deadline = math.inf  # no await since the handler returned: no stray cancel
+        if slot.expired:  # the handler swallowed its timeout's cancellation and returned
+            slot.expired = False
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return exc
+
+    def _interrupted(self, runs: list[tuple[Message, float]], began: float) -> None:
+        """A stop cancelled the call at its deadline: the rows' outcomes, handed over without
+        waiting (this task is being cancelled)."""
+        duration = time.perf_counter() - began
+        for msg, started in runs:
+            outcome = self._settle(msg, decision.interrupted(self.spec, msg, started, duration))
+            if outcome is not None:
+                self.completer.put_nowait(outcome)
+
+    def _settle(self, msg: Message, verdict: Verdict) -> Outcome | None:
+        """Log and count a verdict: its outcome to write, or None when the heartbeat found the
+        row's lease lost while it ran (the heartbeat counted it)."""
+        outcome, notes = verdict
+        if notes:
+            self._log(msg, notes)
+        if not self.ledger.finish(msg.id, msg.lease_token):
+            return None
+        self._count(outcome)
+        return outcome
 
     async def _hand_back(self, msg: Message) -> None:
         """Too little of this row's lease is left to start it (it waited behind slower
         handlers): another runner may take it over any moment, or already has."""
-        self._expired.inc()
-        log.warning(
-            "lease lost: row %s of queue %s waited for an executor until less than half its "
-            "lease was left (lease_ttl=%gs); handing it back unrun (lower prefetch or raise "
-            "lease_ttl if this recurs)",
-            msg.id,
-            msg.queue,
-            self.spec.lease_ttl,
-            extra={
-                "event": "lease_lost",
-                "phase": "start",
-                "row_id": msg.id,
-                "queue": msg.queue,
-                "deliveries_count": msg.deliveries_count,
-            },
-        )
-        await self.completer.put(self._outcome(msg, Kind.EXPIRE))
+        outcome, notes = decision.expired(self.spec, msg)
+        self._log(msg, notes)
+        self._count(outcome)
+        await self.completer.put(outcome)
 
-    async def _on_failure(self, msg: Message, exc: BaseException, outcome: Outcome) -> None:
-        """The user's hook, after the outcome was handed over: it cannot change it."""
-        hook = self.spec.on_failure
-        assert hook is not None
+    async def _hook(self, msg: Message, exc: BaseException | None, outcome: Outcome) -> None:
+        """The user's on_failure hook, after the outcome was handed over: it cannot change it."""
+        hook, error = self.spec.on_failure, decision.failure(msg, exc)
+        if hook is None or error is None:
+            return
         try:
-            result = hook(msg, exc, outcome)
+            result = hook(msg, error, outcome)
             if inspect.isawaitable(result):
                 await result
         except asyncio.CancelledError:
@@ -252,153 +280,32 @@ class Executors:
                 extra={"event": "hook_failed", "row_id": msg.id, "queue": msg.queue},
             )
 
-    def _outcome(self, msg: Message, kind: Kind, **fields: Any) -> Outcome:
-        return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count, **fields)
+    # -- metrics and logs: one function each ---------------------------------------------
 
-    async def _deliver(self, msg: Message, slot: _Slot) -> tuple[Outcome, BaseException | None]:
-        """Run the handler; its outcome, and its exception if it failed."""
-        spec = self.spec
-        if spec.max_deliveries is not None and msg.deliveries_count > spec.max_deliveries:
-            log.error(
-                "row %s of queue %s was claimed %d times (max_deliveries=%d); giving up "
-                "without running the handler",
-                msg.id,
-                msg.queue,
-                msg.deliveries_count,
-                spec.max_deliveries,
-                extra={
-                    "event": "terminal",
-                    "reason": "max_deliveries",
-                    "row_id": msg.id,
-                    "queue": msg.queue,
-                },
-            )
-            return self._outcome(msg, Kind.TERMINAL, reason=Reason.MAX_DELIVERIES), None
-        # Seconds since the epoch on the database clock: the claim's now() plus local time since.
+    def _started(self, msg: Message) -> float:
+        """Now as seconds since the epoch on the database clock (the claim's now() plus local
+        time since); counts the row's delivery lag."""
         started = msg.claimed_epoch + (time.monotonic() - msg.received_monotonic)
         self._lag.observe(max(started - msg.due_epoch, 0.0))
-        began = time.perf_counter()
-        slot.deadline = time.monotonic() + spec.effective_timeout
-        exc: BaseException | None = None
-        try:
-            if self.is_async:
-                await spec.func(msg)
-            else:
-                await _in_thread(spec.func, msg)
-        except asyncio.CancelledError as error:
-            if not asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                exc = error  # raised by the handler itself: nobody cancelled this run
-            elif not slot.expired:
-                # A stop past its deadline: the row is tried again at once.
-                if self.ledger.finish(msg.id, msg.lease_token):
-                    self.completer.put_nowait(
-                        self._outcome(
-                            msg, Kind.RETRY, delay=0.0, ran=True, started_at=_utc(started)
-                        )
-                    )
-                raise
-            else:
-                slot.expired = False
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                exc = HandlerTimeout(
-                    f"handler of queue {msg.queue!r} exceeded its timeout of "
-                    f"{spec.effective_timeout:g}s"
-                )
-        except BaseException as error:
-            # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take
-            # down the worker and every other row it holds; it is retried, then dead-lettered.
-            exc = error
-        slot.deadline = math.inf  # no await since the handler returned: no stray cancel
-        if slot.expired:  # the handler swallowed its timeout's cancellation and returned
-            slot.expired = False
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return started
+
+    def _ran(self, began: float) -> float:
+        """Seconds since `began` (perf_counter), counted as a handler run."""
         duration = time.perf_counter() - began
         self._handler_seconds.observe(duration)
-        return self._decide(msg, exc, started, duration), exc
+        return duration
 
-    def _decide(
-        self, msg: Message, exc: BaseException | None, started: float, duration: float
-    ) -> Outcome:
-        spec = self.spec
-        decision = msg.decision
-        if decision is Decision.ACK:
-            return self._outcome(msg, Kind.ACK)
-        if decision is Decision.REJECT:
-            return self._terminal(msg, Reason.REJECTED, exc)
-        if decision is Decision.NACK:
-            delay = msg.nack_delay
-        elif exc is None:
-            if spec.ack is not AckPolicy.MANUAL:
-                return self._outcome(msg, Kind.ACK)
-            exc = NoDecision(
-                f"manual-ack handler of queue {msg.queue!r} returned without "
-                "ack(), nack() or reject(); retrying"
-            )
-            log.warning("%s (row %s)", exc, msg.id, extra={"event": "no_decision"})
-            delay = None
-        elif isinstance(exc, DeadLetter):
-            return self._terminal(msg, Reason.REJECTED, exc)
-        elif isinstance(exc, Retry):
-            delay = _valid_delay(exc.delay, msg)
-        elif spec.ack is AckPolicy.REJECT_ON_ERROR:
-            return self._terminal(msg, Reason.REJECTED, exc)
-        else:
-            delay = None
-        if delay is None:
-            delay = self._strategy_delay(msg, exc or NoDecision(), started, duration)
-            if delay is None:
-                return self._terminal(msg, Reason.RETRY_TERMINAL, exc)
-        if exc is not None:
-            log.warning(
-                "handler of queue %s failed on row %s (attempt %d); retrying in %.3gs: %s",
-                msg.queue,
-                msg.id,
-                msg.attempts_count + 1,
-                delay,
-                describe_exception(exc),
-                extra={"event": "retry", "row_id": msg.id, "queue": msg.queue},
-            )
-        return self._outcome(msg, Kind.RETRY, delay=delay, ran=True, started_at=_utc(started))
+    def _count(self, outcome: Outcome) -> None:
+        """A decision's metrics (the completer counts what is written)."""
+        if outcome.kind is Kind.TERMINAL:
+            self._m.terminal.labels(outcome.queue, str(outcome.reason)).inc()
+        elif outcome.kind is Kind.EXPIRE:
+            self._expired.inc()
 
-    def _strategy_delay(
-        self, msg: Message, exc: BaseException, started: float, duration: float
-    ) -> float | None:
-        attempt = msg.attempts_count + 1
-        first = msg.first_attempt_at.timestamp() if msg.first_attempt_at else started
-        elapsed = started - first + duration
-        try:
-            delay = self.spec.retry.next_delay(attempt, exc, elapsed)
-            if delay is None:
-                return None
-            delay = float(delay)
-            if not math.isfinite(delay) or delay < 0:
-                raise ValueError(f"next_delay returned {delay!r}; expected seconds >= 0")
-            return delay
-        except Exception as strategy_error:
-            log.error(
-                "retry strategy %r failed for row %s of queue %s (%r); treating the failure "
-                "as terminal",
-                self.spec.retry,
-                msg.id,
-                msg.queue,
-                strategy_error,
-                extra={"event": "strategy_failed", "row_id": msg.id, "queue": msg.queue},
-            )
-            return None
-
-    def _terminal(self, msg: Message, reason: Reason, exc: BaseException | None) -> Outcome:
-        text = describe_exception(exc)
-        log.error(
-            "row %s of queue %s failed for good (%s): %s",
-            msg.id,
-            msg.queue,
-            reason,
-            text,
-            extra={
-                "event": "terminal",
-                "reason": str(reason),
-                "row_id": msg.id,
-                "queue": msg.queue,
-            },
-        )
-        return self._outcome(msg, Kind.TERMINAL, reason=reason, last_exception=text)
+    def _log(self, msg: Message, notes: Notes) -> None:
+        """A decision's log lines."""
+        for note in notes:
+            extra = {"event": note.event.value, "row_id": msg.id, "queue": msg.queue}
+            if note.fields:
+                extra.update(note.fields)
+            log.log(note.level, note.text, *note.args, extra=extra)

@@ -25,8 +25,9 @@ class Message:
 
     `body` is the payload exactly as stored; `json()` decodes it (a decode error is an ordinary
     handler error, retried per the strategy). `ack()`, `nack()` and `reject()` record a decision
-    that wins over the handler's return or exception; the row is written by the completer after
-    the handler returns, never from inside it.
+    that wins over the handler's return or exception (the last call wins); the row is written by
+    the completer after the handler returns, never from inside it. That is how a batch handler
+    (a relay, say) settles each row of its batch on its own.
     """
 
     id: int
@@ -44,6 +45,7 @@ class Message:
     # Written by the handler (through ack/nack/reject), read by the executor afterwards.
     decision: Decision | None = field(default=None, repr=False)
     nack_delay: float | None = field(default=None, repr=False)
+    error: BaseException | None = field(default=None, repr=False)
     # Written by the fetcher once per claim: when its result arrived (time.monotonic()), and
     # the claim's and this row's due time as epoch seconds on the database clock; `start_by`
     # (time.monotonic()) is when too little of the lease is left to start the handler.
@@ -70,13 +72,25 @@ class Message:
 
     def ack(self) -> None:
         """Delete the row once the handler returns."""
-        self.decision = Decision.ACK
+        self.decision, self.error = Decision.ACK, None
 
-    def nack(self, delay: float | None = None) -> None:
-        """Try again after `delay` seconds (the queue's retry strategy when None)."""
+    def nack(self, delay: float | None = None, *, error: BaseException | None = None) -> None:
+        """Try again after `delay` seconds (the queue's retry strategy when None).
+
+        `error` says why: the strategy sees it, the retry is logged with it, `on_failure` gets
+        it, and it is the DLQ's `last_exception` should the strategy give up. Without it, the
+        handler's own exception, if it raised one, serves.
+        """
         check_seconds(delay, "nack delay", allow_none=True)
-        self.decision, self.nack_delay = Decision.NACK, delay
+        self.decision, self.nack_delay, self.error = Decision.NACK, delay, _checked(error)
 
-    def reject(self) -> None:
-        """Give up now: to the DLQ as `rejected` (deleted when there is no DLQ)."""
-        self.decision = Decision.REJECT
+    def reject(self, error: BaseException | None = None) -> None:
+        """Give up now: to the DLQ as `rejected` (deleted when there is no DLQ), with `error`
+        (else the handler's own exception, if any) as its `last_exception`."""
+        self.decision, self.error = Decision.REJECT, _checked(error)
+
+
+def _checked(error: BaseException | None) -> BaseException | None:
+    if error is not None and not isinstance(error, BaseException):
+        raise TypeError(f"error must be an exception, got {error!r}")
+    return error

@@ -1,0 +1,264 @@
+"""The decision core: what happens to a claimed row, as pure functions over plain data.
+
+In: the queue's policy (`HandlerSpec`: `max_deliveries`, `retry`, `ack`), the row (`Message`:
+its counters and the ack/nack/reject its handler recorded), the exception the run ended with,
+and when the run started (epoch seconds, database clock) and how long it took. Out: a
+`Verdict`, the `Outcome` the completer writes and the `Note`s to log. Nothing here awaits,
+logs, counts or reads a clock: the single and batch paths of the executor (and relays) share one
+set of rules, each of which a unit test can pin down without a database or an event loop.
+
+The rules, in order:
+- a row claimed more than `max_deliveries` times is terminal (`max_deliveries`) unrun;
+- a decision the handler recorded (`ack()`, `nack(delay)`, `reject()`) wins over its return or
+  exception;
+- return: ack, unless the policy is manual (then a `NoDecision` failure, retried);
+- `DeadLetter`, or any exception under `reject_on_error`: terminal `rejected`;
+- `Retry(delay)`: that delay when it is seconds >= 0, else the strategy's;
+- anything else: the strategy's delay; None, a raise, NaN, an infinity or a negative from the
+  strategy make the failure terminal (`retry_terminal`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from logging import ERROR, WARNING
+from typing import Any
+
+from .errors import DeadLetter, Retry
+from .handler import AckPolicy, HandlerSpec
+from .message import Decision, Message
+from .outcome import Kind, Outcome, Reason, describe_exception
+
+
+class NoDecision(RuntimeError):
+    """A manual-ack handler returned without calling ack(), nack() or reject()."""
+
+
+class Event(enum.Enum):
+    """What a note reports; the value is its log line's `event` field."""
+
+    RETRY = "retry"
+    TERMINAL = "terminal"
+    NO_DECISION = "no_decision"
+    BAD_RETRY_DELAY = "bad_retry_delay"
+    STRATEGY_FAILED = "strategy_failed"
+    LEASE_LOST = "lease_lost"  # handed back unrun: too little of its lease was left
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One log line about a decision: its level, %-template and arguments, and the structured
+    fields it carries besides `event`, `row_id` and `queue`. `error` is the exception it is
+    about, for observers that want more than the text."""
+
+    event: Event
+    level: int
+    text: str
+    args: tuple[Any, ...]
+    fields: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+
+Notes = tuple[Note, ...]
+# The outcome, and what to log about it. A plain tuple: the ack path builds nothing else.
+Verdict = tuple[Outcome, Notes]
+
+QUIET: Notes = ()
+
+
+def before_run(spec: HandlerSpec, msg: Message) -> Verdict | None:
+    """The verdict on a row that must not run (claimed more than `max_deliveries` times), or
+    None: run it."""
+    limit = spec.max_deliveries
+    if limit is None or msg.deliveries_count <= limit:
+        return None
+    outcome = _outcome(msg, Kind.TERMINAL)
+    outcome.reason = Reason.MAX_DELIVERIES
+    note = Note(
+        Event.TERMINAL,
+        ERROR,
+        "row %s of queue %s was claimed %d times (max_deliveries=%d); giving up without "
+        "running the handler",
+        (msg.id, msg.queue, msg.deliveries_count, limit),
+        {"reason": str(Reason.MAX_DELIVERIES)},
+    )
+    return outcome, (note,)
+
+
+def decide(
+    spec: HandlerSpec, msg: Message, exc: BaseException | None, started: float, duration: float
+) -> Verdict:
+    """The verdict on a row whose handler ran from `started` for `duration` seconds and
+    returned (`exc` None) or raised `exc`."""
+    decision = msg.decision
+    if decision is None:
+        if exc is not None:
+            return _raised(spec, msg, exc, started, duration)
+        if spec.ack is not AckPolicy.MANUAL:
+            return _outcome(msg, Kind.ACK), QUIET
+        undecided = NoDecision(
+            f"manual-ack handler of queue {msg.queue!r} returned without "
+            "ack(), nack() or reject(); retrying"
+        )
+        note = Note(Event.NO_DECISION, WARNING, "%s (row %s)", (undecided, msg.id))
+        return _retry(spec, msg, undecided, None, started, duration, (note,))
+    if decision is Decision.ACK:
+        return _outcome(msg, Kind.ACK), QUIET
+    error = failure(msg, exc)
+    if decision is Decision.REJECT:
+        return _terminal(msg, Reason.REJECTED, error, QUIET)
+    return _retry(spec, msg, error, msg.nack_delay, started, duration, QUIET)
+
+
+def interrupted(spec: HandlerSpec, msg: Message, started: float, duration: float) -> Verdict:
+    """The verdict on a row whose run a stop cancelled at its deadline: what the handler
+    recorded, if anything; else tried again at once (the run counts as an attempt)."""
+    if msg.decision is not None:
+        return decide(spec, msg, None, started, duration)
+    return _retry_outcome(msg, 0.0, started), QUIET
+
+
+def expired(spec: HandlerSpec, msg: Message) -> Verdict:
+    """The verdict on a row that waited for an executor until less than half its lease was
+    left: handed back unrun, its delivery taken back; another runner may hold it already."""
+    note = Note(
+        Event.LEASE_LOST,
+        WARNING,
+        "lease lost: row %s of queue %s waited for an executor until less than half its lease "
+        "was left (lease_ttl=%gs); handing it back unrun (lower prefetch or raise lease_ttl if "
+        "this recurs)",
+        (msg.id, msg.queue, spec.lease_ttl),
+        {"phase": "start", "deliveries_count": msg.deliveries_count},
+    )
+    return _outcome(msg, Kind.EXPIRE), (note,)
+
+
+def released(msg: Message) -> Outcome:
+    """A row never started because the runtime stops: its lease cleared, its delivery taken
+    back, so another process takes it at once."""
+    return _outcome(msg, Kind.RELEASE)
+
+
+def failure(msg: Message, exc: BaseException | None) -> BaseException | None:
+    """What a failed row is reported with (DLQ text, retry strategy, log, on_failure hook): the
+    error given to its nack()/reject(), else the exception the run ended with."""
+    return msg.error if msg.error is not None else exc
+
+
+def _raised(
+    spec: HandlerSpec, msg: Message, exc: BaseException, started: float, duration: float
+) -> Verdict:
+    if isinstance(exc, DeadLetter):
+        return _terminal(msg, Reason.REJECTED, exc, QUIET)
+    if isinstance(exc, Retry) and exc.delay is not None:
+        delay = _seconds(exc.delay)
+        if delay is not None:
+            return _retry(spec, msg, exc, delay, started, duration, QUIET)
+        note = Note(
+            Event.BAD_RETRY_DELAY,
+            WARNING,
+            "Retry(delay=%r) from the handler of queue %s is not seconds >= 0; using the retry "
+            "strategy instead (row %s)",
+            (exc.delay, msg.queue, msg.id),
+        )
+        return _retry(spec, msg, exc, None, started, duration, (note,))
+    if spec.ack is AckPolicy.REJECT_ON_ERROR and not isinstance(exc, Retry):
+        return _terminal(msg, Reason.REJECTED, exc, QUIET)
+    return _retry(spec, msg, exc, None, started, duration, QUIET)
+
+
+def _seconds(value: object) -> float | None:
+    """A `Retry(delay=...)` as seconds >= 0 (a number or a timedelta), or None when it is not."""
+    try:
+        delay = float(value.total_seconds() if isinstance(value, timedelta) else value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return delay if math.isfinite(delay) and delay >= 0 else None
+
+
+def _retry(
+    spec: HandlerSpec,
+    msg: Message,
+    error: BaseException | None,
+    delay: float | None,
+    started: float,
+    duration: float,
+    notes: Notes,
+) -> Verdict:
+    """Retry after `delay`, or after the strategy's delay when None; terminal when the
+    strategy gives up or fails."""
+    if delay is None:
+        delay, trouble = _strategy_delay(spec, msg, error or NoDecision(), started, duration)
+        if trouble is not None:
+            notes = (*notes, trouble)
+        if delay is None:
+            return _terminal(msg, Reason.RETRY_TERMINAL, error, notes)
+    if error is not None:
+        note = Note(
+            Event.RETRY,
+            WARNING,
+            "handler of queue %s failed on row %s (attempt %d); retrying in %.3gs: %s",
+            (msg.queue, msg.id, msg.attempts_count + 1, delay, describe_exception(error)),
+            error=error,
+        )
+        notes = (*notes, note)
+    return _retry_outcome(msg, delay, started), notes
+
+
+def _strategy_delay(
+    spec: HandlerSpec, msg: Message, exc: BaseException, started: float, duration: float
+) -> tuple[float | None, Note | None]:
+    """The strategy's delay (None: give up), and a note when the strategy itself failed.
+
+    The attempt is the number of runs so far, this one included; the elapsed time runs from the
+    row's first attempt (this one for a first attempt) to the end of this run. A strategy that
+    raises, or returns anything but seconds >= 0, must neither crash the worker nor drop the
+    row: its failure is terminal, like a None.
+    """
+    first = msg.first_attempt_at.timestamp() if msg.first_attempt_at is not None else started
+    try:
+        delay = spec.retry.next_delay(msg.attempts_count + 1, exc, started - first + duration)
+        if delay is None:
+            return None, None
+        seconds = float(delay)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"next_delay returned {delay!r}; expected seconds >= 0")
+    except Exception as strategy_error:
+        note = Note(
+            Event.STRATEGY_FAILED,
+            ERROR,
+            "retry strategy %r failed for row %s of queue %s (%r); treating the failure as "
+            "terminal",
+            (spec.retry, msg.id, msg.queue, strategy_error),
+            error=strategy_error,
+        )
+        return None, note
+    return seconds, None
+
+
+def _outcome(msg: Message, kind: Kind) -> Outcome:
+    return Outcome(kind, msg.id, msg.lease_token, msg.queue, msg.deliveries_count)
+
+
+def _retry_outcome(msg: Message, delay: float, started: float) -> Outcome:
+    outcome = _outcome(msg, Kind.RETRY)
+    outcome.delay, outcome.ran = delay, True
+    outcome.started_at = datetime.fromtimestamp(started, UTC)
+    return outcome
+
+
+def _terminal(msg: Message, reason: Reason, error: BaseException | None, notes: Notes) -> Verdict:
+    outcome = _outcome(msg, Kind.TERMINAL)
+    outcome.reason, outcome.last_exception = reason, describe_exception(error)
+    note = Note(
+        Event.TERMINAL,
+        ERROR,
+        "row %s of queue %s failed for good (%s): %s",
+        (msg.id, msg.queue, reason, outcome.last_exception),
+        {"reason": str(reason)},
+        error=error,
+    )
+    return outcome, (*notes, note)
