@@ -18,12 +18,14 @@ from .errors import (
 from .farm import Farm
 from .handler import AckPolicy
 from .message import Message
+from .middleware import CallNext, Middleware
 from .outcome import Kind, Outcome, Reason
 from .retry import ConstantBackoff, ExponentialBackoff, LinearBackoff, NoRetry, RetryStrategy
 from .schema_check import check_schema
 
 __all__ = [
     "AckPolicy",
+    "CallNext",
     "ConfigurationError",
     "ConstantBackoff",
     "DatabaseError",
@@ -34,6 +36,7 @@ __all__ = [
     "Kind",
     "LinearBackoff",
     "Message",
+    "Middleware",
     "MigrationError",
     "NoRetry",
     "OutboxFarmError",

@@ -27,6 +27,7 @@ from .fetcher import Fetcher
 from .handler import HandlerSpec
 from .message import Message
 from .metrics import metrics
+from .middleware import chain
 from .outcome import Kind, Outcome
 
 log = logging.getLogger("outbox_farm.executor")
@@ -107,12 +108,13 @@ class Executors:
         self._slots: list[_Slot] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._watchdog: asyncio.Task[None] | None = None
-        # A sync handler runs in a thread per call.
-        self._call = (
+        # The handler through its middleware; a sync one in a thread per call.
+        handler = (
             spec.func
             if spec.is_async
             else partial(_in_thread, spec.func, f"outbox-farm-{spec.queue}")
         )
+        self._call = chain(spec.middleware, handler)
         self._m = m = metrics()
         self._handler_seconds = m.handler_seconds.labels(spec.queue)
         self._lag = m.delivery_lag.labels(spec.queue)
@@ -200,7 +202,7 @@ class Executors:
                     await self._hook(msg, exc, outcome)
 
     async def _run(self, slot: _Slot, arg: Any) -> BaseException | None:
-        """Call the handler under the slot's deadline: None when it
+        """Call the handler through its middleware under the slot's deadline: None when it
         returned, else the exception it ended with (its timeout as HandlerTimeout). The
         cancellation of a stop past its deadline propagates."""
         slot.deadline = time.monotonic() + self.timeout

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError
-from .handler import DEFAULT_RETRY, AckPolicy, FailureHook, HandlerFunc, HandlerSpec
+from .handler import DEFAULT_RETRY, AckPolicy, FailureHook, HandlerSpec
+from .middleware import Middleware, check
 from .names import TableNames
 from .producer import Producer
 from .queries import Queries
@@ -17,6 +18,8 @@ from .settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Farm(Producer):
@@ -31,6 +34,7 @@ class Farm(Producer):
     starts. `on_failure(msg, exc, outcome)` is called after every failed handler run of every
     queue whose handler has no hook of its own (for error trackers such as Sentry); it may be
     async, runs on the event loop after the outcome was decided, and cannot change it.
+    `middleware` wraps the handler of every queue, outside each handler's own: see `middleware`.
     """
 
     def __init__(
@@ -40,12 +44,14 @@ class Farm(Producer):
         *,
         notify: bool = True,
         on_failure: FailureHook | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.names = TableNames.build(table, dlq_table)
         super().__init__(Queries(self.names), notify=notify)
         if on_failure is not None and not callable(on_failure):
             raise ConfigurationError(f"on_failure must be callable, got {on_failure!r}")
         self.on_failure = on_failure
+        self.middleware = check(middleware, "the farm's")
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(
@@ -61,7 +67,8 @@ class Farm(Producer):
         prefetch: int | None = None,
         heartbeat: bool = True,
         on_failure: FailureHook | None = None,
-    ) -> Callable[[HandlerFunc], HandlerFunc]:
+        middleware: Sequence[Middleware] = (),
+    ) -> Callable[[F], F]:
         """Register the decorated function (async or plain) as the handler of `queue`.
 
         See `HandlerSpec` for the options; `on_failure` replaces the farm's hook for this queue.
@@ -76,7 +83,9 @@ class Farm(Producer):
             choices = ", ".join(p.value for p in AckPolicy)
             raise ConfigurationError(f"ack must be one of {choices}; got {ack!r}") from None
 
-        def register(func: HandlerFunc) -> HandlerFunc:
+        chain = (*self.middleware, *check(middleware, f"queue {queue!r}:"))
+
+        def register(func: F) -> F:
             self.handlers[queue] = HandlerSpec(
                 queue,
                 func,
@@ -89,6 +98,7 @@ class Farm(Producer):
                 prefetch,
                 heartbeat,
                 on_failure if on_failure is not None else self.on_failure,
+                chain,
             )
             return func
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .message import Message
+from .middleware import Middleware, check
 from .outcome import Outcome
 from .retry import ExponentialBackoff, RetryStrategy, check_seconds
 
@@ -41,6 +42,9 @@ class HandlerSpec:
     `lease_ttl`. `max_deliveries` counts claims, including claims whose process died; a row
     claimed more often goes to the DLQ unrun. `on_failure(msg, exc, outcome)` is called after
     every failed run (for error trackers); what it raises is logged and changes nothing.
+
+    `middleware` is the chain the handler is called through, outermost first (`Farm.handler`
+    puts the farm's before the queue's own): see `middleware`.
     """
 
     queue: str
@@ -54,6 +58,7 @@ class HandlerSpec:
     prefetch: int | None = None
     heartbeat: bool = True
     on_failure: FailureHook | None = None
+    middleware: tuple[Middleware, ...] = ()
 
     def __post_init__(self) -> None:
         if not callable(self.func):
@@ -72,6 +77,7 @@ class HandlerSpec:
             raise ConfigurationError(f"ack must be an AckPolicy, got {self.ack!r}")
         check_seconds(self.lease_ttl, "lease_ttl", positive=True)
         check_seconds(self.timeout, "timeout", allow_none=True, positive=True)
+        check(self.middleware, f"queue {self.queue!r}:")
         if self.on_failure is not None and not callable(self.on_failure):
             raise ConfigurationError(f"on_failure must be callable, got {self.on_failure!r}")
         if not self.heartbeat and self.effective_timeout > self.lease_ttl:
