@@ -1,7 +1,7 @@
 """Executors: `concurrency` tasks per queue that run the handler and hand each row's outcome
 to the completer.
 
-This module is the machinery: the tasks, the per-call timeout, a thread per sync
+This module is the machinery: the tasks, batching, the per-call timeout, a thread per sync
 handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure);
 the decision's log lines are written by `_log` and its metrics by `_count`, one place each.
 Nothing here writes to the database.
@@ -104,10 +104,13 @@ class Executors:
         self.fetcher = fetcher
         self.completer = completer
         self.ledger = fetcher.ledger
-        self.timeout = spec.effective_timeout
+        self._timeout = spec.effective_timeout
         self._slots: list[_Slot] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._watchdog: asyncio.Task[None] | None = None
+        # Held by the batch executor forming a batch: rows arriving while it lingers join its
+        # batch instead of waking an idle executor into a batch of one.
+        self._forming = asyncio.Lock()
         # The handler through its middleware; a sync one in a thread per call.
         handler = (
             spec.func
@@ -121,17 +124,18 @@ class Executors:
         self._expired = m.lease_lost.labels(spec.queue, "start")
 
     def start(self) -> None:
+        work = self._work if self.spec.batch is None else self._work_batches
         for i in range(self.spec.concurrency):
             slot = _Slot()
             slot.task = asyncio.create_task(
-                self._work(slot), name=f"outbox-farm-exec-{self.spec.queue}-{i}"
+                work(slot), name=f"outbox-farm-exec-{self.spec.queue}-{i}"
             )
             self._slots.append(slot)
             self._tasks.append(slot.task)
         self._watchdog = asyncio.create_task(self._watch(), name="outbox-farm-watchdog")
 
     async def _watch(self) -> None:
-        period = min(1.0, max(self.timeout / 10, 0.005))
+        period = min(1.0, max(self._timeout / 10, 0.005))
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
@@ -201,11 +205,66 @@ class Executors:
                 if spec.on_failure is not None:
                     await self._hook(msg, exc, outcome)
 
+    async def _work_batches(self, slot: _Slot) -> None:
+        """`_work` for a batch handler: one call per batch, the rest per row."""
+        ledger, spec = self.ledger, self.spec
+        while True:
+            async with self._forming:
+                rows = await self._take()
+            if rows is None:
+                return
+            runs: list[tuple[Message, float]] = []  # the rows passed in, and their start
+            for msg in rows:
+                if time.monotonic() > msg.start_by:
+                    await self._hand_back(msg)
+                    continue
+                ledger.start(msg.id)
+                verdict = decision.before_run(spec, msg)
+                if verdict is None:
+                    runs.append((msg, self._started(msg)))
+                elif (outcome := self._settle(msg, verdict)) is not None:
+                    await self.completer.put(outcome)
+            if not runs:
+                continue
+            began = time.perf_counter()
+            try:
+                exc = await self._run(slot, [msg for msg, _ in runs])
+            except asyncio.CancelledError:
+                self._interrupted(runs, began)
+                raise
+            duration = self._ran(began)
+            written: list[tuple[Message, Outcome]] = []
+            for msg, started in runs:
+                outcome = self._settle(msg, decision.decide(spec, msg, exc, started, duration))
+                if outcome is not None:
+                    await self.completer.put(outcome)
+                    written.append((msg, outcome))
+            if spec.on_failure is not None:  # after every outcome was handed over
+                for msg, outcome in written:
+                    await self._hook(msg, exc, outcome)
+
+    async def _take(self) -> list[Message] | None:
+        """Up to `batch` rows: those waiting, then those arriving within `linger`. None: stop."""
+        inbox, size = self.inbox, self.spec.batch or 1
+        first = await inbox.get()
+        if first is None:
+            return None
+        rows = [first]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.spec.linger):
+                while len(rows) < size:
+                    msg = await inbox.get()  # at once while rows are waiting
+                    if msg is None:
+                        inbox.put_nowait(None)  # the stop's: this task's next take ends it
+                        break
+                    rows.append(msg)
+        return rows
+
     async def _run(self, slot: _Slot, arg: Any) -> BaseException | None:
         """Call the handler through its middleware under the slot's deadline: None when it
         returned, else the exception it ended with (its timeout as HandlerTimeout). The
         cancellation of a stop past its deadline propagates."""
-        slot.deadline = time.monotonic() + self.timeout
+        slot.deadline = time.monotonic() + self._timeout
         exc: BaseException | None = None
         try:
             await self._call(arg)
@@ -221,7 +280,7 @@ class Executors:
                 task.uncancel()
                 exc = HandlerTimeout(
                     f"handler of queue {self.spec.queue!r} exceeded its timeout of "
-                    f"{self.timeout:g}s"
+                    f"{self._timeout:g}s"
                 )
         except BaseException as error:
             # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take

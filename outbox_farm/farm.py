@@ -67,11 +67,15 @@ class Farm(Producer):
         prefetch: int | None = None,
         heartbeat: bool = True,
         on_failure: FailureHook | None = None,
+        batch: int | None = None,
+        linger: float = 0.005,
         middleware: Sequence[Middleware] = (),
     ) -> Callable[[F], F]:
         """Register the decorated function (async or plain) as the handler of `queue`.
 
         See `HandlerSpec` for the options; `on_failure` replaces the farm's hook for this queue.
+        `batch=N` makes it a batch handler, called with a list of up to N messages: an option
+        rather than a decorator of its own, since every other option means the same for both.
         """
         if not isinstance(queue, str) or not queue or len(queue) > 255:
             raise ConfigurationError(f"queue must be a non-empty string of <= 255 chars: {queue!r}")
@@ -98,6 +102,8 @@ class Farm(Producer):
                 prefetch,
                 heartbeat,
                 on_failure if on_failure is not None else self.on_failure,
+                batch,
+                linger,
                 chain,
             )
             return func

@@ -15,6 +15,7 @@ from .outcome import Outcome
 from .retry import ExponentialBackoff, RetryStrategy, check_seconds
 
 HandlerFunc = Callable[[Message], Awaitable[Any]] | Callable[[Message], Any]
+BatchHandlerFunc = Callable[[list[Message]], Awaitable[Any]] | Callable[[list[Message]], Any]
 # on_failure(msg, exc, outcome): called after every failed run; may be async.
 FailureHook = Callable[[Message, BaseException, Outcome], Awaitable[Any] | Any]
 
@@ -41,14 +42,24 @@ class HandlerSpec:
     time); one that waited longer is handed back unrun. `timeout` defaults to 90% of
     `lease_ttl`. `max_deliveries` counts claims, including claims whose process died; a row
     claimed more often goes to the DLQ unrun. `on_failure(msg, exc, outcome)` is called after
-    every failed run (for error trackers); what it raises is logged and changes nothing.
+    every failed run (for error trackers): one that raised, or a row nacked or rejected with an
+    error; what the hook raises is logged and changes nothing.
+
+    With `batch=N` the handler takes a list of up to N rows claimed together: what is waiting,
+    and what arrives within `linger` seconds (so a trickle still makes batches, at the cost of
+    that much latency). It decides each row with `ack()`, `nack()` or `reject()`; rows it left
+    undecided get what its return or exception gives under the policy, as a single row would;
+    a call that raised is a failed run of each of its rows, for `on_failure` too. Rows over
+    `max_deliveries` are not passed in. `timeout` bounds the whole call; `concurrency` counts
+    calls, and the claimed rows the queue may hold grow with the batch. `linger` must be
+    shorter than half the lease: the first row of a batch waits that long at most.
 
     `middleware` is the chain the handler is called through, outermost first (`Farm.handler`
     puts the farm's before the queue's own): see `middleware`.
     """
 
     queue: str
-    func: HandlerFunc
+    func: HandlerFunc | BatchHandlerFunc
     concurrency: int = 32
     max_deliveries: int | None = 25
     retry: RetryStrategy = DEFAULT_RETRY
@@ -58,12 +69,14 @@ class HandlerSpec:
     prefetch: int | None = None
     heartbeat: bool = True
     on_failure: FailureHook | None = None
+    batch: int | None = None
+    linger: float = 0.005
     middleware: tuple[Middleware, ...] = ()
 
     def __post_init__(self) -> None:
         if not callable(self.func):
             raise ConfigurationError(f"handler for queue {self.queue!r} is not callable")
-        for what in ("concurrency", "prefetch", "max_deliveries"):
+        for what in ("concurrency", "prefetch", "max_deliveries", "batch"):
             value = getattr(self, what)
             if value is None and what != "concurrency":
                 continue
@@ -77,6 +90,12 @@ class HandlerSpec:
             raise ConfigurationError(f"ack must be an AckPolicy, got {self.ack!r}")
         check_seconds(self.lease_ttl, "lease_ttl", positive=True)
         check_seconds(self.timeout, "timeout", allow_none=True, positive=True)
+        check_seconds(self.linger, "linger")
+        if self.batch is not None and self.linger >= self.start_margin:
+            raise ConfigurationError(
+                f"queue {self.queue!r}: linger {self.linger:g}s must be shorter than half the "
+                f"lease ({self.start_margin:g}s), or rows would wait out their lease unrun"
+            )
         check(self.middleware, f"queue {self.queue!r}:")
         if self.on_failure is not None and not callable(self.on_failure):
             raise ConfigurationError(f"on_failure must be callable, got {self.on_failure!r}")
@@ -110,5 +129,7 @@ class HandlerSpec:
 
     @property
     def capacity(self) -> int:
-        """Rows this queue may hold claimed at once: executors plus a prefetch buffer."""
-        return self.concurrency + (self.prefetch if self.prefetch is not None else self.concurrency)
+        """Rows this queue may hold claimed at once: those its executors run (a batch each for
+        a batch handler) plus a prefetch buffer, by default as large."""
+        running = self.concurrency * (self.batch or 1)
+        return running + (self.prefetch if self.prefetch is not None else running)
