@@ -103,7 +103,7 @@ def decide(
             f"manual-ack handler of queue {msg.queue!r} returned without "
             "ack(), nack() or reject(); retrying"
         )
-        note = Note(Event.NO_DECISION, WARNING, "%s (row %s)", (undecided, msg.id))
+        note = Note(Event.NO_DECISION, WARNING, "%s (row %s)", (undecided, msg.id), error=undecided)
         return _retry(spec, msg, undecided, None, started, duration, (note,))
     if decision is Decision.ACK:
         return _outcome(msg, Kind.ACK), QUIET
