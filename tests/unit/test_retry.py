@@ -125,6 +125,81 @@ def test_jitter_stays_within_its_fraction() -> None:
     assert ConstantBackoff(1.0).jitter == 0.0
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ConstantBackoff(10.0, jitter=0.5),
+        LinearBackoff(10.0, step=0.0, jitter=0.5),
+        ExponentialBackoff(10.0, factor=1.0, jitter=0.5),
+    ],
+    ids=["constant", "linear", "exponential"],
+)
+def test_every_strategy_jitters_within_its_fraction_of_the_delay(strategy: RetryStrategy) -> None:
+    seen = [strategy.next_delay(1, EXC, 0.0) for _ in range(500)]
+    assert all(d is not None and 5.0 <= d <= 15.0 for d in seen)
+    assert min(d for d in seen if d is not None) < 7.5 < max(d for d in seen if d is not None)
+
+
+def test_jitter_is_applied_after_the_cap() -> None:
+    strategy = ExponentialBackoff(1.0, factor=2.0, cap=10.0, jitter=0.2)
+    seen = [strategy.next_delay(20, EXC, 0.0) for _ in range(500)]
+    assert all(d is not None and 8.0 <= d <= 12.0 for d in seen)
+    assert any(d is not None and d > 10.0 for d in seen)
+
+
+def test_full_jitter_never_goes_below_zero() -> None:
+    strategy = ConstantBackoff(1.0, jitter=1.0)
+    seen = [strategy.next_delay(1, EXC, 0.0) for _ in range(500)]
+    assert all(d is not None and 0.0 <= d <= 2.0 for d in seen)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ConstantBackoff(1.0, max_attempts=2),
+        LinearBackoff(1.0, max_attempts=2),
+        ExponentialBackoff(1.0, jitter=0.0, max_attempts=2),
+    ],
+    ids=["constant", "linear", "exponential"],
+)
+def test_every_strategy_stops_at_max_attempts(strategy: RetryStrategy) -> None:
+    assert delays(strategy, 4) == [1.0, None, None, None]
+
+
+def test_a_wait_that_ends_exactly_at_max_total_delay_is_allowed() -> None:
+    strategy = ConstantBackoff(2.0, max_total_delay=10.0)
+    assert strategy.next_delay(1, EXC, elapsed=8.0) == 2.0
+    assert strategy.next_delay(1, EXC, elapsed=8.01) is None
+    assert ExponentialBackoff(1.0, jitter=0.0, max_total_delay=0.0).next_delay(1, EXC, 0.0) is None
+
+
+@pytest.mark.parametrize(("draw", "expected"), [(0.5, None), (-0.5, 5.0)])
+def test_max_total_delay_judges_the_jittered_wait(
+    monkeypatch: pytest.MonkeyPatch, draw: float, expected: float | None
+) -> None:
+    """10 s +/- 50 %: 15 s would pass the 14 s budget, 5 s would not."""
+    monkeypatch.setattr("outbox_farm.retry.random.uniform", lambda low, high: draw)
+    strategy = ConstantBackoff(10.0, jitter=0.5, max_total_delay=14.0)
+    assert strategy.next_delay(1, EXC, elapsed=0.0) == expected
+
+
+def test_the_first_limit_reached_ends_the_retries() -> None:
+    strategy = ExponentialBackoff(1.0, jitter=0.0, max_attempts=5, max_total_delay=6.0)
+    elapsed, seen = 0.0, []
+    for attempt in range(1, 6):
+        delay = strategy.next_delay(attempt, EXC, elapsed)
+        seen.append(delay)
+        if delay is None:
+            break
+        elapsed += delay
+    assert seen == [1.0, 2.0, None]  # 1 + 2 + 4 would pass 6 s before the 5th attempt
+    assert delays(ExponentialBackoff(1.0, jitter=0.0, max_attempts=2, max_total_delay=1e9), 3) == [
+        1.0,
+        None,
+        None,
+    ]
+
+
 # --- validation -----------------------------------------------------------------------------
 
 
