@@ -2,9 +2,10 @@
 to the completer.
 
 This module is the machinery: the tasks, batching, the per-call timeout, a thread per sync
-handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure);
-the decision's log lines are written by `_log` and its metrics by `_count`, one place each.
-Nothing here writes to the database.
+handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure).
+Logs and metrics are written by the small functions at the end of `Executors` only (`_log`,
+`_count`, `_started`, `_ran`), so an observer can take them over. Nothing here writes to the
+database.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ log = logging.getLogger("outbox_farm.executor")
 
 
 class HandlerTimeout(TimeoutError):
-    """The handler ran past its per-message timeout and was abandoned."""
+    """The handler (a batch handler: the whole call) ran past its timeout and was abandoned."""
 
 
 async def _in_thread(func: Callable[[Any], Any], name: str, arg: Any) -> Any:
