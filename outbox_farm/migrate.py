@@ -111,7 +111,8 @@ def migrate(
     longer exists. `repair` runs the recorded ones again too (they are idempotent), which
     brings back dropped indexes and settings. The connection must not be inside a
     transaction. Two concurrent runs are safe: the second waits for the lock and then finds
-    nothing left to do.
+    nothing left to do. A database error is a `MigrationError`; the migrations committed
+    before it stay applied.
     """
     result = MigrateResult([], [])
     with migration_lock(conn) as ledger:

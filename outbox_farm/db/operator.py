@@ -1,10 +1,5 @@
-"""The operator tools' reads: statement composition for `queries/admin.sql`, the capped counts
-and plans behind `stats`, and the probes of `doctor`. The DLQ's statements are in `db.dlq`.
-
-Like `queries.Queries`, but a placeholder may also be filled with another named block (the DLQ
-filter, a count's condition) or with one of the tables, so a filter is written once and shared
-by list, summary, replay and purge instead of being copied into each. Nothing is composed other
-than through `psycopg.sql`; every value stays a parameter.
+"""The operator tools' reads: the composition of `queries/admin.sql`, the capped counts and
+plans behind `stats`, and the probes of `doctor`. The DLQ's statements are in `db.dlq`.
 """
 
 from __future__ import annotations
@@ -15,7 +10,6 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from ..errors import DatabaseError
 from ..names import QualifiedName, TableNames
 from ..queries import load_blocks
 from .connect import Connection
@@ -35,7 +29,13 @@ OUTBOX_CONDITIONS: dict[OutboxFigure, str] = {
 
 
 class AdminSql:
-    """Statements for one pair of tables, each rendered to text once and kept."""
+    """Statements for one pair of tables, each rendered to text once and kept.
+
+    Like `queries.Queries`, but a placeholder may also be filled with another named block (the
+    DLQ filter, a count's condition) or with one of the tables, so a filter is written once
+    and shared by list, summary, replay and purge instead of being copied into each. Nothing is
+    composed other than through `psycopg.sql`; every value stays a parameter.
+    """
 
     def __init__(self, names: TableNames) -> None:
         self.names = names
@@ -99,46 +99,53 @@ class DeadCounts:
     oldest_age: float
 
 
-def _queues(conn: Connection, statements: AdminSql, block: str) -> list[str]:
-    return [str(row[0]) for row in conn.execute(statements.render(block)).fetchall()]
+class _Reader:
+    """Reads over one connection, every error translated for the operation `doing` (None:
+    the driver's text alone)."""
+
+    def __init__(self, conn: Connection, names: TableNames, doing: str | None) -> None:
+        self._conn, self._names, self._doing = conn, names, doing
+        self._sql = AdminSql(names)
+
+    def _rows(self, statement: str, params: dict[str, Any] | None = None) -> list[Any]:
+        try:
+            return self._conn.execute(statement, params).fetchall()
+        except psycopg.Error as exc:
+            raise translate(exc, self._doing, self._names) from exc
+
+    def _first(self, statement: str, params: dict[str, Any] | None = None) -> Any:
+        """The one row of an aggregate or settings read."""
+        (row,) = self._rows(statement, params)
+        return row
+
+    def _queues(self, block: str) -> list[str]:
+        return [str(queue) for (queue,) in self._rows(self._sql.render(block))]
+
+    def _oldest_ready(self, queue: str) -> float:
+        (age,) = self._first(self._sql.render("admin_oldest_ready"), {"queue": queue})
+        return float(age)
 
 
-def _oldest_ready(conn: Connection, statements: AdminSql, queue: str) -> float:
-    row = conn.execute(statements.render("admin_oldest_ready"), {"queue": queue}).fetchone()
-    assert row is not None  # an aggregate: always one row
-    return float(row[0])
-
-
-class StatsReader:
-    """The reads of `stats` over one connection; each error is a `DatabaseError` ("stats
-    query failed"), a missing table a `SchemaError` naming it."""
+class StatsReader(_Reader):
+    """The reads of `stats`; each error is a `DatabaseError` ("stats query failed"), a missing
+    table a `SchemaError` naming it."""
 
     def __init__(self, conn: Connection, names: TableNames) -> None:
-        self._conn, self._names, self._sql = conn, names, AdminSql(names)
-
-    def _fail(self, exc: psycopg.Error) -> DatabaseError:
-        return translate(exc, STATS_FAILED, self._names)
+        super().__init__(conn, names, STATS_FAILED)
 
     def queues(self) -> list[str]:
         """Every queue with rows in the outbox or (when configured) the DLQ, sorted."""
-        try:
-            found = set(_queues(self._conn, self._sql, "outbox_queues"))
-            if self._names.dlq is not None:
-                found.update(_queues(self._conn, self._sql, "dlq_queues"))
-        except psycopg.Error as exc:
-            raise self._fail(exc) from exc
+        found = set(self._queues("outbox_queues"))
+        if self._names.dlq is not None:
+            found.update(self._queues("dlq_queues"))
         return sorted(found)
 
     def _explain(self, table: str, condition: str, params: dict[str, Any]) -> Plan:
         statement = self._sql.render(
             "admin_explain", statement="admin_count", table=table, condition=condition
         )
-        try:
-            row = self._conn.execute(statement, params).fetchone()
-        except psycopg.Error as exc:
-            raise self._fail(exc) from exc
-        assert row is not None
-        return Plan.parse(row[0])
+        (explained,) = self._first(statement, params)
+        return Plan.parse(explained)
 
     def plan_outbox(self, figure: OutboxFigure, queue: str, cap: int) -> Plan:
         """How the planner sees counting at most `cap` rows of `figure` in `queue`."""
@@ -149,12 +156,8 @@ class StatsReader:
         statement = self._sql.render(
             "admin_count", table="outbox", condition=OUTBOX_CONDITIONS[figure]
         )
-        try:
-            row = self._conn.execute(statement, {"queue": queue, "cap": cap}).fetchone()
-        except psycopg.Error as exc:
-            raise self._fail(exc) from exc
-        assert row is not None
-        return int(row[0])
+        (counted,) = self._first(statement, {"queue": queue, "cap": cap})
+        return int(counted)
 
     def plan_dead(self, queue: str, reason: str, window: float | None, cap: int) -> Plan:
         """How the planner sees counting the DLQ rows of `queue` and `reason` that failed in
@@ -164,24 +167,12 @@ class StatsReader:
 
     def newest_dead(self, queue: str, cap: int) -> list[DeadCounts]:
         """The newest `cap` DLQ rows of `queue`, counted by reason and window."""
-        try:
-            rows = self._conn.execute(
-                self._sql.render("admin_dlq_newest"), {"queue": queue, "cap": cap}
-            ).fetchall()
-        except psycopg.Error as exc:
-            raise self._fail(exc) from exc
+        rows = self._rows(self._sql.render("admin_dlq_newest"), {"queue": queue, "cap": cap})
         return [DeadCounts(str(r), int(h), int(d), int(t), float(o)) for r, h, d, t, o in rows]
 
     def oldest_ready(self, queue: str) -> float:
         """Seconds since the oldest ready row of `queue` became due; 0 when none is."""
-        try:
-            return _oldest_ready(self._conn, self._sql, queue)
-        except psycopg.Error as exc:
-            raise self._fail(exc) from exc
-
-
-# doctor's probes: their errors carry the driver's text alone, since each becomes the detail
-# of a FAIL line that already names the check.
+        return self._oldest_ready(queue)
 
 
 @dataclass(frozen=True)
@@ -214,40 +205,28 @@ class XminHolder:
     xid_age: int
 
 
-class DoctorProbes:
-    """The reads of `doctor` over one connection (in autocommit mode, so a refused probe does
-    not abort the others); each error is a `DatabaseError` with the driver's text alone."""
+class DoctorProbes(_Reader):
+    """The reads of `doctor` (on an autocommit connection, so a refused probe does not abort
+    the others). Each error is a `DatabaseError` whose message has no prefix: it becomes the
+    detail of a FAIL line that already names the check."""
 
     def __init__(self, conn: Connection, names: TableNames) -> None:
-        self._conn, self._sql = conn, AdminSql(names)
-
-    def _one(self, block: str, params: dict[str, Any] | None = None) -> Any:
-        try:
-            return self._conn.execute(self._sql.render(block), params).fetchone()
-        except psycopg.Error as exc:
-            raise translate(exc, None) from exc
+        super().__init__(conn, names, None)
 
     def server(self) -> ServerFacts:
-        row = self._one("admin_server")
-        assert row is not None  # one row of settings
-        return ServerFacts(*row)
+        return ServerFacts(*self._first(self._sql.render("admin_server")))
 
     def table_health(self, table: QualifiedName) -> TableHealth | None:
         """None when `table` does not exist."""
-        row = self._one("admin_table_health", {"table": table.identifier().as_string(self._conn)})
-        return None if row is None else TableHealth(*row)
+        quoted = table.identifier().as_string(self._conn)
+        rows = self._rows(self._sql.render("admin_table_health"), {"table": quoted})
+        return TableHealth(*rows[0]) if rows else None
 
     def xmin_holder(self) -> XminHolder | None:
         """None when no snapshot, prepared transaction or slot holds the horizon back."""
-        row = self._one("admin_xmin_holder")
-        return None if row is None else XminHolder(*row)
+        rows = self._rows(self._sql.render("admin_xmin_holder"))
+        return XminHolder(*rows[0]) if rows else None
 
     def oldest_ready_by_queue(self) -> dict[str, float]:
         """Per queue with rows in the outbox, seconds since its oldest ready row became due."""
-        try:
-            return {
-                queue: _oldest_ready(self._conn, self._sql, queue)
-                for queue in _queues(self._conn, self._sql, "outbox_queues")
-            }
-        except psycopg.Error as exc:
-            raise translate(exc, None) from exc
+        return {queue: self._oldest_ready(queue) for queue in self._queues("outbox_queues")}

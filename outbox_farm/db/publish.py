@@ -8,9 +8,8 @@ once per `Queries`; the arguments arrive validated and encoded by `outbox_farm.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -22,8 +21,7 @@ from .translate import translate
 WRITE_FAILED = "outbox write failed"
 
 
-@dataclass(frozen=True, slots=True)
-class Due:
+class Due(NamedTuple):
     """When rows become due: at `at` when given, else `delay` seconds after the database's
     now() (its clock, not this machine's)."""
 
@@ -31,8 +29,7 @@ class Due:
     delay: float
 
 
-@dataclass(frozen=True, slots=True)
-class NewRow:
+class NewRow(NamedTuple):
     """One row to publish; `headers` is the JSON text, `timer_id` makes it a timer."""
 
     queue: str
@@ -43,8 +40,7 @@ class NewRow:
     extend_timer: bool = False  # a live timer with this id: move it (True) or keep it
 
 
-@dataclass(frozen=True, slots=True)
-class NewBatch:
+class NewBatch(NamedTuple):
     """Rows of one queue sharing their due time; `headers[i]` belongs to `payloads[i]`."""
 
     queue: str
