@@ -5,8 +5,8 @@ Every public function of these storage modules catches `psycopg.Error` once, aro
 runs, and raises what `translate` returns: callers above the storage layer catch one family
 (`DatabaseError` and its subclasses, which are still `psycopg.Error`s) and never need the
 driver's classes. Where the cause is one an operator fixes, the message says how: a missing
-table of the farm names the table and `outbox-farm migrate`; a missing privilege on one points
-at `outbox-farm check`, which prints the GRANT to run.
+table of the farm names the table and `outbox-farm migrate`; a missing column or privilege
+points at `outbox-farm check`, which reports the drift or prints the GRANT to run.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def translate(
     message's prefix; None: the driver's text alone, for reports that already say what ran).
 
     `names`: the farm's tables the statement touched. Only then is a missing table a
-    `SchemaError` naming it, and a refused privilege a `PrivilegeError`; anything else is a
-    `kind` (a `MigrationError` for migrations).
+    `SchemaError` naming it, a missing column a `SchemaError` too, and a refused privilege a
+    `PrivilegeError`; anything else is a `kind` (a `MigrationError` for migrations).
     """
     text = str(exc).strip()
     if names is not None:
@@ -59,9 +59,11 @@ def translate(
                 f"{what} table {table} does not exist: run `outbox-farm migrate` (or apply "
                 f"`outbox-farm sql`) first ({text})"
             )
+        prefix = f"{doing}: " if doing else ""
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-            prefix = f"{doing}: " if doing else ""
             return PrivilegeError(
                 f"{prefix}{text}; `outbox-farm check` prints the GRANT an owner runs to fix it"
             )
+        if isinstance(exc, psycopg.errors.UndefinedColumn):
+            return SchemaError(f"{prefix}{text}; `outbox-farm check` reports the drift")
     return kind(f"{doing}: {text}" if doing else text)

@@ -168,10 +168,21 @@ def test_a_missing_table_names_it_and_says_what_to_run(empty_dsn: str) -> None:
             assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
 
 
-def test_any_other_failure_is_a_database_error_saying_what_failed(conn: Conn) -> None:
+def test_other_failures_say_what_failed(conn: Conn) -> None:
     conn.execute("ALTER TABLE outbox_dlq RENAME COLUMN failure_reason TO why")
-    with pytest.raises(DatabaseError, match=r"^DLQ statement failed: column d\.failure_reason"):
+    with pytest.raises(SchemaError, match=r"^DLQ statement failed: column d\.failure_reason"):
         list_rows(conn, NAMES, DlqMatch(), 10)
+    conn.execute("ALTER TABLE outbox_dlq RENAME COLUMN why TO failure_reason")
+    conn.execute(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'no more rows'; END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION refuse()"
+    )
+    with pytest.raises(DatabaseError, match=r"^outbox write failed: no more rows") as info:
+        Publisher(Queries(NAMES)).insert(conn, NewRow("q", b"x", "{}", NOW), notify=True)
+    assert type(info.value) is DatabaseError
     with (
         pytest.raises(MigrationError, match=r"^migration failed: division by zero"),
         migration_lock(conn) as ledger,
