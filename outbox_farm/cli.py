@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-import psycopg
 
-from .dsn import check_dsn, redact
+from .db.connect import Connection, connect
+from .dsn import check_dsn
 from .errors import ConfigurationError, OutboxFarmError
 from .exposition import parse_bind
 from .names import TableNames
@@ -160,15 +160,11 @@ def _database(
         server.cleanup()
 
 
-def _connect(dsn: str) -> psycopg.Connection[Any]:
+def _connect(dsn: str) -> Connection:
     try:
-        return psycopg.connect(dsn, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise click.ClickException(
-            f"cannot connect to {redact(dsn)}: {str(exc).strip()}\n"
-            "Check --dsn / OUTBOX_FARM_DSN (or the file of --dsn-file) and that the server is "
-            "running."
-        ) from None
+        return connect(dsn)
+    except OutboxFarmError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -232,8 +228,7 @@ def check(dsn: str | None, table: str, dlq_table: str, no_dlq: bool) -> None:
             access = check_privileges(conn, names)
             problems: list[object] = []
             if not access.schema_usage_missing:  # else the catalog lookups are refused
-                dlq = str(names.dlq) if names.dlq else None
-                problems += check_schema(conn, str(names.outbox), dlq)
+                problems += check_schema(conn, names)
             problems += access.problems
         except OutboxFarmError as exc:
             raise click.ClickException(str(exc)) from None
@@ -311,14 +306,12 @@ def _prepare_metrics_dir(path: str | None) -> str:
     return str(folder)
 
 
-def _ready(
-    conn: psycopg.Connection[Any], names: TableNames, apply: bool, log: logging.Logger
-) -> None:
+def _ready(conn: Connection, names: TableNames, apply: bool, log: logging.Logger) -> None:
     """start's one look at the database: migrate if asked, then refuse to begin without the
     tables or the privileges the workers need (they would only retry in a loop)."""
+    from .db.schema import missing_tables
     from .migrate import migrate as run_migrate
     from .privileges import check_privileges
-    from .queries import load_blocks
 
     try:
         if apply:
@@ -330,22 +323,10 @@ def _ready(
             )
         access = check_privileges(conn, names)
         missing = (
-            []
-            if access.schema_usage_missing
-            else [
-                str(t)
-                for t in (names.outbox, names.dlq)
-                if t
-                and conn.execute(
-                    load_blocks()["table_oid"], {"table": t.identifier().as_string(conn)}
-                ).fetchone()
-                == (None,)
-            ]
+            [] if access.schema_usage_missing else [str(t) for t in missing_tables(conn, names)]
         )
     except OutboxFarmError as exc:
         raise click.ClickException(str(exc)) from None
-    except psycopg.Error as exc:
-        raise click.ClickException(f"start-up check failed: {exc}") from None
     if missing:
         raise click.ClickException(
             f"table(s) {', '.join(missing)} do not exist: run `outbox-farm migrate` first"

@@ -21,19 +21,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any
 
-import psycopg
-from psycopg import sql
-
+from .db.connect import Connection
+from .db.schema import MigrationRecord, migration_lock
 from .errors import MigrationError
 from .names import TableNames
-from .queries import load_blocks
+from .queries import compose
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _TARGET = re.compile(r"^-- target: (outbox|dlq)\s*$", re.MULTILINE)
-# One fixed key: every outbox_farm migrate run on a database takes turns, whatever the tables.
-_LOCK_KEY = 0x6F7574626F78  # "outbox"
 
 
 @dataclass(frozen=True)
@@ -47,8 +43,9 @@ class Migration:
     def checksum(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
-    def compose(self, names: TableNames) -> sql.Composed:
-        return sql.SQL(self.text).format(**names.identifiers())
+    def statement(self, names: TableNames) -> str:
+        """The migration for these tables: its placeholders filled with their identifiers."""
+        return compose(self.text, names)
 
 
 def migrations_dir() -> Traversable:
@@ -85,11 +82,11 @@ def selected(names: TableNames, migrations: list[Migration] | None = None) -> li
     return [m for m in (migrations or load_migrations()) if m.target == "outbox" or names.dlq]
 
 
-def ddl(names: TableNames, conn: psycopg.Connection[Any] | None = None) -> str:
+def ddl(names: TableNames) -> str:
     """The whole schema as SQL text, for users whose migrations live in Alembic or Django."""
     parts = []
     for m in selected(names):
-        text = m.compose(names).as_string(conn)
+        text = m.statement(names)
         parts.append(f"-- outbox_farm migration {m.version:04d}_{m.name}\n{text.strip()}\n")
     return "\n".join(parts)
 
@@ -101,22 +98,8 @@ class MigrateResult:
     repaired: list[str] = field(default_factory=list)  # recorded ones run again (repair=True)
 
 
-def _dropped_targets(conn: psycopg.Connection[Any], names: TableNames) -> set[str]:
-    """The configured tables that no longer exist in the catalog."""
-    sql_ = load_blocks()
-    gone = set()
-    for table in (names.outbox, names.dlq):
-        if table is None:
-            continue
-        quoted = table.identifier().as_string(conn)
-        row = conn.execute(sql_["migration_target_exists"], {"table": quoted}).fetchone()
-        if row is not None and not row[0]:
-            gone.add(str(table))
-    return gone
-
-
 def migrate(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     names: TableNames,
     *,
     repair: bool = False,
@@ -128,54 +111,35 @@ def migrate(
     longer exists. `repair` runs the recorded ones again too (they are idempotent), which
     brings back dropped indexes and settings. The connection must not be inside a
     transaction. Two concurrent runs are safe: the second waits for the lock and then finds
-    nothing left to do.
+    nothing left to do. A database error is a `MigrationError`; the migrations committed
+    before it stay applied.
     """
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise MigrationError("migrate() needs a connection that is not inside a transaction")
-    previous_autocommit = conn.autocommit
-    conn.autocommit = True
     result = MigrateResult([], [])
-    try:
-        sql_ = load_blocks()
-        conn.execute(sql_["migrate_lock"], {"key": _LOCK_KEY})
-        try:
-            conn.execute(sql_["migrations_table"])
-            for target in _dropped_targets(conn, names):
-                if conn.execute(sql_["migration_forget"], {"target": target}).rowcount:
+    with migration_lock(conn) as ledger:
+        for table in ledger.missing(names):
+            if ledger.forget(str(table)):
+                progress(
+                    f"{table} does not exist although its migrations were recorded "
+                    "(dropped?): applying them again"
+                )
+        for m in selected(names):
+            target = str(names.outbox if m.target == "outbox" else names.dlq)
+            label = f"{m.version:04d}_{m.name} on {target}"
+            applied = ledger.checksum(target, m.version)
+            if applied is not None:
+                if applied != m.checksum:
                     progress(
-                        f"{target} does not exist although its migrations were recorded "
-                        "(dropped?): applying them again"
+                        f"warning: {label} was applied from a different text "
+                        "(edited after it ran?); migrations are forward-only, add a "
+                        "new one instead"
                     )
-            for m in selected(names):
-                target = str(names.outbox if m.target == "outbox" else names.dlq)
-                label = f"{m.version:04d}_{m.name} on {target}"
-                key = {"target": target, "version": m.version}
-                applied = conn.execute(sql_["migration_applied"], key).fetchone()
-                if applied is not None:
-                    if applied[0] != m.checksum:
-                        progress(
-                            f"warning: {label} was applied from a different text "
-                            "(edited after it ran?); migrations are forward-only, add a "
-                            "new one instead"
-                        )
-                    if not repair:
-                        result.already.append(label)
-                        continue
-                    progress(f"repairing {label}")
-                else:
-                    progress(f"applying {label}")
-                with conn.transaction():
-                    conn.execute(m.compose(names))
-                    if applied is None:
-                        conn.execute(
-                            sql_["migration_record"],
-                            {**key, "name": m.name, "checksum": m.checksum},
-                        )
-                (result.applied if applied is None else result.repaired).append(label)
-        finally:
-            conn.execute(sql_["migrate_unlock"], {"key": _LOCK_KEY})
-    except psycopg.Error as exc:
-        raise MigrationError(f"migration failed: {exc}".strip()) from exc
-    finally:
-        conn.autocommit = previous_autocommit
+                if not repair:
+                    result.already.append(label)
+                    continue
+                progress(f"repairing {label}")
+            else:
+                progress(f"applying {label}")
+            record = MigrationRecord(target, m.version, m.name, m.checksum)
+            ledger.apply(m.statement(names), record if applied is None else None)
+            (result.applied if applied is None else result.repaired).append(label)
     return result

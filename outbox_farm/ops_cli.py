@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 import orjson
-import psycopg
 
 from .admin import When, parse_duration
 from .admin.rates import DEFAULT_METRICS_URL
 from .admin.stats import EXACT_LIMIT
+from .db.connect import Connection
 from .errors import OutboxFarmError
 from .names import TableNames
 
@@ -73,7 +73,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 @contextmanager
-def session(dsn: str | None, names: TableNames) -> Iterator[psycopg.Connection[Any]]:
+def session(dsn: str | None, names: TableNames) -> Iterator[Connection]:
     """An autocommit connection (replay and purge commit batch by batch), library errors
     turned into one-line messages."""
     from .cli import _connect, _database

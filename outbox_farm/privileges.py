@@ -10,14 +10,10 @@ autovacuum, which is a note, not a problem.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
-from psycopg import sql
-
-from .errors import DatabaseError
+from .db.connect import Connection
+from .db.privileges import grant_schema, grant_sequence, grant_table, table_access
 from .names import QualifiedName, TableNames
-from .queries import load_blocks
 
 # What the farm and its producers do: claim (SELECT, UPDATE), ack (DELETE), publish (INSERT).
 OUTBOX_NEEDS = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -36,49 +32,41 @@ class PrivilegeReport:
         return any("USAGE on schema" in problem for problem in self.problems)
 
 
-def _grant(conn: psycopg.Connection[Any], block: str, **parts: sql.Composable) -> str:
-    """A GRANT block as the one line an operator copies: its comment lines left out."""
-    lines = [line for line in load_blocks()[block].splitlines() if not line.startswith("--")]
-    return sql.SQL(" ".join(lines)).format(**parts).as_string(conn)
-
-
 def _check_table(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     table: QualifiedName,
     needs: tuple[str, ...],
     vacuum: bool,
     report: PrivilegeReport,
 ) -> None:
-    row = conn.execute(
-        load_blocks()["table_privileges"], {"schema": table.schema, "name": table.name}
-    ).fetchone()
-    if row is None:
+    access = table_access(conn, table)
+    if access is None:
         return  # missing table: the schema check says so, with what to run
-    role, schema, usage, select, insert, update, delete, maintain, seq_schema, seq, seq_ok = row
-    who = sql.Identifier(role)
-    if not usage:
-        grant = _grant(conn, "grant_schema", schema=sql.Identifier(schema), role=who)
-        report.problems.append(f"{table}: role {role} lacks USAGE on schema {schema}; run {grant}")
-    held = {"SELECT": select, "INSERT": insert, "UPDATE": update, "DELETE": delete}
+    role = access.role
+    if not access.schema_usage:
+        grant = grant_schema(access.schema, role)
+        report.problems.append(
+            f"{table}: role {role} lacks USAGE on schema {access.schema}; run {grant}"
+        )
+    held = {
+        "SELECT": access.select,
+        "INSERT": access.insert,
+        "UPDATE": access.update,
+        "DELETE": access.delete,
+    }
     lacking = [privilege for privilege in needs if not held[privilege]]
     if lacking:
-        grant = _grant(
-            conn,
-            "grant_table",
-            privileges=sql.SQL(", ").join(sql.SQL(p) for p in lacking),
-            table=table.identifier(),
-            role=who,
-        )
+        grant = grant_table(lacking, table, role)
         report.problems.append(
             f"{table}: role {role} lacks {', '.join(lacking)} on the table; run {grant}"
         )
-    if "INSERT" in needs and not seq_ok:
-        grant = _grant(conn, "grant_sequence", sequence=sql.Identifier(seq_schema, seq), role=who)
+    if "INSERT" in needs and access.sequence is not None and not access.sequence_usage:
+        grant = grant_sequence(access.sequence, role)
         report.problems.append(
-            f"{table}: role {role} lacks USAGE on the id sequence {seq_schema}.{seq}, which "
+            f"{table}: role {role} lacks USAGE on the id sequence {access.sequence}, which "
             f"every INSERT needs; run {grant}"
         )
-    if vacuum and not maintain:
+    if vacuum and not access.maintain:
         report.notes.append(
             f"{table}: role {role} neither owns the table nor holds MAINTAIN on it (PostgreSQL "
             "17+), so the farm's own VACUUM will be skipped and the table left to autovacuum "
@@ -86,13 +74,13 @@ def _check_table(
         )
 
 
-def check_privileges(conn: psycopg.Connection[Any], names: TableNames) -> PrivilegeReport:
-    """Every privilege the current role lacks for the farm's tables, with the GRANT to run."""
+def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
+    """Every privilege the current role lacks for the farm's tables, with the GRANT to run.
+
+    A failing catalog read is a `DatabaseError`.
+    """
     report = PrivilegeReport()
-    try:
-        _check_table(conn, names.outbox, OUTBOX_NEEDS, True, report)
-        if names.dlq is not None:
-            _check_table(conn, names.dlq, DLQ_NEEDS, False, report)
-    except psycopg.Error as exc:
-        raise DatabaseError(f"privilege check failed: {exc}") from exc
+    _check_table(conn, names.outbox, OUTBOX_NEEDS, True, report)
+    if names.dlq is not None:
+        _check_table(conn, names.dlq, DLQ_NEEDS, False, report)
     return report

@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Required, TypedDict, Unpack
 
 import orjson
-import psycopg
 
-from .errors import ConfigurationError, DatabaseError, SchemaError
+from .db.connect import AsyncConnection, Connection
+from .db.publish import Due, NewBatch, NewRow, Publisher
+from .errors import ConfigurationError
 from .queries import Queries
 
 TimerConflict = Literal["ignore", "extend"]
@@ -77,9 +77,11 @@ def _delay_seconds(activate_in: float | timedelta | None) -> float:
     return float(seconds)
 
 
-def _encode_headers(
+def encode_headers(
     headers: Mapping[str, Any] | None, correlation_id: str | None, content_type: str
 ) -> str:
+    """The row's headers as JSON text: the caller's, with `content_type` and a correlation id
+    (the given one, else the caller's header, else a new random one)."""
     if headers is not None and not isinstance(headers, Mapping):
         raise ConfigurationError(f"headers must be a mapping, got {type(headers).__name__}")
     merged: dict[str, Any] = {CONTENT_TYPE: content_type, **(headers or {})}
@@ -103,24 +105,18 @@ def _encode_headers(
     return text
 
 
-@dataclass(frozen=True)
-class Timing:
-    at: datetime | None
-    delay: float
-
-    @classmethod
-    def build(cls, activate_in: float | timedelta | None, activate_at: datetime | None) -> Timing:
-        if activate_in is not None and activate_at is not None:
-            raise ConfigurationError("pass activate_in or activate_at, not both")
-        if activate_at is not None:
-            if not isinstance(activate_at, datetime):
-                raise ConfigurationError(f"activate_at must be a datetime, got {activate_at!r}")
-            if activate_at.tzinfo is None or activate_at.utcoffset() is None:
-                raise ConfigurationError(
-                    "activate_at must be timezone-aware (e.g. datetime.now(timezone.utc)); "
-                    "a naive time would be read in the database session's time zone"
-                )
-        return cls(activate_at, _delay_seconds(activate_in))
+def _due(activate_in: float | timedelta | None, activate_at: datetime | None) -> Due:
+    if activate_in is not None and activate_at is not None:
+        raise ConfigurationError("pass activate_in or activate_at, not both")
+    if activate_at is not None:
+        if not isinstance(activate_at, datetime):
+            raise ConfigurationError(f"activate_at must be a datetime, got {activate_at!r}")
+        if activate_at.tzinfo is None or activate_at.utcoffset() is None:
+            raise ConfigurationError(
+                "activate_at must be timezone-aware (e.g. datetime.now(timezone.utc)); "
+                "a naive time would be read in the database session's time zone"
+            )
+    return Due(activate_at, _delay_seconds(activate_in))
 
 
 class BatchOptions(TypedDict, total=False):
@@ -142,11 +138,12 @@ class PublishOptions(BatchOptions, total=False):
 
 
 class Producer:
-    """Builds and runs the publish statements for one outbox table."""
+    """Validates and encodes publish calls for one outbox table; `Publisher` runs them."""
 
     def __init__(self, queries: Queries, *, notify: bool = True) -> None:
         self.queries = queries
         self.notify = notify
+        self._publisher = Publisher(queries)
 
     def _one(
         self,
@@ -160,7 +157,7 @@ class Producer:
         timer_id: str | None = None,
         on_timer_conflict: TimerConflict = "ignore",
         notify: bool | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[NewRow, bool]:
         _check_name(queue, "queue")
         if timer_id is not None:
             _check_name(timer_id, "timer_id")
@@ -168,23 +165,17 @@ class Producer:
             raise ConfigurationError(
                 f"on_timer_conflict must be 'ignore' or 'extend', got {on_timer_conflict!r}"
             )
-        timing = Timing.build(activate_in, activate_at)
+        due = _due(activate_in, activate_at)
         payload, content_type = encode_body(body)
-        params = {
-            "queue": queue,
-            "payload": payload,
-            "headers": _encode_headers(headers, correlation_id, content_type),
-            "at": timing.at,
-            "delay": timing.delay,
-            "timer_id": timer_id,
-            "notify": self.notify if notify is None else notify,
-            "channel": self.queries.names.channel,
-        }
-        if timer_id is None:
-            name = "publish"
-        else:
-            name = "publish_extend" if on_timer_conflict == "extend" else "publish_timer"
-        return self.queries[name], params
+        row = NewRow(
+            queue,
+            payload,
+            encode_headers(headers, correlation_id, content_type),
+            due,
+            timer_id,
+            on_timer_conflict == "extend",
+        )
+        return row, self.notify if notify is None else notify
 
     def _batch(
         self,
@@ -195,119 +186,65 @@ class Producer:
         activate_in: float | timedelta | None = None,
         activate_at: datetime | None = None,
         notify: bool | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[NewBatch, bool]:
         _check_name(queue, "queue")
         if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
             raise ConfigurationError("publish_batch takes a sequence (list or tuple) of bodies")
-        timing = Timing.build(activate_in, activate_at)
+        due = _due(activate_in, activate_at)
         payloads, header_texts = [], []
         for body in bodies:
             payload, content_type = encode_body(body)
             payloads.append(payload)
-            header_texts.append(_encode_headers(headers, None, content_type))
-        params = {
-            "queue": queue,
-            "payloads": payloads,
-            "headers": header_texts,
-            "at": timing.at,
-            "delay": timing.delay,
-            "notify": self.notify if notify is None else notify,
-            "channel": self.queries.names.channel,
-        }
-        return self.queries["publish_batch"], params
+            header_texts.append(encode_headers(headers, None, content_type))
+        batch = NewBatch(queue, payloads, header_texts, due)
+        return batch, self.notify if notify is None else notify
 
-    def _cancel(self, queue: str, timer_id: str) -> tuple[str, dict[str, Any]]:
-        params = {
-            "queue": _check_name(queue, "queue"),
-            "timer_id": _check_name(timer_id, "timer_id"),
-        }
-        return self.queries["cancel_timer"], params
-
-    def translate(self, exc: psycopg.Error) -> DatabaseError:
-        """The producer's one error boundary."""
-        if isinstance(exc, psycopg.errors.UndefinedTable):
-            return SchemaError(
-                f"outbox table {self.queries.names.outbox} does not exist: run "
-                f"`outbox-farm migrate` (or apply `outbox-farm sql`) first ({exc})"
-            )
-        return DatabaseError(f"outbox write failed: {exc}")
-
-    # The public calls come in sync/async pairs over the same builders above; each pair only
-    # differs in how the statement is awaited. Options are listed in PublishOptions.
+    # The public calls come in sync/async pairs over the same builders above. Options are
+    # listed in PublishOptions.
 
     def publish(
-        self, conn: psycopg.Connection[Any], body: object, **options: Unpack[PublishOptions]
+        self, conn: Connection, body: object, **options: Unpack[PublishOptions]
     ) -> int | None:
         """Insert one row in the caller's transaction; return its id.
 
         None means a timer with this `timer_id` already exists and was kept (`ignore`), or is
         running and could not be moved (`extend`). The caller commits or rolls back.
         """
-        query, params = self._one(body, **options)
-        try:
-            row = conn.execute(query, params).fetchone()
-        except psycopg.Error as exc:
-            raise self.translate(exc) from exc
-        return int(row[0]) if row else None
+        row, notify = self._one(body, **options)
+        return self._publisher.insert(conn, row, notify=notify)
 
     async def apublish(
-        self, conn: psycopg.AsyncConnection[Any], body: object, **options: Unpack[PublishOptions]
+        self, conn: AsyncConnection, body: object, **options: Unpack[PublishOptions]
     ) -> int | None:
         """`publish` for an `AsyncConnection`."""
-        query, params = self._one(body, **options)
-        try:
-            row = await (await conn.execute(query, params)).fetchone()
-        except psycopg.Error as exc:
-            raise self.translate(exc) from exc
-        return int(row[0]) if row else None
+        row, notify = self._one(body, **options)
+        return await self._publisher.ainsert(conn, row, notify=notify)
 
     def publish_batch(
-        self,
-        conn: psycopg.Connection[Any],
-        bodies: Sequence[object],
-        **options: Unpack[BatchOptions],
+        self, conn: Connection, bodies: Sequence[object], **options: Unpack[BatchOptions]
     ) -> list[int]:
         """Insert many rows of one queue in one round trip; ids in the order of `bodies`.
 
         Each row gets its own correlation id. At most one NOTIFY is sent for the batch.
         """
-        query, params = self._batch(bodies, **options)
-        if not params["payloads"]:
-            return []
-        try:
-            return [int(r[0]) for r in conn.execute(query, params).fetchall()]
-        except psycopg.Error as exc:
-            raise self.translate(exc) from exc
+        batch, notify = self._batch(bodies, **options)
+        return self._publisher.insert_batch(conn, batch, notify=notify)
 
     async def apublish_batch(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        bodies: Sequence[object],
-        **options: Unpack[BatchOptions],
+        self, conn: AsyncConnection, bodies: Sequence[object], **options: Unpack[BatchOptions]
     ) -> list[int]:
         """`publish_batch` for an `AsyncConnection`."""
-        query, params = self._batch(bodies, **options)
-        if not params["payloads"]:
-            return []
-        try:
-            return [int(r[0]) for r in await (await conn.execute(query, params)).fetchall()]
-        except psycopg.Error as exc:
-            raise self.translate(exc) from exc
+        batch, notify = self._batch(bodies, **options)
+        return await self._publisher.ainsert_batch(conn, batch, notify=notify)
 
-    def cancel_timer(self, conn: psycopg.Connection[Any], *, queue: str, timer_id: str) -> bool:
+    def cancel_timer(self, conn: Connection, *, queue: str, timer_id: str) -> bool:
         """Delete a pending timer; False if there is none or its handler is already running."""
-        query, params = self._cancel(queue, timer_id)
-        try:
-            return conn.execute(query, params).fetchone() is not None
-        except psycopg.Error as exc:
-            raise self.translate(exc) from exc
+        return self._publisher.cancel_timer(
+            conn, _check_name(queue, "queue"), _check_name(timer_id, "timer_id")
+        )
 
-    async def acancel_timer(
-        self, conn: psycopg.AsyncConnection[Any], *, queue: str, timer_id: str
-    ) -> bool:
+    async def acancel_timer(self, conn: AsyncConnection, *, queue: str, timer_id: str) -> bool:
         """`cancel_timer` for an `AsyncConnection`."""
-        query, params = self._cancel(queue, timer_id)
-        try:
-            return await (await conn.execute(query, params)).fetchone() is not None
-        except psycopg.Error as exc:
-            raise self.translate(exc) from exc
+        return await self._publisher.acancel_timer(
+            conn, _check_name(queue, "queue"), _check_name(timer_id, "timer_id")
+        )

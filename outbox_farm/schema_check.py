@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
-import psycopg
-
-from .errors import DatabaseError
+from .db.connect import Connection
+from .db.schema import LiveColumn, LiveIndex, read_table
 from .names import QualifiedName, TableNames
-from .queries import load_blocks
 
 TSTZ = "timestamp with time zone"
 VARCHAR = "character varying(255)"
@@ -99,29 +96,29 @@ def _lease_check_ok(definition: str) -> bool:
 
 
 def _check_columns(
-    label: str, live: dict[str, tuple[str, bool, bool]], columns: dict[str, tuple[str, bool, bool]]
+    label: str, live: dict[str, LiveColumn], columns: dict[str, tuple[str, bool, bool]]
 ) -> list[Problem]:
     problems: list[Problem] = []
     for name, (typ, notnull, needs_default) in columns.items():
         if name not in live:
             problems.append(Problem(label, f"column {name} is missing (expected {typ})"))
             continue
-        live_type, live_notnull, live_default = live[name]
-        if live_type != typ:
-            problems.append(Problem(label, f"column {name} is {live_type}, expected {typ}"))
-        if live_notnull != notnull:
+        found = live[name]
+        if found.type != typ:
+            problems.append(Problem(label, f"column {name} is {found.type}, expected {typ}"))
+        if found.not_null != notnull:
             expected = "NOT NULL" if notnull else "nullable"
             problems.append(Problem(label, f"column {name} should be {expected}"))
-        if needs_default and not live_default:
+        if needs_default and not found.has_default:
             problems.append(Problem(label, f"column {name} has lost its default"))
     return problems
 
 
-def _check_index(label: str, want: ExpectedIndex, live_indexes: list[Any]) -> Problem | None:
+def _check_index(label: str, want: ExpectedIndex, live_indexes: list[LiveIndex]) -> Problem | None:
     candidates = [
-        (index_name, unique, _normalise(pred))
-        for index_name, index_cols, unique, _, pred in live_indexes
-        if tuple(index_cols) == want.columns
+        (index.name, index.unique, _normalise(index.predicate))
+        for index in live_indexes
+        if index.columns == want.columns
     ]
     wanted_pred = _normalise(want.predicate)
     if any(u == want.unique and p == wanted_pred for _, u, p in candidates):
@@ -142,54 +139,41 @@ def _check_index(label: str, want: ExpectedIndex, live_indexes: list[Any]) -> Pr
 
 
 def _check_table(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     table: QualifiedName,
     columns: dict[str, tuple[str, bool, bool]],
     indexes: tuple[ExpectedIndex, ...],
     lease_check: bool,
 ) -> list[Problem]:
-    sql_ = load_blocks()
     label = str(table)
-    quoted = table.identifier().as_string(conn)
-    row = conn.execute(sql_["table_oid"], {"table": quoted}).fetchone()
-    oid = row[0] if row else None
-    if oid is None:
+    live = read_table(conn, table)
+    if live is None:
         return [Problem(label, "table does not exist; run `outbox-farm migrate`")]
 
-    rows: list[Any] = conn.execute(sql_["columns"], {"oid": oid}).fetchall()
-    problems = _check_columns(label, {r[0]: (r[1], r[2], r[3]) for r in rows}, columns)
-
-    live_indexes: list[Any] = conn.execute(sql_["indexes"], {"oid": oid}).fetchall()
-    if not any(primary and cols == ["id"] for _, cols, _, primary, _ in live_indexes):
+    problems = _check_columns(label, live.columns, columns)
+    if not any(index.primary and index.columns == ("id",) for index in live.indexes):
         problems.append(Problem(label, "primary key on id is missing"))
-    problems += [p for want in indexes if (p := _check_index(label, want, live_indexes))]
+    problems += [p for want in indexes if (p := _check_index(label, want, live.indexes))]
 
-    if lease_check:
-        checks: list[Any] = conn.execute(sql_["checks"], {"oid": oid}).fetchall()
-        if not any(_lease_check_ok(definition) for _, definition in checks):
-            problems.append(
-                Problem(
-                    label,
-                    "lease CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)) is missing "
-                    f"or wrong; {FIX_HINT}",
-                )
+    if lease_check and not any(_lease_check_ok(definition) for definition in live.checks):
+        problems.append(
+            Problem(
+                label,
+                "lease CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)) is missing "
+                f"or wrong; {FIX_HINT}",
             )
+        )
     return problems
 
 
-def check_schema(
-    conn: psycopg.Connection[Any], table: str = "outbox", dlq_table: str | None = None
-) -> list[Problem]:
+def check_schema(conn: Connection, names: TableNames) -> list[Problem]:
     """Every difference between the live schema and what the farm needs; empty when fine.
 
     Extra user columns and indexes are allowed. Index and CHECK names do not matter: they are
-    matched by columns and predicate, so schemas made by Alembic or Django pass too.
+    matched by columns and predicate, so schemas made by Alembic or Django pass too. The DLQ
+    is checked only when `names` has one. A failing catalog read is a `DatabaseError`.
     """
-    names = TableNames.build(table, dlq_table)
-    try:
-        problems = _check_table(conn, names.outbox, OUTBOX_COLUMNS, OUTBOX_INDEXES, True)
-        if names.dlq is not None:
-            problems += _check_table(conn, names.dlq, DLQ_COLUMNS, DLQ_INDEXES, False)
-    except psycopg.Error as exc:
-        raise DatabaseError(f"schema check failed: {exc}") from exc
+    problems = _check_table(conn, names.outbox, OUTBOX_COLUMNS, OUTBOX_INDEXES, True)
+    if names.dlq is not None:
+        problems += _check_table(conn, names.dlq, DLQ_COLUMNS, DLQ_INDEXES, False)
     return problems

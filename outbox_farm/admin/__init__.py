@@ -10,14 +10,11 @@ purge commit batch by batch) and the `TableNames` of the farm's tables.
         done = dlq_replay(conn, names, DlqFilter(queue="orders", since=When.parse("2h")))
 """
 
+from ..db.dlq import DlqRow, Done, Summary, SummaryLine
 from .dlq import (
     DlqEntry,
     DlqFilter,
-    DlqRow,
-    Done,
     Payload,
-    Summary,
-    SummaryLine,
     dlq_list,
     dlq_purge,
     dlq_replay,

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import orjson
-import psycopg
 
-from ..errors import ConfigurationError, DatabaseError
+from ..db import dlq as db
+from ..db.connect import Connection
+from ..db.dlq import DlqMatch, DlqRow, Done, Summary
+from ..errors import ConfigurationError
 from ..names import TableNames
 from .durations import When
-from .sql import AdminSql
 
 DEFAULT_BATCH = 1000
 
@@ -38,37 +39,23 @@ class DlqFilter:
     until: When | None = None  # failed before
     grep: str | None = None
 
-    def params(self) -> dict[str, Any]:
+    def match(self) -> DlqMatch:
+        """The filter as the statements take it; a NUL character, which no row can hold, is
+        refused here, before any SQL."""
         for what, text in (("queue", self.queue), ("reason", self.reason), ("grep", self.grep)):
             if text is not None and "\x00" in text:
                 raise ConfigurationError(f"{what} contains a NUL character, which no row holds")
         since, until = self.since or When(), self.until or When()
-        return {
-            "ids": list(self.ids) if self.ids is not None else None,
-            "queue": self.queue,
-            "reason": self.reason,
-            "since_at": since.at,
-            "since_ago": since.ago,
-            "until_at": until.at,
-            "until_ago": until.ago,
-            "grep": self.grep,
-        }
-
-
-@dataclass(frozen=True)
-class DlqRow:
-    """One row as `list` shows it: the exception's first line, the payload's size."""
-
-    id: int
-    original_id: int
-    queue: str
-    reason: str
-    deliveries_count: int
-    created_at: datetime
-    failed_at: datetime
-    payload_bytes: int
-    headers: dict[str, Any]
-    exception: str
+        return DlqMatch(
+            ids=list(self.ids) if self.ids is not None else None,
+            queue=self.queue,
+            reason=self.reason,
+            since_at=since.at,
+            since_ago=since.ago,
+            until_at=until.at,
+            until_ago=until.ago,
+            grep=self.grep,
+        )
 
 
 @dataclass(frozen=True)
@@ -112,128 +99,51 @@ class DlqEntry:
     timer_id: str | None
 
 
-@dataclass(frozen=True)
-class SummaryLine:
-    queue: str
-    reason: str
-    rows: int
-    first_failed_at: datetime
-    last_failed_at: datetime
-
-
-@dataclass(frozen=True)
-class Summary:
-    """What a filter matches now, by queue and reason; `upto` is the highest id among them."""
-
-    lines: list[SummaryLine] = field(default_factory=list)
-    upto: int = 0
-
-    @property
-    def rows(self) -> int:
-        return sum(line.rows for line in self.lines)
-
-
-@dataclass(frozen=True)
-class Done:
-    """What a replay or purge did."""
-
-    rows: int
-    batches: int
-    notified: int = 0  # replay: NOTIFYs sent (one per queue and batch with due rows)
-
-
-def _sql(names: TableNames) -> AdminSql:
+def _need_dlq(names: TableNames) -> None:
     if names.dlq is None:
         raise ConfigurationError(
             "no DLQ table is configured; leave out --no-dlq (or give --dlq-table)"
         )
-    return AdminSql(names)
-
-
-def _run(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any]) -> list[Any]:
-    try:
-        return conn.execute(statement, params).fetchall()
-    except psycopg.Error as exc:
-        raise DatabaseError(f"DLQ statement failed: {str(exc).strip()}") from exc
 
 
 def dlq_list(
-    conn: psycopg.Connection[Any], names: TableNames, where: DlqFilter, limit: int = 50
+    conn: Connection, names: TableNames, where: DlqFilter, limit: int = 50
 ) -> list[DlqRow]:
     """The newest `limit` rows matching `where`, newest first."""
-    statement = _sql(names).render("admin_dlq_list", match="admin_dlq_match")
-    rows = _run(conn, statement, where.params() | {"limit": limit})
-    return [
-        DlqRow(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or {}, row[9])
-        for row in rows
-    ]
+    _need_dlq(names)
+    return db.list_rows(conn, names, where.match(), limit)
 
 
-def dlq_show(conn: psycopg.Connection[Any], names: TableNames, row_id: int) -> DlqEntry | None:
+def dlq_show(conn: Connection, names: TableNames, row_id: int) -> DlqEntry | None:
     """Row `row_id` with its payload decoded by content type; None when there is none."""
-    rows = _run(conn, _sql(names).render("admin_dlq_show"), {"id": row_id})
-    if not rows:
+    _need_dlq(names)
+    row = db.read_row(conn, names, row_id)
+    if row is None:
         return None
-    rid, original, queue, reason, deliveries, created, failed, body, headers, exc, timer = rows[0]
-    headers = headers or {}
-    payload = Payload.decode(bytes(body), headers.get("content-type"))
     return DlqEntry(
-        rid,
-        original,
-        queue,
-        reason,
-        deliveries,
-        created,
-        failed,
-        payload,
-        len(body),
-        headers,
-        exc,
-        timer,
+        row.id,
+        row.original_id,
+        row.queue,
+        row.reason,
+        row.deliveries_count,
+        row.created_at,
+        row.failed_at,
+        Payload.decode(row.payload, row.headers.get("content-type")),
+        len(row.payload),
+        row.headers,
+        row.last_exception,
+        row.timer_id,
     )
 
 
-def dlq_summary(conn: psycopg.Connection[Any], names: TableNames, where: DlqFilter) -> Summary:
+def dlq_summary(conn: Connection, names: TableNames, where: DlqFilter) -> Summary:
     """Counts by queue and reason of the rows `where` matches: what a dry run reports."""
-    statement = _sql(names).render("admin_dlq_summary", match="admin_dlq_match")
-    rows = _run(conn, statement, where.params())
-    return Summary(
-        [SummaryLine(*row[:5]) for row in rows], max((row[5] for row in rows), default=0)
-    )
-
-
-def _batches(
-    conn: psycopg.Connection[Any],
-    statement: str,
-    params: dict[str, Any],
-    progress: Callable[[int], None] | None,
-) -> tuple[int, int, int]:
-    """Run a keyset-batched statement until it matches nothing: (rows, batches, notifies).
-
-    Each batch is its own transaction (the connection must not be inside one already), so what
-    a batch did is committed before the next starts.
-    """
-    after, rows, batches, notified = 0, 0, 0, 0
-    while True:
-        try:
-            with conn.transaction():
-                row = conn.execute(statement, params | {"after": after}).fetchone()
-        except psycopg.Error as exc:
-            raise DatabaseError(
-                f"DLQ batch failed after {rows} row(s) in {batches} batch(es), all committed; "
-                f"nothing of the failed batch was changed: {str(exc).strip()}"
-            ) from exc
-        assert row is not None  # an aggregate: always one row
-        if row[0] is None:
-            return rows, batches, notified
-        after, rows, batches = row[0], rows + row[1], batches + 1
-        notified += row[2] if len(row) > 2 else 0
-        if progress is not None:
-            progress(row[1])
+    _need_dlq(names)
+    return db.summarize(conn, names, where.match())
 
 
 def dlq_replay(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     names: TableNames,
     where: DlqFilter,
     *,
@@ -250,21 +160,23 @@ def dlq_replay(
     """
     if to_queue is not None and ("\x00" in to_queue or not to_queue):
         raise ConfigurationError("--to-queue must be a non-empty name without NUL characters")
+    _need_dlq(names)
     if upto is None:
         upto = dlq_summary(conn, names, where).upto
-    params = where.params() | {
-        "upto": upto,
-        "batch": batch,
-        "to_queue": to_queue,
-        "delay": delay,
-        "channel": names.channel,
-    }
-    statement = _sql(names).render("admin_dlq_replay", match="admin_dlq_match")
-    return Done(*_batches(conn, statement, params, progress))
+    return db.replay(
+        conn,
+        names,
+        where.match(),
+        upto=upto,
+        batch=batch,
+        to_queue=to_queue,
+        delay=delay,
+        progress=progress,
+    )
 
 
 def dlq_purge(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     names: TableNames,
     where: DlqFilter,
     *,
@@ -273,8 +185,7 @@ def dlq_purge(
     progress: Callable[[int], None] | None = None,
 ) -> Done:
     """Delete the matching rows for good, in batches; `upto` as for `dlq_replay`."""
+    _need_dlq(names)
     if upto is None:
         upto = dlq_summary(conn, names, where).upto
-    params = where.params() | {"upto": upto, "batch": batch}
-    statement = _sql(names).render("admin_dlq_purge", match="admin_dlq_match")
-    return Done(*_batches(conn, statement, params, progress))
+    return db.purge(conn, names, where.match(), upto=upto, batch=batch, progress=progress)

@@ -11,15 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
-import psycopg
-
+from ..db.connect import Connection
+from ..db.operator import DoctorProbes
+from ..errors import DatabaseError
 from ..names import QualifiedName, TableNames
 from ..privileges import check_privileges
 from ..schema_check import check_schema
-from .sql import AdminSql
-from .stats import RowCounter
 
 MIN_SERVER = 120000  # VACUUM (SKIP_LOCKED, TRUNCATE false) and vacuum_truncate: PostgreSQL 12
 NOTIFY_WARN, NOTIFY_FAIL = 0.1, 0.5
@@ -55,14 +53,11 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _one(conn: psycopg.Connection[Any], statement: str, params: Any = None) -> Any:
-    return conn.execute(statement, params).fetchone()
-
-
-def _server(conn: psycopg.Connection[Any], sql: AdminSql) -> list[Check]:
-    num, version, user, db, track_counts, autovacuum, usage = _one(conn, sql.render("admin_server"))
-    checks = [Check("connection", Status.OK, f"database {db} as {user}")]
-    if num < MIN_SERVER:
+def _server(probes: DoctorProbes) -> list[Check]:
+    facts = probes.server()
+    version, usage = facts.version, facts.notify_queue_usage
+    checks = [Check("connection", Status.OK, f"database {facts.database} as {facts.user}")]
+    if facts.version_num < MIN_SERVER:
         checks.append(
             Check(
                 "server version",
@@ -73,7 +68,7 @@ def _server(conn: psycopg.Connection[Any], sql: AdminSql) -> list[Check]:
         )
     else:
         checks.append(Check("server version", Status.OK, f"PostgreSQL {version}"))
-    if not track_counts:
+    if not facts.track_counts:
         checks.append(
             Check(
                 "track_counts",
@@ -85,7 +80,7 @@ def _server(conn: psycopg.Connection[Any], sql: AdminSql) -> list[Check]:
         )
     else:
         checks.append(Check("track_counts", Status.OK, "on"))
-    if not autovacuum:
+    if not facts.autovacuum:
         checks.append(
             Check(
                 "autovacuum",
@@ -110,7 +105,7 @@ def _server(conn: psycopg.Connection[Any], sql: AdminSql) -> list[Check]:
     return checks
 
 
-def _access(conn: psycopg.Connection[Any], names: TableNames) -> list[Check]:
+def _access(conn: Connection, names: TableNames) -> list[Check]:
     access = check_privileges(conn, names)
     checks = [
         Check("privileges", Status.FAIL, problem, "an owner runs the GRANT above")
@@ -121,8 +116,7 @@ def _access(conn: psycopg.Connection[Any], names: TableNames) -> list[Check]:
         checks.append(Check("privileges", Status.OK, "everything the farm does is granted"))
     if access.schema_usage_missing:
         return checks  # the catalog lookups of the schema check would be refused
-    dlq = str(names.dlq) if names.dlq else None
-    problems = check_schema(conn, str(names.outbox), dlq)
+    problems = check_schema(conn, names)
     checks += [
         Check(
             "schema",
@@ -137,18 +131,16 @@ def _access(conn: psycopg.Connection[Any], names: TableNames) -> list[Check]:
     return checks
 
 
-def _tables(conn: psycopg.Connection[Any], sql: AdminSql, names: TableNames) -> list[Check]:
+def _tables(probes: DoctorProbes, names: TableNames) -> list[Check]:
     checks = []
     tables: list[QualifiedName] = [names.outbox, *([names.dlq] if names.dlq else [])]
     for table in tables:
-        row = _one(
-            conn, sql.render("admin_table_health"), {"table": table.identifier().as_string(conn)}
-        )
-        if row is None:
+        health = probes.table_health(table)
+        if health is None:
             continue  # the schema check reports the missing table
-        size, live, dead, since, autovacuum_off = row
+        live, dead, since = health.live, health.dead, health.since_vacuum
         vacuumed = "never vacuumed" if since is None else f"last vacuum {since:.0f}s ago"
-        detail = f"{_size(size)}, {live} live and {dead} dead row versions, {vacuumed}"
+        detail = f"{_size(health.size)}, {live} live and {dead} dead row versions, {vacuumed}"
         if dead > max(DEAD_WARN, 2 * live):
             checks.append(
                 Check(
@@ -161,7 +153,7 @@ def _tables(conn: psycopg.Connection[Any], sql: AdminSql, names: TableNames) -> 
             )
         else:
             checks.append(Check(f"table {table}", Status.OK, detail))
-        if autovacuum_off:
+        if health.autovacuum_off:
             checks.append(
                 Check(
                     f"table {table}",
@@ -173,29 +165,28 @@ def _tables(conn: psycopg.Connection[Any], sql: AdminSql, names: TableNames) -> 
     return checks
 
 
-def _xmin(conn: psycopg.Connection[Any], sql: AdminSql, limits: Limits) -> Check:
-    row = _one(conn, sql.render("admin_xmin_holder"))
-    if row is None:
+def _xmin(probes: DoctorProbes, limits: Limits) -> Check:
+    holder = probes.xmin_holder()
+    if holder is None:
         return Check("xmin horizon", Status.OK, "no open snapshot holds back VACUUM")
-    kind, who, seconds, xid_age = row
+    seconds = holder.seconds
     age = "" if seconds is None else f"open for {seconds:.0f}s, "
-    detail = f"oldest holder: {kind} {who}, {age}{xid_age} transactions behind"
+    detail = f"oldest holder: {holder.kind} {holder.who}, {age}{holder.xid_age} transactions behind"
     late = seconds is not None and seconds > limits.max_xmin_age
-    if late or (seconds is None and xid_age > SLOT_XID_WARN):
+    if late or (seconds is None and holder.xid_age > SLOT_XID_WARN):
         hint = {
             "session": "VACUUM cannot remove the outbox's dead rows while it is open: commit "
             "or end it (SELECT pg_terminate_backend(pid)), and set "
             "idle_in_transaction_session_timeout",
             "prepared transaction": "COMMIT PREPARED or ROLLBACK PREPARED it",
             "replication slot": "a slot nobody reads: drop it with pg_drop_replication_slot()",
-        }[kind]
+        }[holder.kind]
         return Check("xmin horizon", Status.FAIL if late else Status.WARN, detail, hint)
     return Check("xmin horizon", Status.OK, detail)
 
 
-def _lag(conn: psycopg.Connection[Any], names: TableNames, limits: Limits) -> Check:
-    counter = RowCounter(conn, names, 0)
-    ages = {queue: counter.oldest_ready(queue) for queue in counter.queues("outbox_queues")}
+def _lag(probes: DoctorProbes, limits: Limits) -> Check:
+    ages = probes.oldest_ready_by_queue()
     if not ages or max(ages.values()) == 0:
         return Check("oldest ready row", Status.OK, "no row is waiting")
     queue = max(ages, key=lambda q: ages[q])
@@ -211,29 +202,27 @@ def _lag(conn: psycopg.Connection[Any], names: TableNames, limits: Limits) -> Ch
     return Check("oldest ready row", Status.OK, detail)
 
 
-def doctor(
-    conn: psycopg.Connection[Any], names: TableNames, limits: Limits | None = None
-) -> list[Check]:
+def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) -> list[Check]:
     """Every check, in the order an operator reads them; the caller prints and decides. A
     check the database refuses (a missing privilege on a catalog view, say) is a FAIL of its
     own, and the others still run (the connection must be in autocommit mode)."""
     limits = limits or Limits()
-    sql = AdminSql(names)
+    probes = DoctorProbes(conn, names)
     sections: list[tuple[str, Callable[[], list[Check]]]] = [
-        ("server", lambda: _server(conn, sql)),
+        ("server", lambda: _server(probes)),
         ("privileges and schema", lambda: _access(conn, names)),
-        ("tables", lambda: _tables(conn, sql, names)),
-        ("xmin horizon", lambda: [_xmin(conn, sql, limits)]),
+        ("tables", lambda: _tables(probes, names)),
+        ("xmin horizon", lambda: [_xmin(probes, limits)]),
     ]
     checks: list[Check] = []
     for name, section in sections:
         try:
             checks += section()
-        except psycopg.Error as exc:
-            checks.append(Check(name, Status.FAIL, str(exc).strip(), "fix this first"))
+        except DatabaseError as exc:
+            checks.append(Check(name, Status.FAIL, str(exc), "fix this first"))
     if all(c.status is not Status.FAIL for c in checks if c.name in ("privileges", "schema")):
         try:
-            checks.append(_lag(conn, names, limits))
-        except psycopg.Error as exc:
-            checks.append(Check("oldest ready row", Status.FAIL, str(exc).strip()))
+            checks.append(_lag(probes, limits))
+        except DatabaseError as exc:
+            checks.append(Check("oldest ready row", Status.FAIL, str(exc)))
     return checks

@@ -33,6 +33,14 @@ def load_blocks() -> dict[str, str]:
     return blocks
 
 
+def compose(text: str, names: TableNames) -> str:
+    """`text` with its `{placeholders}` filled with the quoted identifiers of `names`.
+
+    KeyError when the text needs `{dlq}` (or its index) and no DLQ table is configured.
+    """
+    return sql.SQL(text).format(**names.identifiers()).as_string(None)
+
+
 class Queries:
     """The statements for one outbox (and optional DLQ) table, composed once.
 
@@ -43,11 +51,10 @@ class Queries:
 
     def __init__(self, names: TableNames) -> None:
         self.names = names
-        identifiers = names.identifiers()
         self._composed: dict[str, str] = {}
         for name, text in load_blocks().items():
             try:
-                self._composed[name] = sql.SQL(text).format(**identifiers).as_string(None)
+                self._composed[name] = compose(text, names)
             except KeyError:
                 continue  # needs {dlq} and no DLQ table is configured
 

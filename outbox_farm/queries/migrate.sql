@@ -26,12 +26,8 @@ SELECT pg_advisory_lock(%(key)s)
 -- Released explicitly; a crashed run releases it by ending its session.
 SELECT pg_advisory_unlock(%(key)s)
 
--- name: migration_target_exists
--- Whether a table migrations were recorded for is still there; the name is quoted text, so
--- nothing is composed here. A dropped table's records describe nothing any more.
-SELECT to_regclass(%(table)s) IS NOT NULL
-
 -- name: migration_forget
--- The records of a target table that no longer exists, so its migrations are applied again
--- from the first. Should that fail, table and records agree again: neither is there.
+-- The records of a target table that no longer exists (`table_oid` finds no table by that
+-- name: its records describe nothing any more), so its migrations are applied again from the
+-- first. Should that fail, table and records agree again: neither is there.
 DELETE FROM outbox_farm_migrations WHERE target = %(target)s

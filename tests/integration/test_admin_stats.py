@@ -9,8 +9,7 @@ import psycopg
 import pytest
 
 from outbox_farm.admin import Count, queue_stats
-from outbox_farm.admin.sql import AdminSql
-from outbox_farm.admin.stats import OUTBOX_COUNTS
+from outbox_farm.db.operator import OUTBOX_CONDITIONS, AdminSql, OutboxFigure
 from outbox_farm.names import TableNames
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
@@ -135,10 +134,10 @@ def big(conn: Conn) -> Conn:
         ("expired", "outbox_lease_idx"),
     ],
 )
-def test_counts_are_read_from_the_farms_indexes(big: Conn, count: str, index: str) -> None:
+def test_counts_are_read_from_the_farms_indexes(big: Conn, count: OutboxFigure, index: str) -> None:
     sql = AdminSql(NAMES)
     statement = sql.render(
-        "admin_explain", statement="admin_count", table="outbox", condition=OUTBOX_COUNTS[count]
+        "admin_explain", statement="admin_count", table="outbox", condition=OUTBOX_CONDITIONS[count]
     )
     row = big.execute(statement, {"queue": "q", "cap": 10_001}).fetchone()
     assert row is not None

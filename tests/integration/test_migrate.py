@@ -56,7 +56,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 4, "lease_expiry"),
             ("outbox_dlq", 2, "dlq"),
         ]
-        assert check_schema(conn, "outbox", "outbox_dlq") == []
+        assert check_schema(conn, DEFAULT) == []
 
 
 def test_second_run_applies_nothing(empty_dsn: str) -> None:
@@ -126,7 +126,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             " ORDER BY relname"
         ).fetchall()
         assert tables == [("outbox",), ("outbox_dlq",), ("outbox_farm_migrations",)]
-        assert check_schema(conn, "outbox", "outbox_dlq") == []
+        assert check_schema(conn, DEFAULT) == []
 
 
 def test_renamed_tables(empty_dsn: str) -> None:
@@ -154,7 +154,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "jobs_timer_id_uq",
             "jobs_dead_queue_failed_idx",
         } <= indexes
-        assert check_schema(conn, "jobs", "jobs_dead") == []
+        assert check_schema(conn, TableNames.build("jobs", "jobs_dead")) == []
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
@@ -190,7 +190,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             )
         }
         assert schemas == {"app"}
-        assert check_schema(conn, "app.jobs", "app.jobs_dlq") == []
+        assert check_schema(conn, TableNames.build("app.jobs", "app.jobs_dlq")) == []
         assert migrate(conn, names).applied == []
 
 
@@ -210,7 +210,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 3, "vacuum_truncate"),
             ("outbox", 4, "lease_expiry"),
         ]
-        assert check_schema(conn, "outbox") == []
+        assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
         assert migrate(conn, DEFAULT).applied == ["0002_dlq on outbox_dlq"]
 
@@ -224,14 +224,14 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA app")
         conn.execute(text)
-        assert check_schema(conn, table, dlq) == []
+        assert check_schema(conn, TableNames.build(table, dlq)) == []
         if dlq is None:
             assert regclass(conn, "outbox_dlq") is None
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
         assert len(result.applied) == (3 if dlq is None else 4)
-        assert check_schema(conn, table, dlq) == []
+        assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 
 def test_outbox_has_autovacuum_reloptions(conn: psycopg.Connection[Any]) -> None:

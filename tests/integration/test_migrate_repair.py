@@ -25,7 +25,7 @@ def labels(target: str) -> list[str]:
 
 
 def problems(conn: Conn) -> list[str]:
-    return [str(p) for p in check_schema(conn, "outbox", "outbox_dlq")]
+    return [str(p) for p in check_schema(conn, NAMES)]
 
 
 def recorded(conn: Conn, target: str) -> list[int]:

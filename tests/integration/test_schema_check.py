@@ -14,10 +14,11 @@ from outbox_farm.names import TableNames
 from outbox_farm.schema_check import FIX_HINT, Problem, check_schema
 
 Conn = psycopg.Connection[Any]
+NAMES = TableNames.build("outbox", "outbox_dlq")
 
 
 def problems(conn: Conn, dlq: str | None = "outbox_dlq") -> list[str]:
-    return [str(p) for p in check_schema(conn, "outbox", dlq)]
+    return [str(p) for p in check_schema(conn, TableNames.build("outbox", dlq))]
 
 
 def only(conn: Conn, dlq: str | None = "outbox_dlq") -> str:
@@ -27,13 +28,13 @@ def only(conn: Conn, dlq: str | None = "outbox_dlq") -> str:
 
 
 def test_migrated_schema_is_clean(conn: Conn) -> None:
-    assert check_schema(conn, "outbox", "outbox_dlq") == []
-    assert check_schema(conn) == []
+    assert check_schema(conn, NAMES) == []
+    assert check_schema(conn, TableNames.build("outbox")) == []
 
 
 def test_missing_table(conn: Conn) -> None:
     conn.execute("DROP TABLE outbox")
-    result = check_schema(conn, "outbox", "outbox_dlq")
+    result = check_schema(conn, NAMES)
     assert result == [Problem("outbox", "table does not exist; run `outbox-farm migrate`")]
 
 
@@ -212,16 +213,18 @@ def test_extra_user_column_and_index_are_fine(conn: Conn) -> None:
 
 def test_dlq_missing_while_outbox_is_fine(conn: Conn) -> None:
     conn.execute("DROP TABLE outbox_dlq")
-    assert check_schema(conn, "outbox", "outbox_dlq") == [
+    assert check_schema(conn, NAMES) == [
         Problem("outbox_dlq", "table does not exist; run `outbox-farm migrate`")
     ]
-    assert check_schema(conn, "outbox", None) == []  # the DLQ is only checked when configured
+    assert (
+        check_schema(conn, TableNames.build("outbox")) == []
+    )  # the DLQ is only checked when configured
 
 
 def test_dlq_column_drift_is_reported_against_the_dlq(conn: Conn) -> None:
     conn.execute("ALTER TABLE outbox_dlq ALTER COLUMN failure_reason TYPE text")
     conn.execute("ALTER TABLE outbox_dlq ALTER COLUMN failed_at DROP DEFAULT")
-    found = check_schema(conn, "outbox", "outbox_dlq")
+    found = check_schema(conn, NAMES)
     assert {p.table for p in found} == {"outbox_dlq"}
     assert sorted(p.message for p in found) == [
         "column failed_at has lost its default",
@@ -283,7 +286,7 @@ def test_database_failure_is_a_database_error(dsn: str) -> None:
         with pytest.raises(psycopg.errors.DivisionByZero):
             conn.execute("SELECT 1/0")
         with pytest.raises(DatabaseError, match="schema check failed") as info:
-            check_schema(conn)  # the transaction is aborted
+            check_schema(conn, TableNames.build("outbox"))  # the transaction is aborted
         assert isinstance(info.value, psycopg.Error)
 
 
@@ -291,7 +294,7 @@ def test_mixed_case_table_names_are_found(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA app")
         migrate(conn, TableNames.build("app.MyOutbox", "app.MyOutboxDlq"))
-        assert check_schema(conn, "app.MyOutbox", "app.MyOutboxDlq") == []
+        assert check_schema(conn, TableNames.build("app.MyOutbox", "app.MyOutboxDlq")) == []
 
 
 def test_invalid_timer_index_is_reported(conn: Conn) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from outbox_farm import Farm
 from outbox_farm.errors import ConfigurationError
-from outbox_farm.producer import _encode_headers, encode_body
+from outbox_farm.producer import encode_body, encode_headers
 
 
 class NoSQLConnection:
@@ -255,12 +255,12 @@ def test_content_type_header_follows_the_body() -> None:
         ({"a": 1}, "application/json"),
     ]:
         _, content_type = encode_body(body)
-        headers = orjson.loads(_encode_headers(None, None, content_type))
+        headers = orjson.loads(encode_headers(None, None, content_type))
         assert headers["content-type"] == expected
 
 
 def test_headers_merge_and_correlation_id() -> None:
-    headers = orjson.loads(_encode_headers({"tenant": "acme"}, "corr-1", "application/json"))
+    headers = orjson.loads(encode_headers({"tenant": "acme"}, "corr-1", "application/json"))
     assert headers == {
         "content-type": "application/json",
         "tenant": "acme",
@@ -269,15 +269,15 @@ def test_headers_merge_and_correlation_id() -> None:
 
 
 def test_correlation_id_is_generated_and_unique() -> None:
-    first = orjson.loads(_encode_headers(None, None, "application/json"))["correlation_id"]
-    second = orjson.loads(_encode_headers(None, None, "application/json"))["correlation_id"]
+    first = orjson.loads(encode_headers(None, None, "application/json"))["correlation_id"]
+    second = orjson.loads(encode_headers(None, None, "application/json"))["correlation_id"]
     assert isinstance(first, str)
     assert len(first) == 32
     assert first != second
 
 
 def test_correlation_id_from_headers_is_kept() -> None:
-    headers = orjson.loads(_encode_headers({"correlation_id": "from-h"}, None, "text/plain"))
+    headers = orjson.loads(encode_headers({"correlation_id": "from-h"}, None, "text/plain"))
     assert headers["correlation_id"] == "from-h"
 
 
@@ -319,7 +319,7 @@ def test_nul_in_correlation_id_queue_and_timer_id_is_refused(farm: Farm) -> None
 
 
 def test_an_escaped_backslash_u0000_is_not_a_nul() -> None:
-    headers = orjson.loads(_encode_headers({"path": "C:\\u0000"}, None, "text/plain"))
+    headers = orjson.loads(encode_headers({"path": "C:\\u0000"}, None, "text/plain"))
     assert headers["path"] == "C:\\u0000"
 
 

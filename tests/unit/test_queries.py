@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from outbox_farm.db.operator import OUTBOX_CONDITIONS, AdminSql
 from outbox_farm.names import TableNames
-from outbox_farm.queries import Queries, load_blocks
+from outbox_farm.queries import Queries, compose, load_blocks
 
 EXPECTED = [
     "claim",
@@ -86,3 +87,65 @@ def test_unknown_block_is_a_plain_key_error() -> None:
     with pytest.raises(KeyError) as info:
         queries["no_such_block"]
     assert "DLQ" not in str(info.value)
+
+
+# The schema tools' blocks: no table placeholders (the migration records, catalog reads) or
+# identifiers filled in when a GRANT is printed.
+SCHEMA_BLOCKS = [
+    "migrations_table",
+    "migration_applied",
+    "migration_record",
+    "migrate_lock",
+    "migrate_unlock",
+    "migration_forget",
+    "table_privileges",
+    "grant_table",
+    "grant_schema",
+    "grant_sequence",
+]
+
+# The operator tools' statements, with the blocks and tables AdminSql fills in.
+OPERATOR_STATEMENTS: list[tuple[str, dict[str, str]]] = [
+    ("admin_dlq_list", {"match": "admin_dlq_match"}),
+    ("admin_dlq_show", {}),
+    ("admin_dlq_summary", {"match": "admin_dlq_match"}),
+    ("admin_dlq_replay", {"match": "admin_dlq_match"}),
+    ("admin_dlq_purge", {"match": "admin_dlq_match"}),
+    ("outbox_queues", {}),
+    ("dlq_queues", {}),
+    ("admin_dlq_newest", {}),
+    ("admin_oldest_ready", {}),
+    ("admin_server", {}),
+    ("admin_table_health", {}),
+    ("admin_xmin_holder", {}),
+    *[
+        ("admin_explain", {"statement": "admin_count", "table": "outbox", "condition": condition})
+        for condition in OUTBOX_CONDITIONS.values()
+    ],
+    *[
+        ("admin_count", {"table": "outbox", "condition": condition})
+        for condition in OUTBOX_CONDITIONS.values()
+    ],
+    ("admin_explain", {"statement": "admin_count", "table": "dlq", "condition": "admin_is_dead"}),
+]
+
+
+def test_every_schema_block_is_defined() -> None:
+    blocks = load_blocks()
+    assert [name for name in SCHEMA_BLOCKS if not blocks.get(name, "").strip()] == []
+
+
+@pytest.mark.parametrize(("block", "parts"), OPERATOR_STATEMENTS)
+def test_every_operator_statement_is_composed_whole(block: str, parts: dict[str, str]) -> None:
+    text = AdminSql(TableNames.build("app.jobs", "app.jobs_dlq")).render(block, **parts)
+    assert "{" not in text.replace("'{}'", ""), text  # only the empty array/object literals
+    assert "-- name:" not in text
+
+
+def test_compose_quotes_the_table_names() -> None:
+    names = TableNames.build("app.Jobs", "app.jobs_dlq")
+    assert compose("SELECT 1 FROM {outbox}, {dlq}", names) == (
+        'SELECT 1 FROM "app"."Jobs", "app"."jobs_dlq"'
+    )
+    with pytest.raises(KeyError):
+        compose("SELECT 1 FROM {dlq}", TableNames.build("jobs"))

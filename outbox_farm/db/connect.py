@@ -1,0 +1,37 @@
+"""Connections: the types the layers above name without importing the driver, and the one way
+the command line opens a connection of its own.
+
+The producer and the admin API never open connections: they take the caller's (a psycopg 3
+`Connection` or `AsyncConnection`), typed with the aliases below, and hand it to the storage
+functions that run the statements on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import psycopg
+
+from ..dsn import redact
+from .translate import ConnectError
+
+Connection: TypeAlias = psycopg.Connection[Any]
+AsyncConnection: TypeAlias = psycopg.AsyncConnection[Any]
+
+CONNECT_TIMEOUT = 10  # seconds: an unreachable host fails the command, not hangs it
+
+
+def connect(dsn: str) -> Connection:
+    """A new connection (not autocommit) for one command; the caller closes it.
+
+    A refused or unreachable server is a `ConnectError` whose message names the DSN with its
+    password masked and says where the DSN came from, as the command line prints it.
+    """
+    try:
+        return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT)
+    except psycopg.Error as exc:
+        raise ConnectError(
+            f"cannot connect to {redact(dsn)}: {str(exc).strip()}\n"
+            "Check --dsn / OUTBOX_FARM_DSN (or the file of --dsn-file) and that the server is "
+            "running."
+        ) from exc

@@ -1,0 +1,222 @@
+"""The dead-letter table's statements for the operator: list, show, summarise, and the batched
+replay and purge.
+
+Replay and purge run keyset batches on id, each batch one statement in its own transaction, so
+what a batch did is committed before the next starts and an interrupted run has done whole
+batches only. The caller's connection must be in autocommit mode (not inside a transaction).
+Every error is a `DatabaseError`; a missing table is a `SchemaError` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from ..names import TableNames
+from .connect import Connection
+from .operator import AdminSql
+from .translate import translate
+
+STATEMENT_FAILED = "DLQ statement failed"
+
+
+@dataclass(frozen=True)
+class DlqMatch:
+    """Which rows a statement is about; a field left None matches every row. `since` and
+    `until` are each a time (`_at`) or seconds before the database's now() (`_ago`)."""
+
+    ids: list[int] | None = None
+    queue: str | None = None
+    reason: str | None = None
+    since_at: datetime | None = None
+    since_ago: float | None = None
+    until_at: datetime | None = None
+    until_ago: float | None = None
+    grep: str | None = None
+
+
+@dataclass(frozen=True)
+class DlqRow:
+    """One row as `list` shows it: the exception's first line, the payload's size."""
+
+    id: int
+    original_id: int
+    queue: str
+    reason: str
+    deliveries_count: int
+    created_at: datetime
+    failed_at: datetime
+    payload_bytes: int
+    headers: dict[str, Any]
+    exception: str
+
+
+@dataclass(frozen=True)
+class DlqRecord:
+    """One row whole, as stored."""
+
+    id: int
+    original_id: int
+    queue: str
+    reason: str
+    deliveries_count: int
+    created_at: datetime
+    failed_at: datetime
+    payload: bytes
+    headers: dict[str, Any]
+    last_exception: str | None
+    timer_id: str | None
+
+
+@dataclass(frozen=True)
+class SummaryLine:
+    queue: str
+    reason: str
+    rows: int
+    first_failed_at: datetime
+    last_failed_at: datetime
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a filter matches now, by queue and reason; `upto` is the highest id among them."""
+
+    lines: list[SummaryLine] = field(default_factory=list)
+    upto: int = 0
+
+    @property
+    def rows(self) -> int:
+        return sum(line.rows for line in self.lines)
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a replay or purge did."""
+
+    rows: int
+    batches: int
+    notified: int = 0  # replay: NOTIFYs sent (one per queue and batch with due rows)
+
+
+def _all(conn: Connection, names: TableNames, statement: str, params: dict[str, Any]) -> list[Any]:
+    try:
+        return conn.execute(statement, params).fetchall()
+    except psycopg.Error as exc:
+        raise translate(exc, STATEMENT_FAILED, names) from exc
+
+
+def list_rows(conn: Connection, names: TableNames, match: DlqMatch, limit: int) -> list[DlqRow]:
+    """The newest `limit` rows matching, newest first."""
+    statement = AdminSql(names).render("admin_dlq_list", match="admin_dlq_match")
+    rows = _all(conn, names, statement, asdict(match) | {"limit": limit})
+    return [
+        DlqRow(rid, original, queue, reason, deliveries, created, failed, size, headers or {}, exc)
+        for rid, original, queue, reason, deliveries, created, failed, size, headers, exc in rows
+    ]
+
+
+def read_row(conn: Connection, names: TableNames, row_id: int) -> DlqRecord | None:
+    """Row `row_id`; None when there is none."""
+    rows = _all(conn, names, AdminSql(names).render("admin_dlq_show"), {"id": row_id})
+    if not rows:
+        return None
+    rid, original, queue, reason, deliveries, created, failed, body, headers, exc, timer = rows[0]
+    return DlqRecord(
+        rid,
+        original,
+        queue,
+        reason,
+        deliveries,
+        created,
+        failed,
+        bytes(body),
+        headers or {},
+        exc,
+        timer,
+    )
+
+
+def summarize(conn: Connection, names: TableNames, match: DlqMatch) -> Summary:
+    """Counts by queue and reason of the rows matching, and the highest id among them."""
+    statement = AdminSql(names).render("admin_dlq_summary", match="admin_dlq_match")
+    rows = _all(conn, names, statement, asdict(match))
+    return Summary(
+        [
+            SummaryLine(queue, reason, count, first, last)
+            for queue, reason, count, first, last, _ in rows
+        ],
+        max((upto for *_, upto in rows), default=0),
+    )
+
+
+def _batches(
+    conn: Connection,
+    names: TableNames,
+    statement: str,
+    params: dict[str, Any],
+    progress: Callable[[int], None] | None,
+) -> Done:
+    """Run a keyset-batched statement until it matches nothing, one transaction a batch."""
+    after, rows, batches, notified = 0, 0, 0, 0
+    while True:
+        try:
+            with conn.transaction():
+                row = conn.execute(statement, params | {"after": after}).fetchone()
+        except psycopg.Error as exc:
+            raise translate(
+                exc,
+                f"DLQ batch failed after {rows} row(s) in {batches} batch(es), all committed; "
+                "nothing of the failed batch was changed",
+                names,
+            ) from exc
+        assert row is not None  # an aggregate: always one row
+        last, moved, *woke = row
+        if last is None:
+            return Done(rows, batches, notified)
+        after, rows, batches = last, rows + moved, batches + 1
+        notified += woke[0] if woke else 0
+        if progress is not None:
+            progress(moved)
+
+
+def replay(
+    conn: Connection,
+    names: TableNames,
+    match: DlqMatch,
+    *,
+    upto: int,
+    batch: int,
+    to_queue: str | None,
+    delay: float,
+    progress: Callable[[int], None] | None,
+) -> Done:
+    """Move the matching rows with ids up to `upto` into the outbox, `batch` at a time: to
+    `to_queue` (None: their own), due `delay` seconds after now(), the farm woken by NOTIFY."""
+    params = asdict(match) | {
+        "upto": upto,
+        "batch": batch,
+        "to_queue": to_queue,
+        "delay": delay,
+        "channel": names.channel,
+    }
+    statement = AdminSql(names).render("admin_dlq_replay", match="admin_dlq_match")
+    return _batches(conn, names, statement, params, progress)
+
+
+def purge(
+    conn: Connection,
+    names: TableNames,
+    match: DlqMatch,
+    *,
+    upto: int,
+    batch: int,
+    progress: Callable[[int], None] | None,
+) -> Done:
+    """Delete the matching rows with ids up to `upto`, `batch` at a time."""
+    params = asdict(match) | {"upto": upto, "batch": batch}
+    statement = AdminSql(names).render("admin_dlq_purge", match="admin_dlq_match")
+    return _batches(conn, names, statement, params, progress)

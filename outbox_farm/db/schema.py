@@ -1,0 +1,192 @@
+"""The schema tools' statements: the migration records under their advisory lock, the live
+shape of a table for the schema check, and whether the farm's tables exist.
+
+Migrations are decided in `outbox_farm.migrate` and compared in `outbox_farm.schema_check`;
+what runs here only reads and writes. Catalog lookups take a table's name as quoted text
+(`to_regclass`), so nothing is composed into them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+
+from ..errors import MigrationError, OutboxFarmError
+from ..names import QualifiedName, TableNames
+from ..queries import load_blocks
+from .connect import Connection
+from .translate import translate
+
+# One fixed key: every outbox_farm migrate run on a database takes turns, whatever the tables.
+MIGRATE_LOCK_KEY = 0x6F7574626F78  # "outbox"
+
+
+def _missing(conn: Connection, names: TableNames) -> list[QualifiedName]:
+    found = []
+    for table in (names.outbox, names.dlq):
+        if table is None:
+            continue
+        quoted = table.identifier().as_string(conn)
+        row = conn.execute(load_blocks()["table_oid"], {"table": quoted}).fetchone()
+        if row is None or row[0] is None:
+            found.append(table)
+    return found
+
+
+def missing_tables(conn: Connection, names: TableNames) -> list[QualifiedName]:
+    """The farm's tables that do not exist (on the search path, when not schema-qualified).
+
+    `start`'s look before it forks: workers would only retry against a missing table.
+    """
+    try:
+        return _missing(conn, names)
+    except psycopg.Error as exc:
+        raise translate(exc, "start-up check failed") from exc
+
+
+@dataclass(frozen=True)
+class MigrationRecord:
+    """One applied migration as `outbox_farm_migrations` keeps it, per target table."""
+
+    target: str
+    version: int
+    name: str
+    checksum: str
+
+
+class MigrationLedger:
+    """The records of what `migrate` applied, read and written while the lock is held.
+
+    Only handed out by `migration_lock`, whose boundary translates every error of these
+    methods into a `MigrationError`.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._sql = load_blocks()
+
+    def missing(self, names: TableNames) -> list[QualifiedName]:
+        """The tables of `names` that do not exist: their records describe nothing any more."""
+        return _missing(self._conn, names)
+
+    def forget(self, target: str) -> bool:
+        """Drop the records of `target`; True when there were any."""
+        return self._conn.execute(self._sql["migration_forget"], {"target": target}).rowcount > 0
+
+    def checksum(self, target: str, version: int) -> str | None:
+        """The checksum recorded for a migration of `target`; None when it was never applied."""
+        row = self._conn.execute(
+            self._sql["migration_applied"], {"target": target, "version": version}
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def apply(self, statement: str, record: MigrationRecord | None) -> None:
+        """Run one migration's text in its own transaction, recording it there when `record`
+        is given (a repair runs a recorded one again without a new record)."""
+        with self._conn.transaction():
+            self._conn.execute(statement)
+            if record is not None:
+                self._conn.execute(
+                    self._sql["migration_record"],
+                    {
+                        "target": record.target,
+                        "version": record.version,
+                        "name": record.name,
+                        "checksum": record.checksum,
+                    },
+                )
+
+
+@contextmanager
+def migration_lock(conn: Connection) -> Iterator[MigrationLedger]:
+    """The migration records, with the advisory lock held for the whole block.
+
+    The connection must not be inside a transaction: each migration commits on its own. It is
+    switched to autocommit for the block (the lock is session-level, so it spans those
+    transactions) and handed back as it came. Any database error in the block is a
+    `MigrationError`; what committed before it stays.
+    """
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise MigrationError("migrate() needs a connection that is not inside a transaction")
+    sql_ = load_blocks()
+    previous_autocommit = conn.autocommit
+    conn.autocommit = True
+    try:
+        conn.execute(sql_["migrate_lock"], {"key": MIGRATE_LOCK_KEY})
+        try:
+            conn.execute(sql_["migrations_table"])
+            yield MigrationLedger(conn)
+        finally:
+            conn.execute(sql_["migrate_unlock"], {"key": MIGRATE_LOCK_KEY})
+    except OutboxFarmError:
+        raise
+    except psycopg.Error as exc:
+        raise translate(exc, "migration failed", kind=MigrationError) from exc
+    finally:
+        conn.autocommit = previous_autocommit
+
+
+@dataclass(frozen=True)
+class LiveColumn:
+    """A column as the catalog describes it; `type` as Postgres formats it."""
+
+    type: str
+    not_null: bool
+    has_default: bool
+
+
+@dataclass(frozen=True)
+class LiveIndex:
+    """A valid index: key columns in order, and its partial predicate (None: every row)."""
+
+    name: str
+    columns: tuple[str, ...]
+    unique: bool
+    primary: bool
+    predicate: str | None
+
+
+@dataclass(frozen=True)
+class LiveTable:
+    """What the schema check compares: columns by name, valid indexes, CHECK definitions."""
+
+    columns: dict[str, LiveColumn]
+    indexes: list[LiveIndex]
+    checks: list[str]
+
+
+def read_table(conn: Connection, table: QualifiedName) -> LiveTable | None:
+    """The live shape of `table`; None when it does not exist.
+
+    Runs in the connection's current transaction, if any, so a check sees that transaction's
+    own uncommitted changes.
+    """
+    sql_ = load_blocks()
+    try:
+        quoted = table.identifier().as_string(conn)
+        row = conn.execute(sql_["table_oid"], {"table": quoted}).fetchone()
+        oid = row[0] if row else None
+        if oid is None:
+            return None
+        columns = {
+            name: LiveColumn(type_, not_null, has_default)
+            for name, type_, not_null, has_default in conn.execute(
+                sql_["columns"], {"oid": oid}
+            ).fetchall()
+        }
+        indexes = [
+            LiveIndex(name, tuple(keys), unique, primary, predicate)
+            for name, keys, unique, primary, predicate in conn.execute(
+                sql_["indexes"], {"oid": oid}
+            ).fetchall()
+        ]
+        checks = [
+            str(definition)
+            for _, definition in conn.execute(sql_["checks"], {"oid": oid}).fetchall()
+        ]
+    except psycopg.Error as exc:
+        raise translate(exc, "schema check failed") from exc
+    return LiveTable(columns, indexes, checks)
