@@ -540,28 +540,24 @@ def start(
         with _connect(url) as conn:
             _ready(conn, farm.names, run_migrate or (run_migrate is None and not dsn), cli_log)
         from .arbiter import Arbiter
-        from .settings import RuntimeSettings
+        from .settings import RuntimeSettings, SupervisorSettings
 
         with tempfile_dir() as state:
-            arbiter = Arbiter(
-                farm,
-                url,
-                procs,
-                state,
-                runtime=RuntimeSettings(
-                    poll_interval=poll_interval,
-                    queues=tuple(selected) if selected else None,
-                    graceful_timeout=graceful_timeout,
-                    vacuum_interval=vacuum_interval,
-                    dlq_retention=dlq_retention,
-                ),
+            settings = SupervisorSettings(
+                procs=procs,
                 graceful_timeout=graceful_timeout,
                 heartbeat_timeout=heartbeat_timeout,
                 metrics_bind=metrics_bind or None,
-                loader=loader,
                 preload=preload,
                 reload=reload,
+                runtime=RuntimeSettings(
+                    poll_interval=poll_interval,
+                    queues=tuple(selected) if selected else None,
+                    vacuum_interval=vacuum_interval,
+                    dlq_retention=dlq_retention,
+                ),
             )
+            arbiter = Arbiter(farm, url, state, settings, loader)
             try:
                 code = arbiter.run()
             except OutboxFarmError as exc:
