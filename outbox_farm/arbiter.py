@@ -176,12 +176,16 @@ class Arbiter:
             worker_id, housekeeper=slot == 0, gauges_interval=GAUGES_INTERVAL
         )
         loader = None if self.settings.preload else self.loader
+        # Blocked until the child has its own handlers (`run_child`): a TERM sent to it at
+        # once would otherwise be queued by the arbiter's handler in the child, and lost.
+        signal.pthread_sigmask(signal.SIG_BLOCK, ARBITER_SIGNALS)
         pid = os.fork()
         if pid == 0:
             if self._http is not None:
                 self._http.close()
             self._wakeup.close()
             run_child(self.farm, loader, self.dsn, heartbeat, settings)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
         self.children[pid] = Child(pid, slot, worker_id, spawned_at, heartbeat)
         self._processes.set(len(self.children))
 

@@ -128,6 +128,9 @@ def run_child(
     for sig in ARBITER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
+    # The arbiter forks with these blocked: one sent to this process before the line above
+    # would have run the arbiter's handler, in this copy of the arbiter, and been lost.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
     code = 0
     arbiter = os.getppid()
     try:
