@@ -1,10 +1,12 @@
-"""What a forked worker process runs: the runtime on its own uvloop, plus a heartbeat.
+"""What a forked worker process runs: the runtime on its own uvloop, plus a heartbeat; and the
+arbiter's side of that heartbeat, the `Child` record.
 
 The heartbeat is a file whose mtime the child refreshes every second from its event loop; an
 event loop blocked past the arbiter's timeout stops refreshing it and the child is replaced.
 The first refresh happens only after the runtime started, so it also marks "booted". Beside it,
 a second file holds the runtime's current permanent problem (a missing privilege or table),
-empty while there is none: the arbiter's /healthz reports it.
+empty while there is none: the arbiter's /healthz reports it. Both sides of these files live
+here, so their meaning is written down once.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -50,6 +53,66 @@ def problem_path(heartbeat: Path) -> Path:
     return heartbeat.with_name(heartbeat.name + ".problem")
 
 
+def describe_exit(code: int) -> str:
+    """`status 1` or `signal SIGKILL`, from `os.waitstatus_to_exitcode`."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+@dataclass
+class Child:
+    """The arbiter's record of one worker it forked; written and read by the arbiter only.
+
+    Whether the worker booted, and how long it has been silent, are read from its heartbeat
+    file: `new_heartbeat` dates it before the fork, so only the worker's first beat marks it booted.
+    """
+
+    pid: int
+    slot: int
+    worker_id: int  # carried in every lease token the worker takes
+    spawned_at: float
+    heartbeat: Path
+    retiring: bool = False  # told to drain (HUP, TTOU); not counted towards the target
+    stale: bool = False  # killed by the arbiter for a silent heartbeat
+
+    @staticmethod
+    def new_heartbeat(state_dir: Path, slot: int) -> tuple[Path, float]:
+        """A fresh heartbeat file for a worker about to be forked, and its spawn time."""
+        heartbeat = state_dir / f"heartbeat-{slot}-{time.monotonic_ns()}"
+        spawned_at = time.time()
+        heartbeat.touch()
+        os.utime(heartbeat, (spawned_at - 1, spawned_at - 1))
+        return heartbeat, spawned_at
+
+    def booted(self) -> bool:
+        try:
+            return self.heartbeat.stat().st_mtime >= self.spawned_at
+        except FileNotFoundError:
+            return False
+
+    def silent_for(self, now: float) -> float:
+        try:
+            return now - self.heartbeat.stat().st_mtime
+        except FileNotFoundError:
+            return now - self.spawned_at
+
+    def problem(self) -> str | None:
+        """The permanent error the worker reports, if any."""
+        try:
+            return problem_path(self.heartbeat).read_text() or None
+        except FileNotFoundError:
+            return None
+
+    def forget(self) -> None:
+        """Remove the worker's files once it is reaped."""
+        self.heartbeat.unlink(missing_ok=True)
+        problem_path(self.heartbeat).unlink(missing_ok=True)
+
+
 def run_child(
     farm: Farm,
     loader: AppLoader | None,
@@ -65,6 +128,9 @@ def run_child(
     for sig in ARBITER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
+    # The arbiter forks with these blocked: one sent to this process before the line above
+    # would have run the arbiter's handler, in this copy of the arbiter, and been lost.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
     code = 0
     arbiter = os.getppid()
     try:

@@ -16,8 +16,11 @@ import orjson
 
 from .errors import ConfigurationError
 
+DEFAULT_BIND = "127.0.0.1:9464"
 MAX_REQUEST = 8192
 REQUEST_DEADLINE = 1.0  # seconds for a whole request, however it trickles in
+# /healthz: (healthy, the JSON body's fields).
+Health = Callable[[], tuple[bool, dict[str, object]]]
 _EXAMPLE = "e.g. 127.0.0.1:9464, [::1]:9464, or empty to turn /metrics and /healthz off"
 
 
@@ -78,6 +81,32 @@ def listen(bind: str) -> socket.socket:
     return sock
 
 
+class Endpoint:
+    """The listening socket of /metrics and /healthz, and the arbiter's answer to /healthz.
+
+    Selectable (`fileno`), so the arbiter waits on it in its own select loop and answers one
+    request each time it is readable; a forked worker closes its copy.
+    """
+
+    def __init__(self, bind: str, health: Health) -> None:
+        self.socket = listen(bind)
+        self.health = health
+
+    def fileno(self) -> int:
+        return self.socket.fileno()
+
+    @property
+    def address(self) -> str:
+        host, port = self.socket.getsockname()[:2]
+        return f"{host}:{port}"
+
+    def answer(self) -> None:
+        serve_one(self.socket, self.health)
+
+    def close(self) -> None:
+        self.socket.close()
+
+
 def render_metrics() -> bytes:
     """All processes' metrics merged, from a fresh registry per scrape."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -96,9 +125,7 @@ def _response(status: str, body: bytes, content_type: str) -> bytes:
     return head.encode() + body
 
 
-def serve_one(
-    listener: socket.socket, health: Callable[[], tuple[bool, dict[str, object]]]
-) -> None:
+def serve_one(listener: socket.socket, health: Health) -> None:
     """Accept and answer one pending request, if any."""
     try:
         conn, _ = listener.accept()

@@ -11,13 +11,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+from .exposition import DEFAULT_BIND, parse_bind
 from .leases import check_worker_id
 from .retry import check_seconds
+
+# The arbiter judges a worker by a heartbeat file touched about once a second: any shorter
+# timeout would kill healthy workers.
+MIN_HEARTBEAT_TIMEOUT = 1.0
 
 
 def _whole(value: object, what: str, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"{what} must be a whole number >= {minimum}, got {value!r}")
+
+
+def _flag(value: object, what: str) -> None:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{what} must be True or False, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,10 +60,14 @@ class RuntimeSettings:
             if isinstance(self.queues, str) or not isinstance(self.queues, Iterable):
                 raise ConfigurationError(f"queues must be a list of names, got {self.queues!r}")
             object.__setattr__(self, "queues", tuple(self.queues))
+            for queue in self.queues:
+                if not isinstance(queue, str) or not queue:
+                    raise ConfigurationError(f"queues must be queue names, got {queue!r}")
         check_seconds(self.poll_interval, "poll_interval", positive=True)
         check_seconds(self.flush_interval, "flush_interval")
         _whole(self.flush_size, "flush_size", 1)
         check_seconds(self.graceful_timeout, "graceful_timeout")
+        _flag(self.listen, "listen")
         for what in ("gauges_interval", "vacuum_interval", "dlq_retention"):
             check_seconds(getattr(self, what), what, allow_none=True)
         if self.worker_id is not None:
@@ -73,3 +87,52 @@ class RuntimeSettings:
             vacuum_interval=None,
             dlq_retention=None,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SupervisorSettings:
+    """How the arbiter runs a farm of worker processes (see `Arbiter`).
+
+    `procs`: worker processes at start (TTIN / TTOU then move the arbiter's own count).
+    `graceful_timeout`: the farm's drain deadline, one value for the arbiter and its workers,
+    so the arbiter never kills a worker still within its time: it replaces
+    `runtime.graceful_timeout`. `heartbeat_timeout`: how long a worker's event loop may stay
+    silent before the worker is killed and replaced. `metrics_bind`: `host:port` for /metrics
+    and /healthz, None for neither. `preload`: fork workers from the farm the arbiter loaded
+    instead of importing the app afresh in each (faster forks, but a HUP keeps the old code).
+    `reload`: replace every worker when a source file of the app changes (development).
+    `runtime`: what every worker gets, before `RuntimeSettings.for_worker` makes it its own.
+    """
+
+    procs: int = 1
+    graceful_timeout: float = 30.0
+    heartbeat_timeout: float = 30.0
+    metrics_bind: str | None = DEFAULT_BIND
+    preload: bool = False
+    reload: bool = False
+    runtime: RuntimeSettings = dataclasses.field(default_factory=RuntimeSettings)
+
+    def __post_init__(self) -> None:
+        _whole(self.procs, "procs", 1)
+        check_seconds(self.graceful_timeout, "graceful_timeout")
+        check_seconds(self.heartbeat_timeout, "heartbeat_timeout")
+        if self.heartbeat_timeout < MIN_HEARTBEAT_TIMEOUT:
+            raise ConfigurationError(
+                f"heartbeat_timeout must be >= {MIN_HEARTBEAT_TIMEOUT:g}, the workers' heartbeat "
+                f"interval, got {self.heartbeat_timeout!r}"
+            )
+        if self.metrics_bind is not None:
+            if not isinstance(self.metrics_bind, str):
+                raise ConfigurationError(
+                    f"metrics_bind must be host:port or None, got {self.metrics_bind!r}"
+                )
+            try:
+                parse_bind(self.metrics_bind)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"metrics_bind {exc}") from None
+        _flag(self.preload, "preload")
+        _flag(self.reload, "reload")
+        if not isinstance(self.runtime, RuntimeSettings):
+            raise ConfigurationError(f"runtime must be a RuntimeSettings, got {self.runtime!r}")
+        runtime = dataclasses.replace(self.runtime, graceful_timeout=self.graceful_timeout)
+        object.__setattr__(self, "runtime", runtime)

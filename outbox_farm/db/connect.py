@@ -21,14 +21,14 @@ AsyncConnection: TypeAlias = psycopg.AsyncConnection[Any]
 CONNECT_TIMEOUT = 10  # seconds: an unreachable host fails the command, not hangs it
 
 
-def connect(dsn: str) -> Connection:
-    """A new connection (not autocommit) for one command; the caller closes it.
+def connect(dsn: str, *, autocommit: bool = False) -> Connection:
+    """A new connection for one command; the caller closes it.
 
     A refused or unreachable server is a `ConnectError` whose message names the DSN with its
     password masked and says where the DSN came from, as the command line prints it.
     """
     try:
-        return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT)
+        return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=autocommit)
     except psycopg.Error as exc:
         raise ConnectError(
             f"cannot connect to {redact(dsn)}: {str(exc).strip()}\n"

@@ -1,7 +1,7 @@
 """The `outbox-farm` command as a user runs it: a real process against a real database.
 
-`python -m outbox_farm.cli` does nothing (the module has no `__main__` block), so the tests run
-the installed console script next to the interpreter.
+The tests run the installed console script next to the interpreter, as an operator would
+(`python -m outbox_farm.cli` is the same command).
 """
 
 from __future__ import annotations
@@ -153,6 +153,20 @@ def test_sql_honours_table_options() -> None:
     assert '"jobs_pending_idx"' in result.stdout
     assert result.stdout.count("CREATE TABLE") == 1
     assert "0002_dlq" not in result.stdout
+
+
+def test_python_dash_m_is_the_same_command() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox_farm.cli", "sql", "--no-dlq"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run("sql", "--no-dlq").stdout
 
 
 def test_sql_output_applies_cleanly(empty_dsn: str) -> None:

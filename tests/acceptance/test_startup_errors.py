@@ -65,17 +65,18 @@ def wait_for_a_worker(proc: subprocess.Popen[bytes], log_path: Path) -> psutil.P
     """The arbiter, once it has forked a worker; fails at once if it exits instead.
 
     A worker is a child with the arbiter's own command line (forked, not executed): the
-    embedded server's initdb and pg_ctl are children too, for a while.
+    embedded server's initdb and pg_ctl are children too, for a while. The command line is
+    read in the loop: right after the spawn, while the exec is still under way, it is empty.
     """
     arbiter = psutil.Process(proc.pid)
-    command = arbiter.cmdline()
 
     def worker() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"exited {proc.returncode}:\n{log_path.read_text(errors='replace')}")
+        command = arbiter.cmdline()
         for child in arbiter.children():
             with contextlib.suppress(psutil.Error):
-                if child.cmdline() == command:
+                if command and child.cmdline() == command:
                     return True
         return False
 

@@ -1,0 +1,37 @@
+"""The `outbox-farm` command line.
+
+Each command lives in the module of its kind (`schema`, `start`, `ops`, `dlq`) and only reads
+options and prints; what it runs lives outside this package. The group below is the one
+place where the library's errors become the command line's: one line, exit status 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..errors import OutboxFarmError
+from .dlq import dlq
+from .ops import doctor_command, stats
+from .options import EPILOG
+from .schema import check, migrate_command, sql
+from .start import start
+
+
+class _Commands(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OutboxFarmError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_Commands, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="outbox-farm")
+def main() -> None:
+    """outbox_farm: deliver every committed outbox row to its handler, at least once."""
+
+
+for command in (migrate_command, check, sql, start, stats, dlq, doctor_command):
+    main.add_command(command)

@@ -1,0 +1,299 @@
+"""`outbox-farm dlq list|show|replay|purge`: the dead-letter table from the command line.
+
+Replay and purge first count what the selection matches (by queue and reason) and bound the
+run to it; they ask before touching more than one row unless --yes, and --dry-run prints that
+count and what would be done, and changes nothing. Both commit batch by batch: Ctrl-C (or a
+kill) leaves whole batches done and the rest untouched, and the same command run again
+finishes the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from ..admin import DlqFilter, When, dlq_list, dlq_purge, dlq_replay, dlq_show
+from ..admin.dlq import DEFAULT_BATCH
+from ..names import TableNames
+from ..server import connected
+from .bulk import Bulk
+from .options import (
+    EPILOG,
+    Decorator,
+    dsn_options,
+    duration,
+    group,
+    json_option,
+    merged,
+    table_options,
+    when,
+)
+from .output import echo_json, notice, text_table
+
+
+def _filter(
+    queue: str | None, reason: str | None, since: When | None, until: When | None, grep: str | None
+) -> DlqFilter:
+    return DlqFilter(queue=queue, reason=reason, since=since, until=until, grep=grep)
+
+
+# --queue, --reason, --since, --until and --grep as the command's one `where` argument.
+filter_options = merged(
+    "where",
+    _filter,
+    click.option("--queue", default=None, help="Only rows of this queue."),
+    click.option(
+        "--reason",
+        type=click.Choice(["max_deliveries", "retry_terminal", "rejected"]),
+        default=None,
+        help="Only rows that failed for this reason.",
+    ),
+    click.option(
+        "--since",
+        callback=when,
+        default=None,
+        metavar="WHEN",
+        help="Only rows that failed at or after this: a duration ago (2h, 7d; on the "
+        "database clock) or an ISO-8601 time.",
+    ),
+    click.option(
+        "--until",
+        callback=when,
+        default=None,
+        metavar="WHEN",
+        help="Only rows that failed before this (same forms as --since).",
+    ),
+    click.option(
+        "--grep",
+        default=None,
+        metavar="TEXT",
+        help="Only rows whose exception or headers contain TEXT (any case), or whose "
+        "payload contains its bytes.",
+    ),
+)
+
+
+def _bulk_options(doing: str, past: str, moved: str) -> Decorator:
+    """--batch, --dry-run and --yes, worded for replay or purge."""
+    return group(
+        click.option(
+            "--batch",
+            type=click.IntRange(1, 100_000),
+            default=DEFAULT_BATCH,
+            show_default=True,
+            help=f"Rows {moved} per transaction.",
+        ),
+        click.option("--dry-run", is_flag=True, help=f"Say what would be {past}; change nothing."),
+        click.option("--yes", "-y", is_flag=True, help=f"Do not ask before {doing} several rows."),
+    )
+
+
+ids_argument = click.argument("ids", metavar="[ID]...", nargs=-1, type=int)
+
+
+def _selected(where: DlqFilter, ids: tuple[int, ...], every: bool, verb: str) -> DlqFilter:
+    """`where` with the IDs; replay and purge never act on the whole DLQ by accident: IDs, a
+    filter, or --all."""
+    if ids and every:
+        raise click.UsageError(f"give IDs or --all, not both: --all would {verb} every row")
+    if not (ids or every or where != DlqFilter()):
+        raise click.UsageError(
+            f"say which rows to {verb}: IDs, a filter (--queue, --reason, --since, --until, "
+            "--grep) or --all"
+        )
+    return dataclasses.replace(where, ids=ids or None)
+
+
+@click.group(epilog=EPILOG)
+def dlq() -> None:
+    """Inspect, replay and purge the dead-letter table.
+
+    Find rows with `list`, read one with `show`, send them back to the outbox once the
+    cause is fixed with `replay`, delete what is not worth keeping with `purge`.
+    """
+
+
+@dlq.command(name="list", epilog=EPILOG)
+@dsn_options
+@table_options
+@filter_options
+@click.option(
+    "--limit",
+    type=click.IntRange(1),
+    default=50,
+    show_default=True,
+    help="Show at most this many rows, newest first.",
+)
+@json_option
+def list_(dsn: str | None, names: TableNames, where: DlqFilter, limit: int, as_json: bool) -> None:
+    """The newest DLQ rows matching the filters: id, when and why each failed, and the
+    first line of its exception."""
+    with connected(dsn, notice, autocommit=True) as conn:
+        rows = dlq_list(conn, names, where, limit)
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("no DLQ rows match")
+        return
+    lines = [
+        [
+            r.id,
+            f"{r.failed_at:%Y-%m-%d %H:%M:%S}",
+            r.queue,
+            r.reason,
+            r.deliveries_count,
+            r.payload_bytes,
+            r.exception[:80],
+        ]
+        for r in rows
+    ]
+    headers = ["id", "failed at", "queue", "reason", "deliveries", "bytes", "exception"]
+    click.echo(text_table(headers, lines))
+
+
+@dlq.command(epilog=EPILOG)
+@dsn_options
+@table_options
+@click.argument("row_id", metavar="ID", type=int)
+@json_option
+def show(dsn: str | None, names: TableNames, row_id: int, as_json: bool) -> None:
+    """One DLQ row in full: payload decoded by its content type, headers, reason, the
+    exception with its traceback, counts and timestamps."""
+    with connected(dsn, notice, autocommit=True) as conn:
+        entry = dlq_show(conn, names, row_id)
+    if entry is None:
+        raise click.ClickException(f"no DLQ row {row_id}; `outbox-farm dlq list` shows ids")
+    if as_json:
+        echo_json(entry)
+        return
+    payload = entry.payload.value
+    shown = json.dumps(payload, indent=2) if entry.payload.encoding == "json" else payload
+    for label, value in [
+        ("id", entry.id),
+        ("original id", entry.original_id),
+        ("queue", entry.queue),
+        ("reason", entry.reason),
+        ("deliveries", entry.deliveries_count),
+        ("created at", entry.created_at),
+        ("failed at", entry.failed_at),
+        ("timer id", entry.timer_id or "-"),
+    ]:
+        click.echo(f"{label + ':':13}{value}")
+    click.echo(f"headers:\n{json.dumps(entry.headers, indent=2, sort_keys=True)}")
+    click.echo(f"payload ({entry.payload.encoding}, {entry.payload_bytes} bytes):\n{shown}")
+    click.echo(f"exception:\n{entry.last_exception or '-'}")
+
+
+@dlq.command(epilog=EPILOG)
+@dsn_options
+@table_options
+@ids_argument
+@filter_options
+@click.option("--all", "every", is_flag=True, help="Replay every row of the DLQ.")
+@click.option(
+    "--to-queue",
+    default=None,
+    help="Send the rows to this queue instead of "
+    "their own (e.g. a queue whose handler was fixed under a new name).",
+)
+@click.option(
+    "--delay",
+    callback=duration,
+    default="0",
+    metavar="DURATION",
+    help="Make the rows due this long from now (45s, 15m), to spread a big "
+    "replay or wait for a deploy.  [default: now]",
+)
+@_bulk_options("replaying", "replayed", "moved")
+@json_option
+def replay(
+    dsn: str | None,
+    names: TableNames,
+    ids: tuple[int, ...],
+    where: DlqFilter,
+    every: bool,
+    to_queue: str | None,
+    delay: float,
+    batch: int,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Move DLQ rows back into the outbox, to be handled again.
+
+    Select rows by ID, by filters, or --all. Each row keeps its payload and headers, gets
+    the headers `replayed_from` (its DLQ id) and `replay_count`, fresh attempt counters
+    and a due time of now (or --delay); the farm is woken by NOTIFY. Each batch moves in
+    one statement, so an interrupted replay loses and repeats nothing: run it again.
+    """
+    where = _selected(where, ids, every, "replay")
+    due = f"due in {delay:g}s" if delay else "due now, with a NOTIFY per queue and batch"
+    target = f"queue {to_queue}" if to_queue else "their own queues"
+    Bulk(
+        ask="Replay",
+        doing="replaying",
+        past="replayed",
+        target=f"into {names.outbox}",
+        plan=lambda rows: (
+            f"replay {rows} row(s) from {names.dlq} into {names.outbox} "
+            f"({target}, {due}), in batches of {batch}"
+        ),
+        work=lambda conn, upto, step: dlq_replay(
+            conn,
+            names,
+            where,
+            to_queue=to_queue,
+            delay=delay,
+            batch=batch,
+            upto=upto,
+            progress=step,
+        ),
+    ).run(dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)
+
+
+@dlq.command(epilog=EPILOG)
+@dsn_options
+@table_options
+@ids_argument
+@filter_options
+@click.option(
+    "--older-than",
+    callback=duration,
+    default=None,
+    metavar="DURATION",
+    help="Only rows that failed longer ago than this (90d, 12h), by the database clock.",
+)
+@click.option("--all", "every", is_flag=True, help="Purge every row of the DLQ.")
+@_bulk_options("purging", "purged", "deleted")
+@json_option
+def purge(
+    dsn: str | None,
+    names: TableNames,
+    ids: tuple[int, ...],
+    where: DlqFilter,
+    older_than: float | None,
+    every: bool,
+    batch: int,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Delete DLQ rows for good: by ID, by filters, by age (--older-than), or --all."""
+    if older_than is not None:
+        if where.until is not None:
+            raise click.UsageError("--older-than and --until say the same; give one")
+        where = dataclasses.replace(where, until=When(ago=older_than))
+    where = _selected(where, ids, every, "purge")
+    Bulk(
+        ask="Delete",
+        doing="purging",
+        past="purged",
+        target=f"from {names.dlq}",
+        plan=lambda rows: f"delete {rows} row(s) from {names.dlq}, in batches of {batch}",
+        work=lambda conn, upto, step: dlq_purge(
+            conn, names, where, batch=batch, upto=upto, progress=step
+        ),
+    ).run(dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)

@@ -1,0 +1,181 @@
+"""`stats` and `doctor`: how the farm's tables are doing, and whether the database suits it.
+
+Every command has --json for scripts; text output is for people. The work is done by
+`outbox_farm.admin`, the same API an admin script calls.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ..admin.doctor import Check, Limits, Status, doctor
+from ..admin.frames import stats_frames
+from ..admin.rates import DEFAULT_METRICS_URL
+from ..admin.stats import EXACT_LIMIT, OUTBOX_COUNTS
+from ..db.connect import connect
+from ..errors import OutboxFarmError
+from ..names import TableNames
+from ..server import connected, resolve
+from .options import EPILOG, dsn_options, duration, json_option, table_options
+from .output import echo_json, notice, text_table
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h" if seconds < 172800 else f"{seconds / 86400:.1f}d"
+
+
+def _n(count: Any) -> str:
+    """A Count: exact as is, an estimate with `~`."""
+    return str(count.value) if count.exact else f"~{count.value}"
+
+
+def _render(frame: dict[str, Any]) -> str:
+    rates = frame["farm"].get("queues", {})
+    headers = ["queue", *(n.replace("_", " ") for n in OUTBOX_COUNTS), "oldest ready"]
+    headers += ["dlq 1h", "dlq 1d", "dlq all"]
+    if rates:
+        headers += ["acked/s", "retries/s", "terminal/s", "p99 lag"]
+    rows, reasons = [], []
+    for q in frame["queues"]:
+        row = [q.queue, *(_n(q.counts[n]) for n in OUTBOX_COUNTS), _age(q.oldest_ready_age)]
+        row += [_n(q.dlq_total(w)) for w in ("last_hour", "last_day", "total")]
+        if rates:
+            r = rates.get(q.queue)
+            lag = "-" if r is None or r.lag_p99 is None else _age(r.lag_p99)
+            row += [f"{r.acked:.1f}", f"{r.retried:.1f}", f"{r.terminal:.1f}"] if r else ["-"] * 3
+            row.append(lag)
+        rows.append(row)
+        reasons += [
+            [q.queue, d.reason, _n(d.last_hour), _n(d.last_day), _n(d.total)] for d in q.dlq
+        ]
+    out = [text_table(headers, rows) if rows else "no rows in the outbox or the DLQ"]
+    if reasons:
+        out += ["", "DLQ by reason:", text_table(["queue", "reason", "1h", "1d", "all"], reasons)]
+    farm = frame["farm"]
+    if "error" in farm:
+        out += ["", f"farm rates: {farm['error']}"]
+    if any("~" in line for line in out):
+        out += ["", "~ = the planner's estimate (too many rows to count one by one quickly)"]
+    return "\n".join(out)
+
+
+@click.command(epilog=EPILOG)
+@dsn_options
+@table_options
+@click.option("--queue", default=None, help="Only this queue (default: every queue).")
+@click.option(
+    "--watch",
+    callback=duration,
+    default=None,
+    metavar="SECONDS",
+    help="Redraw every so many seconds (e.g. 2, 5s) until Ctrl-C, like `top`.",
+)
+@click.option(
+    "--metrics-url",
+    default=DEFAULT_METRICS_URL,
+    show_default=True,
+    envvar="OUTBOX_FARM_METRICS_URL",
+    help="The running farm's /metrics, for acked/s, retries/s, terminal/s and p99 lag "
+    "(read twice, a second apart); empty to leave them out. [env OUTBOX_FARM_METRICS_URL]",
+)
+@click.option(
+    "--exact-limit",
+    type=click.IntRange(0),
+    default=EXACT_LIMIT,
+    show_default=True,
+    help="Count rows one by one up to this many per figure; above it, show the "
+    "planner's estimate (marked ~).",
+)
+@json_option
+def stats(
+    dsn: str | None,
+    names: TableNames,
+    queue: str | None,
+    watch: float | None,
+    metrics_url: str,
+    exact_limit: int,
+    as_json: bool,
+) -> None:
+    """Per queue: ready, scheduled, in flight, expired leases, retrying rows, the oldest
+    ready row's age, DLQ rows by reason (last hour, day, all), and the running farm's rates.
+
+    Counts are exact up to --exact-limit and the planner's estimate above it (marked ~ in
+    text, "exact": false in JSON), so this answers in milliseconds on any table size.
+    """
+    with connected(dsn, notice, autocommit=True) as conn:
+        frames = stats_frames(
+            conn,
+            names,
+            queue=queue,
+            exact_limit=exact_limit,
+            metrics_url=metrics_url,
+            every=watch,
+        )
+        try:
+            for number, frame in enumerate(frames):
+                if as_json:
+                    echo_json(frame, compact=watch is not None)
+                    continue
+                if watch is not None and sys.stdout.isatty():
+                    click.echo("\x1b[H\x1b[J", nl=False)  # home, clear: redraw in place
+                elif number:
+                    click.echo("")
+                click.echo(_render(frame))
+        except KeyboardInterrupt:
+            click.echo("", err=True)  # Ctrl-C ends --watch: a clean exit, status 0
+
+
+@click.command(name="doctor", epilog=EPILOG)
+@dsn_options
+@table_options
+@click.option(
+    "--max-xmin-age",
+    callback=duration,
+    default="5m",
+    show_default=True,
+    help="FAIL when a transaction has held back VACUUM (the xmin horizon) for longer.",
+)
+@click.option(
+    "--max-lag",
+    callback=duration,
+    default="60s",
+    show_default=True,
+    help="WARN when the oldest ready row has waited longer than this since it was due.",
+)
+@json_option
+def doctor_command(
+    dsn: str | None, names: TableNames, max_xmin_age: float, max_lag: float, as_json: bool
+) -> None:
+    """Check that this database can run a farm well, and say what to do where it cannot.
+
+    Connection and server version, the schema and this role's privileges, track_counts and
+    autovacuum, the NOTIFY queue, each table's size and dead rows, the oldest transaction
+    holding back VACUUM, and how long the oldest ready row has waited. Each line is OK,
+    WARN or FAIL; exit status 1 when any is FAIL.
+    """
+    with resolve(dsn, notice) as url:
+        try:
+            conn = connect(url, autocommit=True)
+        except OutboxFarmError as exc:  # the first finding, not an error of the command
+            hint = "fix the DSN or start the server, then run doctor again"
+            checks = [Check("connection", Status.FAIL, str(exc), hint)]
+        else:
+            with conn:
+                checks = doctor(conn, names, Limits(max_xmin_age, max_lag))
+    failed = any(c.status is Status.FAIL for c in checks)
+    if as_json:
+        echo_json({"ok": not failed, "checks": checks})
+    else:
+        for check in checks:
+            click.echo(f"{check.status.value:4} {check.name}: {check.detail}")
+            if check.hint:
+                click.echo(f"     -> {check.hint}")
+    if failed:
+        sys.exit(1)

@@ -1,0 +1,174 @@
+"""The options several commands share, each defined once, and how a bad value is reported.
+
+A value the user gave that cannot be used is a usage error (exit status 2) naming the option;
+anything that fails later is an `OutboxFarmError`, which the `outbox-farm` group reports as
+one line with exit status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from ..admin import When, parse_duration
+from ..errors import ConfigurationError, OutboxFarmError
+from ..names import TableNames
+from ..server import read_dsn_file
+
+EPILOG = "Every option can also be set from the environment variable shown in its help."
+DSN_FILE_HINT = "'--dsn-file' / OUTBOX_FARM_DSN_FILE"
+
+T = TypeVar("T")
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+@contextmanager
+def usage_error(hint: str | None = None) -> Iterator[None]:
+    """A ConfigurationError in the block is the user's value at fault: a usage error, naming
+    the option (`hint`) when one is to blame."""
+    try:
+        yield
+    except ConfigurationError as exc:
+        if hint is None:
+            raise click.UsageError(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
+def parsed(parse: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, Any], T | None]:
+    """An option callback: the value through `parse`, whose OutboxFarmError is a bad value of
+    this option; a missing value stays None."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> T | None:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except OutboxFarmError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+
+    return callback
+
+
+# `30d`, `12h`, `15m`, `45s` or plain seconds, as seconds.
+duration = parsed(parse_duration)
+# A duration ago (`2h`: two hours before the database's now) or an ISO-8601 time.
+when = parsed(When.parse)
+
+
+def group(*options: Decorator) -> Decorator:
+    """Several options as one decorator, shown in --help in the order given."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def merged(into: str, build: Callable[..., Any], *options: Decorator) -> Decorator:
+    """`options` handed to the command as one argument, `into`: `build` called with their
+    values (its parameters are the options' names)."""
+    keys = list(inspect.signature(build).parameters)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = {key: kwargs.pop(key) for key in keys}
+            return func(*args, **{into: build(**given)}, **kwargs)
+
+        return group(*options)(command)
+
+    return decorate
+
+
+def _dsn(dsn: str | None, dsn_file: str | None) -> str | None:
+    if dsn and dsn_file:
+        raise click.UsageError(
+            "--dsn (OUTBOX_FARM_DSN) and --dsn-file (OUTBOX_FARM_DSN_FILE) are both set; keep one"
+        )
+    if not dsn_file:
+        return dsn
+    with usage_error(DSN_FILE_HINT):
+        return read_dsn_file(dsn_file)
+
+
+# --dsn and --dsn-file as the command's one `dsn` argument (None: the embedded server). The
+# file (or the environment) keeps the password out of every process's command line.
+dsn_options = merged(
+    "dsn",
+    _dsn,
+    click.option(
+        "--dsn",
+        envvar="OUTBOX_FARM_DSN",
+        default=None,
+        help="libpq connection string or postgresql:// URL; prefer OUTBOX_FARM_DSN or "
+        "--dsn-file, since a command line is visible to every user of the machine. Without "
+        "any, an embedded Postgres is started under ./.outbox-farm/pgdata "
+        "(OUTBOX_FARM_DATA_DIR). [env OUTBOX_FARM_DSN]",
+    ),
+    click.option(
+        "--dsn-file",
+        envvar="OUTBOX_FARM_DSN_FILE",
+        default=None,
+        metavar="PATH",
+        help="Read the connection string from this file (e.g. a container secret), so no "
+        "password shows on the command line. [env OUTBOX_FARM_DSN_FILE]",
+    ),
+)
+
+
+def _tables(table: str, dlq_table: str, no_dlq: bool) -> TableNames:
+    with usage_error():
+        return TableNames.build(table, None if no_dlq else dlq_table)
+
+
+# --table, --dlq-table and --no-dlq as the command's one `names` argument, refused before
+# anything connects.
+table_options = merged(
+    "names",
+    _tables,
+    click.option(
+        "--table",
+        default="outbox",
+        show_default=True,
+        envvar="OUTBOX_FARM_TABLE",
+        help="Outbox table name, optionally schema.table. [env OUTBOX_FARM_TABLE]",
+    ),
+    click.option(
+        "--dlq-table",
+        default="outbox_dlq",
+        show_default=True,
+        envvar="OUTBOX_FARM_DLQ_TABLE",
+        help="Dead-letter table name, optionally schema.table. [env OUTBOX_FARM_DLQ_TABLE]",
+    ),
+    click.option(
+        "--no-dlq",
+        is_flag=True,
+        envvar="OUTBOX_FARM_NO_DLQ",
+        help="Leave out the dead-letter table. [env OUTBOX_FARM_NO_DLQ]",
+    ),
+)
+
+
+def seconds_option(name: str, default: float, minimum: float, text: str) -> Decorator:
+    """A duration in seconds, with its default shown and its environment variable named."""
+    env = "OUTBOX_FARM_" + name.upper().replace("-", "_")
+    return click.option(
+        f"--{name}",
+        type=click.FloatRange(minimum),
+        default=default,
+        show_default=True,
+        envvar=env,
+        help=f"{text} [env {env}]",
+    )
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (one object) instead of text."
+)

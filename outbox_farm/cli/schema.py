@@ -1,0 +1,76 @@
+"""`migrate`, `check` and `sql`: the farm's tables, created, compared and printed."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..migrate import ddl, migrate
+from ..names import TableNames
+from ..readiness import schema_report
+from ..server import connected
+from .options import EPILOG, dsn_options, table_options
+from .output import notice
+
+
+def _tables(names: TableNames) -> str:
+    return ", ".join(str(t) for t in (names.outbox, names.dlq) if t)
+
+
+@click.command(name="migrate", epilog=EPILOG)
+@dsn_options
+@table_options
+@click.option(
+    "--repair",
+    is_flag=True,
+    envvar="OUTBOX_FARM_REPAIR",
+    help="Run the already applied migrations again too (each is re-runnable): brings back a "
+    "dropped index or table setting that `check` reports, and rebuilds the lease index, so "
+    "prefer a quiet moment on a large table. [env OUTBOX_FARM_REPAIR]",
+)
+def migrate_command(dsn: str | None, names: TableNames, repair: bool) -> None:
+    """Create or upgrade the outbox (and DLQ) tables.
+
+    Applies the versioned migrations that are not yet applied, in order, each in its own
+    transaction, under an advisory lock; running it twice, or twice at once, is safe. A table
+    that was dropped after its migrations ran gets them again.
+    """
+    with connected(dsn, notice) as conn:
+        result = migrate(conn, names, repair=repair, progress=lambda line: click.echo(f"  {line}"))
+    repaired = f", {len(result.repaired)} repaired" if repair else ""
+    click.echo(
+        f"migrate: {len(result.applied)} applied, {len(result.already)} already up to date"
+        f"{repaired} ({_tables(names)})"
+    )
+
+
+@click.command(epilog=EPILOG)
+@dsn_options
+@table_options
+def check(dsn: str | None, names: TableNames) -> None:
+    """Compare the live schema, and this role's privileges, with what the farm needs; exit
+    status 1 on drift.
+
+    Reports every problem at once: missing tables, columns, indexes, wrong types or
+    nullability, partial-index predicates, uniqueness, the lease CHECK, and each missing
+    privilege with the GRANT that gives it.
+    """
+    with connected(dsn, notice) as conn:
+        report = schema_report(conn, names)
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    if not report.problems:
+        click.echo(f"check: schema OK ({_tables(names)})")
+        return
+    click.echo(f"check: {len(report.problems)} problem(s) found ({_tables(names)}):")
+    for problem in report.problems:
+        click.echo(f"  - {problem}")
+    sys.exit(1)
+
+
+@click.command(epilog=EPILOG)
+@table_options
+def sql(names: TableNames) -> None:
+    """Print the schema DDL, for projects whose migrations live in Alembic or Django."""
+    click.echo(ddl(names))
