@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Farm(Producer):
+class Farm:
     """Configuration shared by producers and workers.
 
     Producers only need the table names (`publish`, `apublish`, ...); workers also need the
@@ -47,7 +47,17 @@ class Farm(Producer):
         middleware: Sequence[Middleware] = (),
     ) -> None:
         self.names = TableNames.build(table, dlq_table)
-        super().__init__(Queries(self.names), notify=notify)
+        self.queries = Queries(self.names)
+        # The farm has a producer rather than being one: the producer knows nothing of handlers,
+        # and an application that only publishes can use `Producer` alone. Its calls are the
+        # farm's own, so that `farm.publish(conn, body, queue=...)` reads as it should.
+        self.producer = producer = Producer(self.queries, notify=notify)
+        self.publish = producer.publish
+        self.apublish = producer.apublish
+        self.publish_batch = producer.publish_batch
+        self.apublish_batch = producer.apublish_batch
+        self.cancel_timer = producer.cancel_timer
+        self.acancel_timer = producer.acancel_timer
         if on_failure is not None and not callable(on_failure):
             raise ConfigurationError(f"on_failure must be callable, got {on_failure!r}")
         self.on_failure = on_failure
