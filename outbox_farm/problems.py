@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .errors import PermanentError
+from .errors import DatabaseError, PermanentError
 
 LOG_EVERY = 60.0
 
@@ -41,7 +41,7 @@ class Problems:
     def report(
         self,
         operation: str,
-        exc: BaseException,
+        exc: DatabaseError,
         logger: logging.Logger,
         extra: dict[str, object] | None = None,
     ) -> bool:
