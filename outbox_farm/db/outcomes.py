@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 
 import psycopg
 
-from ..errors import DatabaseError
+from ..errors import ConnectionLost, DatabaseError
 from ..queries import Queries
 from .boundary import DRIVER_ERRORS, boundary, translate
 from .pool import Pool
@@ -135,10 +135,12 @@ class Flush:
             await self._pipe.sync()
             matched = {(row[0], row[1]) for row in await cursor.fetchall()}
         except DRIVER_ERRORS as exc:
-            if isinstance(exc, OSError) or conn.broken or conn.closed:
+            # The session's end (57P01, say) may be read before libpq sees the socket close.
+            error = translate(exc, lost=isinstance(exc, OSError) or conn.broken or conn.closed)
+            if isinstance(error, ConnectionLost):
                 write.resent = True
-                raise translate(exc, lost=True) from exc
-            return await self._isolate(write, translate(exc))
+                raise error from exc
+            return await self._isolate(write, error)
         if write.resent:
             return Written(matched, await self._unconfirmed(write, matched))
         return Written(matched)

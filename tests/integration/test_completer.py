@@ -110,7 +110,8 @@ def test_a_resent_ack_that_finds_its_row_gone_is_unconfirmed_not_lease_lost(
             conn.execute("UPDATE outbox SET acquired_token = %s WHERE id = %s", [other, taken])
             if connection_lost:
                 assert pid is not None
-                conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
+                # Waits until the backend is gone, so that the ack meets a dead connection.
+                conn.execute("SELECT pg_terminate_backend(%s, 5000)", [pid[0]])
             await Completer(pool, queries).write(
                 [Outcome(Kind.ACK, i, token, queue, 1) for i in (gone, taken)]
             )

@@ -244,7 +244,8 @@ def test_a_write_resent_after_a_lost_connection_tells_unconfirmed_from_lost(
         assert pid is not None
         conn.execute("DELETE FROM outbox WHERE id = %s", [gone])
         conn.execute("UPDATE outbox SET acquired_token = %s WHERE id = %s", [other, taken])
-        conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
+        # Waits until the backend is gone, so that the ack meets a dead connection.
+        conn.execute("SELECT pg_terminate_backend(%s, 5000)", [pid[0]])
         with pytest.raises(ConnectionLost):
             await send_all(pool, ack)
         assert ack.resent
@@ -346,7 +347,7 @@ def test_a_dropped_connection_is_connection_lost_and_the_next_call_reconnects(
         async with pool.connection() as pooled:
             pid = await (await pooled.execute("SELECT pg_backend_pid()")).fetchone()
         assert pid is not None
-        conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
+        conn.execute("SELECT pg_terminate_backend(%s, 5000)", [pid[0]])
         with pytest.raises(ConnectionLost) as info:
             await claim(pool)
         assert not isinstance(info.value, PermanentError)
@@ -375,7 +376,7 @@ def test_the_listen_session_relays_notifies_and_reports_a_lost_connection(
             assert pid is not None
             conn.execute("SELECT pg_notify('outbox_outbox', 'orders')")
             await session.relay(got.append, 0.2)
-            conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
+            conn.execute("SELECT pg_terminate_backend(%s, 5000)", [pid[0]])
             with pytest.raises(ConnectionLost):
                 await session.relay(got.append, 0.1)
         return got
