@@ -136,7 +136,7 @@ class Flush:
             matched = {(row[0], row[1]) for row in await cursor.fetchall()}
         except DRIVER_ERRORS as exc:
             # The session's end (57P01, say) may be read before libpq sees the socket close.
-            error = translate(exc, lost=isinstance(exc, OSError) or conn.broken or conn.closed)
+            error = translate(exc, lost=conn.broken or conn.closed)
             if isinstance(error, ConnectionLost):
                 write.resent = True
                 raise error from exc
