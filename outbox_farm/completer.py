@@ -1,15 +1,14 @@
 """The completer: every outcome of every executor, written to the table in batches.
 
 Executors hand outcomes over with `put()`; one task flushes them when `flush_size` are
-waiting or `flush_interval` after the first one arrived, whichever comes first. A flush is at
-most four set-based statements (ack, retry, release, terminal) sent through one pipeline with
-a sync after each: statements between two syncs share one implicit transaction, and a failing
-DLQ move must not roll back the acks beside it. Every statement matches id and lease token;
-rows it did not match are lease_lost, except after a lost connection: a statement sent again
-may find its rows gone because its first attempt committed before the reply was lost, and
-those are `outcome_unconfirmed`. Once written (or given up on), a row is settled in its
-queue's in-flight ledger, which frees its slot.
-"""
+waiting or `flush_interval` after the first one arrived, whichever comes first. A flush is one
+set-based write per kind of outcome (ack, retry, release, expire, terminal), which
+`db.outcomes` sends through one pipeline with a sync after each, so that a refused DLQ move
+cannot roll back the acks beside it. Every write matches id and lease token. Here each row's
+result is counted and logged: written; refused (`write_failed`); taken over by another lease
+(`lease_lost`); or, when a lost connection made the write go out again, found gone or free
+(`outcome_unconfirmed`: its first attempt most likely wrote it). Once written (or given up
+on), a row is settled in its queue's in-flight ledger, which frees its slot."""
 
 from __future__ import annotations
 
@@ -19,13 +18,12 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-import psycopg
-from psycopg_pool import AsyncConnectionPool
+from dataclasses import dataclass
 
 from .backoff import Backoff
+from .db import outcomes as writes
+from .db.pool import Pool
+from .errors import ConnectionLost, DatabaseError
 from .inflight import Ledger
 from .metrics import metrics
 from .outcome import Kind, Outcome
@@ -35,13 +33,13 @@ from .queries import Queries
 log = logging.getLogger("outbox_farm.completer")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Statement:
+    """One write of a flush, and the outcomes it carries (in the order of its rows)."""
+
     phase: str
-    query: str
     outcomes: list[Outcome]
-    params: dict[str, Any] = field(default_factory=dict)
-    resent: bool = False  # in flight when a connection died: it may have committed
+    write: writes.Write
 
 
 class Completer:
@@ -53,7 +51,7 @@ class Completer:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        pool: Pool,
         queries: Queries,
         *,
         flush_interval: float = 0.01,
@@ -106,6 +104,11 @@ class Completer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox-farm-completer")
 
+    @property
+    def alive(self) -> bool:
+        """Its flush task runs: started, and not yet ended by `close()`."""
+        return self._task is not None and not self._task.done()
+
     async def close(self, timeout: float = 30.0) -> None:
         """Final flush of everything queued, then stop. Gives up after `timeout` seconds.
 
@@ -147,7 +150,7 @@ class Completer:
             self._full.clear()
             self._room.set()
             try:
-                await self._flush(batch)
+                await self.write(batch)
             except Exception:  # a bug here must not stop every later write of the process
                 log.exception(
                     "completer failed to write %d outcomes; their rows will be delivered again "
@@ -169,42 +172,44 @@ class Completer:
         by_kind: dict[Kind, list[Outcome]] = {kind: [] for kind in Kind}
         for outcome in batch:
             by_kind[outcome.kind].append(outcome)
-        out: list[_Statement] = []
-        q = self.queries
-        if by_kind[Kind.ACK]:
-            out.append(_Statement("ack", q["ack"], by_kind[Kind.ACK]))
-        if by_kind[Kind.RETRY]:
-            out.append(_Statement("retry", q["retry"], by_kind[Kind.RETRY]))
-        if by_kind[Kind.RELEASE]:
-            out.append(_Statement("release", q["release"], by_kind[Kind.RELEASE]))
-        if by_kind[Kind.EXPIRE]:
-            out.append(_Statement("expire", q["release"], by_kind[Kind.EXPIRE]))
-        if by_kind[Kind.TERMINAL]:
-            if q.names.dlq is not None:
-                out.append(_Statement("terminal", q["dlq_move"], by_kind[Kind.TERMINAL]))
-            else:
-                out.append(_Statement("terminal", q["ack"], by_kind[Kind.TERMINAL]))
-        for stmt in out:
-            stmt.params = self._params(stmt)
-        return out
+        phases = (
+            ("ack", Kind.ACK),
+            ("retry", Kind.RETRY),
+            ("release", Kind.RELEASE),
+            ("expire", Kind.EXPIRE),
+            ("terminal", Kind.TERMINAL),
+        )
+        return [
+            _Statement(phase, rows, self._write_for(phase, rows))
+            for phase, kind in phases
+            if (rows := by_kind[kind])
+        ]
 
-    def _params(self, stmt: _Statement) -> dict[str, Any]:
-        rows = stmt.outcomes
-        params: dict[str, Any] = {
-            "ids": [o.row_id for o in rows],
-            "tokens": [o.token for o in rows],
-        }
-        if stmt.phase == "retry":
-            params["delays"] = [o.delay for o in rows]
-            params["ran"] = [int(o.ran) for o in rows]
-            params["started"] = [o.started_at for o in rows]
-        elif stmt.phase == "terminal" and self.queries.names.dlq is not None:
-            params["reasons"] = [str(o.reason) for o in rows]
-            params["exceptions"] = [o.last_exception for o in rows]
-        return params
+    def _write_for(self, phase: str, rows: list[Outcome]) -> writes.Write:
+        ids = [o.row_id for o in rows]
+        tokens = [o.token for o in rows]
+        if phase == "retry":
+            return writes.retry(
+                ids,
+                tokens,
+                delays=[o.delay for o in rows],
+                ran=[o.ran for o in rows],
+                started=[o.started_at for o in rows],
+            )
+        if phase in ("release", "expire"):
+            return writes.release(ids, tokens)
+        if phase == "terminal" and self.queries.names.dlq is not None:
+            return writes.dead_letter(
+                ids,
+                tokens,
+                reasons=[str(o.reason) for o in rows],
+                exceptions=[o.last_exception for o in rows],
+            )
+        return writes.ack(ids, tokens)  # an ack, or a terminal failure with no DLQ to keep it
 
-    async def _flush(self, batch: list[Outcome]) -> None:
-        """Write a batch; only then do its rows stop counting against their queue's capacity.
+    async def write(self, batch: list[Outcome]) -> None:
+        """Write `batch` as one flush, now; only then do its rows stop counting against their
+        queue's capacity. The flush task calls this for every batch it collects.
 
         Freeing a slot at hand-over instead would let a worker whose writes are slow hold an
         unbounded number of leased rows, all of which a crash would then deliver again.
@@ -226,28 +231,13 @@ class Completer:
         backoff = Backoff()
         while todo:
             try:
-                async with self.pool.connection() as conn, conn.pipeline() as pipeline:
+                async with writes.pipeline(self.pool, self.queries) as flush:
                     while todo:
-                        stmt = todo[0]
-                        cursor = conn.cursor()
-                        try:
-                            await cursor.execute(stmt.query, stmt.params)
-                            await pipeline.sync()
-                            matched = {(row[0], row[1]) for row in await cursor.fetchall()}
-                        except psycopg.Error as exc:
-                            if conn.broken or conn.closed:
-                                raise
-                            todo.pop(0)
-                            await self._isolate(stmt, exc)
-                            continue
-                        unconfirmed = set()
-                        if stmt.resent:
-                            unconfirmed = await self._unconfirmed(conn, pipeline, stmt, matched)
-                        todo.pop(0)
-                        self._account(stmt, matched, unconfirmed)
-            except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
-                if todo:
-                    todo[0].resent = True
+                        written = await flush.send(todo[0].write)
+                        self._account(todo.pop(0), written)
+            except ConnectionLost as exc:
+                if not todo:
+                    break  # the connection broke after the last reply: everything is written
                 if self._closing and backoff.failures >= 8:
                     log.error(
                         "completer gave up writing at stop: %s",
@@ -267,80 +257,51 @@ class Completer:
         self._m.flush_seconds.observe(time.perf_counter() - started)
         self._m.flush_batch_size.observe(len(batch))
 
-    async def _unconfirmed(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        pipeline: psycopg.AsyncPipeline,
-        stmt: _Statement,
-        matched: set[tuple[int, uuid.UUID]],
-    ) -> set[int]:
-        """Of the rows a re-sent statement did not match, those that are gone or free: the
-        first attempt most likely wrote them. The rest are held under another token."""
-        missed = [o.row_id for o in stmt.outcomes if (o.row_id, o.token) not in matched]
-        if not missed:
-            return set()
-        cursor = conn.cursor()
-        await cursor.execute(self.queries["lease_holders"], {"ids": missed})
-        await pipeline.sync()
-        held = {row[0] for row in await cursor.fetchall() if row[1] is not None}
-        return set(missed) - held
-
-    async def _isolate(self, stmt: _Statement, exc: psycopg.Error) -> None:
-        """A statement failed as a whole: write its rows one by one so one bad row stays alone."""
-        if len(stmt.outcomes) == 1:
-            self._report_failure(stmt, exc)
-            return
-        for outcome in stmt.outcomes:
-            single = _Statement(stmt.phase, stmt.query, [outcome])
-            single.params = self._params(single)
-            try:
-                async with self.pool.connection() as conn:
-                    cursor = await conn.execute(single.query, single.params)
-                    self._account(single, {(r[0], r[1]) for r in await cursor.fetchall()}, set())
-            except psycopg.Error as row_exc:
-                self._report_failure(single, row_exc)
-
-    def _report_failure(self, stmt: _Statement, exc: psycopg.Error) -> None:
-        outcome = stmt.outcomes[0]
-        self._m.write_failed.labels(stmt.phase, outcome.queue).inc()
+    def _report_failure(self, phase: str, outcome: Outcome, exc: DatabaseError) -> None:
+        self._m.write_failed.labels(phase, outcome.queue).inc()
         fields = {
             "event": "write_failed",
-            "phase": stmt.phase,
+            "phase": phase,
             "row_id": outcome.row_id,
             "queue": outcome.queue,
         }
-        if self.problems.report(f"{stmt.phase} write", exc, log, fields):
+        if self.problems.report(f"{phase} write", exc, log, fields):
             return  # logged, at most once a minute, as the problem it is
         hint = (
             " The DLQ table is missing or does not match: run `outbox-farm check`."
-            if stmt.phase == "terminal" and self.queries.names.dlq is not None
+            if phase == "terminal" and self.queries.names.dlq is not None
             else ""
         )
         log.error(
             "%s write failed for row %s of queue %s: %s. The row stays in the outbox under its "
             "lease and is delivered again when the lease expires.%s",
-            stmt.phase,
+            phase,
             outcome.row_id,
             outcome.queue,
-            str(exc).strip(),
+            exc,
             hint,
             extra=fields,
         )
 
-    def _account(
-        self, stmt: _Statement, matched: set[tuple[int, uuid.UUID]], unconfirmed: set[int]
-    ) -> None:
+    def _account(self, stmt: _Statement, written: writes.Written) -> None:
         m = self._m
         phase = stmt.phase
-        self.problems.solved(f"{phase} write")
+        matched, refused = written.matched, written.refused
+        if len(refused) < len(stmt.outcomes):
+            self.problems.solved(f"{phase} write")
         done: Counter[str] = Counter()
         for outcome in stmt.outcomes:
-            if (outcome.row_id, outcome.token) in matched:
+            lease = (outcome.row_id, outcome.token)
+            if lease in matched:
                 done[outcome.queue] += 1
                 if phase == "retry":
                     self.on_retry(outcome.queue, outcome.delay)
                 elif phase == "terminal" and self.queries.names.dlq is not None:
                     m.dlq_written.labels(outcome.queue, str(outcome.reason)).inc()
+                continue
+            error = refused.get(lease) if refused else None
+            if error is not None:
+                self._report_failure(phase, outcome, error)
                 continue
             if phase == "expire":
                 continue  # handed back because its lease ran short: losing it is expected
@@ -350,7 +311,7 @@ class Completer:
                 "queue": outcome.queue,
                 "deliveries_count": outcome.deliveries_count,
             }
-            if outcome.row_id in unconfirmed:
+            if outcome.row_id in written.unconfirmed:
                 m.outcome_unconfirmed.labels(outcome.queue, phase).inc()
                 log.warning(
                     "outcome unconfirmed: the %s of row %s of queue %s was sent again after a "

@@ -31,16 +31,3 @@ def check_dsn(dsn: str) -> str:
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"invalid DSN {redact(dsn)!r}: {exc}") from None
     return dsn
-
-
-async def probe(dsn: str, timeout: float = 10.0) -> None:
-    """Connect once, so a wrong DSN fails at start with a clear message, not in a retry loop."""
-    check_dsn(dsn)
-    try:
-        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(int(timeout), 1))
-    except psycopg.Error as exc:
-        raise ConfigurationError(
-            f"cannot connect to {redact(dsn)}: {str(exc).strip()}. Check --dsn / "
-            "OUTBOX_FARM_DSN, and that the server is running and reachable."
-        ) from None
-    await conn.close()

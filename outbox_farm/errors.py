@@ -1,8 +1,10 @@
 """Every error outbox_farm raises, and the two exceptions handlers raise to steer a row.
 
 psycopg errors are translated to these at exactly one boundary per component (the producer,
-the migrator, the schema check, the runtime's connection helpers), so callers catch one family.
-Each class's docstring is its default message.
+the migrator, the schema check; for the runtime, `outbox_farm.db`), so callers catch one family
+and decide from its classes alone: `ConnectionLost` passes by reconnecting, `PermanentError`
+needs an operator, any other `DatabaseError` was one statement refused. Each class's docstring
+is its default message.
 """
 
 from __future__ import annotations
@@ -29,11 +31,30 @@ class DatabaseError(OutboxFarmError, psycopg.Error):
     """The database refused an outbox_farm statement.
 
     Also a `psycopg.Error`, so code that already catches the driver's errors keeps working.
+    `sqlstate` is the server's SQLSTATE when the server refused it, else None.
     """
 
 
-class SchemaError(DatabaseError):
+class ConnectionLost(DatabaseError):
+    """The database could not be reached, or the connection broke; retrying may succeed.
+
+    A statement in flight when the connection broke may or may not have committed.
+    """
+
+
+class PermanentError(DatabaseError):
+    """The database refused an outbox_farm statement in a way retrying does not change.
+
+    A missing table, column or privilege: it lasts until an operator migrates or grants.
+    """
+
+
+class SchemaError(PermanentError):
     """The database schema does not match what outbox_farm needs; run `outbox-farm check`."""
+
+
+class PrivilegeError(PermanentError):
+    """This role lacks a privilege outbox_farm needs; `outbox-farm check` names the GRANT."""
 
 
 class MigrationError(DatabaseError):

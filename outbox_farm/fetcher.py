@@ -13,12 +13,11 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from .backoff import Backoff
+from .db import claims
+from .db.pool import Pool
+from .errors import DatabaseError
 from .handler import HandlerSpec
 from .inflight import Ledger
 from .leases import lease_token
@@ -38,7 +37,7 @@ class Fetcher:
     def __init__(
         self,
         spec: HandlerSpec,
-        pool: AsyncConnectionPool[Any],
+        pool: Pool,
         queries: Queries,
         inbox: asyncio.Queue[Message | None],
         *,
@@ -96,6 +95,11 @@ class Fetcher:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
+    @property
+    def alive(self) -> bool:
+        """Its loop runs: started, not stopped, not ended by an error it did not expect."""
+        return self._task is not None and not self._task.done()
+
     # -- the loop ------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -118,13 +122,13 @@ class Fetcher:
                     continue  # more may be waiting: claim again at once
                 wait = await self._next_wait()
                 backoff.reset()
-            except (psycopg.Error, OSError) as exc:
+            except DatabaseError as exc:
                 wait = backoff.next()
                 if not self.problems.report(self.operation, exc, log):
                     log.warning(
                         "claim for queue %s failed (%s); retrying in %.2fs",
                         self.spec.queue,
-                        str(exc).strip(),
+                        exc,
                         wait,
                         extra={
                             "event": "db_reconnect",
@@ -147,47 +151,45 @@ class Fetcher:
         # a deadline counted from here errs on the early side.
         sent = time.monotonic()
         token = lease_token(self.worker_id)
-        params = {
-            "queue": spec.queue,
-            "limit": limit,
-            "lease_ttl": spec.lease_ttl,
-            "token": token,
-            "held": self.ledger.held(),
-        }
-        async with self.pool.connection() as conn:
-            cursor = await conn.execute(self.queries["claim"], params, binary=True)
-            rows = await cursor.fetchall()
+        rows = await claims.claim(
+            self.pool,
+            self.queries,
+            queue=spec.queue,
+            limit=limit,
+            lease_ttl=spec.lease_ttl,
+            token=token,
+            held=self.ledger.held(),
+        )
         received = time.monotonic()
         self._fetch_seconds.observe(time.perf_counter() - started)
         if not rows:
             return 0
-        self.ledger.hold((row[0] for row in rows), token)
+        self.ledger.hold((row.id for row in rows), token)
         self._claimed.inc(len(rows))
         start_by = sent + spec.lease_ttl - spec.start_margin
         queue = spec.queue
-        claimed_at = rows[0][9]  # one statement: one now() for every row
+        claimed_at = rows[0].acquired_at  # one statement: one now() for every row
         claimed_epoch = claimed_at.timestamp()
         put = self.inbox.put_nowait
         for row in rows:
-            row_id, payload, headers, deliveries, attempts, created, due, first, timer_id, _ = row
             put(
                 Message(
-                    row_id,
+                    row.id,
                     queue,
-                    payload,
-                    headers or {},
-                    deliveries,
-                    attempts,
-                    created,
-                    due,
-                    first,
-                    timer_id,
+                    row.payload,
+                    row.headers or {},
+                    row.deliveries_count,
+                    row.attempts_count,
+                    row.created_at,
+                    row.next_attempt_at,
+                    row.first_attempt_at,
+                    row.timer_id,
                     token,
                     claimed_at,
                     received_monotonic=received,
                     start_by=start_by,
                     claimed_epoch=claimed_epoch,
-                    due_epoch=due.timestamp(),
+                    due_epoch=row.next_attempt_at.timestamp(),
                 )
             )
         return len(rows)
@@ -195,11 +197,9 @@ class Fetcher:
     async def _next_wait(self) -> float:
         """Seconds to sleep: the poll interval, or less when something is due sooner."""
         wait = self.poll_interval * random.uniform(0.9, 1.1)
-        async with self.pool.connection() as conn:
-            cursor = await conn.execute(self.queries["next_due"], {"queue": self.spec.queue})
-            row = await cursor.fetchone()
-        if row is not None and row[0] is not None:
-            wait = min(wait, max(float(row[0]), 0.0) + DUE_SLACK)
+        due = await claims.next_due(self.pool, self.queries, self.spec.queue)
+        if due is not None:
+            wait = min(wait, max(due, 0.0) + DUE_SLACK)
         if self._due_at is not None:
             local = self._due_at - time.monotonic()
             if local <= 0:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
-
+from .db.leases import extend_leases
+from .db.pool import Pool
+from .errors import DatabaseError
 from .handler import HandlerSpec
 from .inflight import Ledger
 from .problems import Problems
@@ -30,7 +29,7 @@ class Heartbeat:
         self,
         spec: HandlerSpec,
         ledger: Ledger,
-        pool: AsyncConnectionPool[Any],
+        pool: Pool,
         queries: Queries,
         problems: Problems,
     ) -> None:
@@ -52,6 +51,11 @@ class Heartbeat:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    @property
+    def alive(self) -> bool:
+        """Its loop runs: started, and not stopped."""
+        return self._task is not None and not self._task.done()
+
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.spec.heartbeat_interval)
@@ -59,22 +63,17 @@ class Heartbeat:
             if not ids:
                 continue
             try:
-                matched = await self._beat(ids, tokens)
-            except (psycopg.Error, OSError) as exc:
+                matched = await extend_leases(
+                    self.pool, self.queries, ids, tokens, self.spec.lease_ttl
+                )
+            except DatabaseError as exc:
                 if not self.problems.report(self.operation, exc, log):
                     log.warning(
                         "%s failed (%s); trying again at the next beat",
                         self.operation,
-                        str(exc).strip(),
+                        exc,
                         extra={"event": "heartbeat_failed", "queue": self.spec.queue},
                     )
                 continue
             self.problems.solved(self.operation)
             self.ledger.extended(ids, tokens, matched)
-
-    async def _beat(self, ids: list[int], tokens: list[Any]) -> set[int]:
-        """Extend these leases; the ids of the rows still held under their tokens."""
-        params = {"ids": ids, "tokens": tokens, "lease_ttl": self.spec.lease_ttl}
-        async with self.pool.connection() as conn:
-            cursor = await conn.execute(self.queries["extend_leases"], params)
-            return {row[0] for row in await cursor.fetchall()}

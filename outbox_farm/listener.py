@@ -11,10 +11,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import psycopg
-from psycopg import sql
-
 from .backoff import Backoff
+from .db.listen import listen
+from .errors import DatabaseError
 
 log = logging.getLogger("outbox_farm.listener")
 
@@ -45,13 +44,17 @@ class Listener:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    @property
+    def alive(self) -> bool:
+        """Its loop runs (connected or reconnecting): started, and not closed."""
+        return self._task is not None and not self._task.done()
+
     async def _run(self) -> None:
         backoff = Backoff(first=0.1, cap=10.0)
         warned = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                async with listen(self.dsn, self.channel) as session:
                     self.connected.set()
                     backoff.reset()
                     if warned:
@@ -63,10 +66,8 @@ class Listener:
                         warned = False
                     self.on_connect()
                     while True:
-                        async for note in conn.notifies(timeout=self.health_interval):
-                            self.on_notify(note.payload)
-                        await conn.execute("SELECT 1")
-            except (psycopg.Error, OSError) as exc:
+                        await session.relay(self.on_notify, self.health_interval)
+            except DatabaseError as exc:
                 self.connected.clear()
                 delay = backoff.next()
                 if not warned:
@@ -74,7 +75,7 @@ class Listener:
                         "LISTEN %s failed (%s); falling back to polling, reconnecting in the "
                         "background",
                         self.channel,
-                        str(exc).strip(),
+                        exc,
                         extra={"event": "listen_failed", "channel": self.channel},
                     )
                     warned = True

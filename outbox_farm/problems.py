@@ -4,7 +4,8 @@ A missing privilege, table or column does not go away by retrying, yet the runti
 retrying (an operator may fix it any moment, and nothing is lost meanwhile). So that such a
 state is neither silent nor a log flood, each one is logged at ERROR at most once a minute per
 operation and kind, and the latest is exposed as `Runtime.problem` until the operation that
-failed succeeds again. Transient errors (lost connections, timeouts) are not problems.
+failed succeeds again. Only `PermanentError`s are problems: a lost connection or a refused
+statement passes by itself, and is the caller's to log.
 """
 
 from __future__ import annotations
@@ -12,15 +13,9 @@ from __future__ import annotations
 import logging
 import time
 
-import psycopg
-from psycopg import errors
+from .errors import DatabaseError, PermanentError
 
-PERMANENT = (errors.InsufficientPrivilege, errors.UndefinedTable, errors.UndefinedColumn)
 LOG_EVERY = 60.0
-
-
-def is_permanent(exc: BaseException) -> bool:
-    return isinstance(exc, PERMANENT)
 
 
 def one_line(exc: BaseException) -> str:
@@ -46,19 +41,19 @@ class Problems:
     def report(
         self,
         operation: str,
-        exc: BaseException,
+        exc: DatabaseError,
         logger: logging.Logger,
         extra: dict[str, object] | None = None,
     ) -> bool:
         """Record `exc` if it is permanent, and log it unless that was done in the last minute
         (`extra`: the caller's structured log fields). False for any other error: the caller
         handles it as before."""
-        if not is_permanent(exc):
+        if not isinstance(exc, PermanentError):
             return False
         reason = one_line(exc)
         self._open.pop(operation, None)
         self._open[operation] = reason
-        sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
+        sqlstate = exc.sqlstate
         key = (operation, sqlstate)
         now = time.monotonic()
         if now - self._logged.get(key, -LOG_EVERY) >= LOG_EVERY:

@@ -16,9 +16,9 @@ import random
 from functools import cache
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
-
+from .db.housekeeping import dlq_queues, expire_dlq
+from .db.pool import Pool
+from .errors import DatabaseError
 from .queries import Queries
 
 log = logging.getLogger("outbox_farm.retention")
@@ -39,21 +39,12 @@ def purged_counter() -> Any:
     )
 
 
-async def expire_once(
-    pool: AsyncConnectionPool[Any], queries: Queries, retention: float, batch: int = BATCH
-) -> int:
+async def expire_once(pool: Pool, queries: Queries, retention: float, batch: int = BATCH) -> int:
     """Delete every DLQ row that failed more than `retention` seconds ago; how many."""
     total = 0
-    async with pool.connection() as conn:
-        queues = [row[0] for row in await (await conn.execute(queries["dlq_queues"])).fetchall()]
-    for queue in queues:
+    for queue in await dlq_queues(pool, queries):
         while True:
-            async with pool.connection() as conn:
-                cursor = await conn.execute(
-                    queries["dlq_expire_queue"], {"queue": queue, "age": retention, "batch": batch}
-                )
-                row = await cursor.fetchone()
-            deleted = int(row[0]) if row else 0
+            deleted = await expire_dlq(pool, queries, queue, retention, batch)
             if deleted:
                 purged_counter().labels(queue).inc(deleted)
                 total += deleted
@@ -62,9 +53,7 @@ async def expire_once(
     return total
 
 
-async def run(
-    pool: AsyncConnectionPool[Any], queries: Queries, retention: float, interval: float = 60.0
-) -> None:
+async def run(pool: Pool, queries: Queries, retention: float, interval: float = 60.0) -> None:
     """Every `interval` seconds (jittered) until cancelled; a failed pass is logged and the
     next one tries again."""
     while True:
@@ -77,8 +66,6 @@ async def run(
                     retention,
                     extra={"event": "dlq_purged", "rows": deleted},
                 )
-        except (psycopg.Error, OSError) as exc:
-            log.warning(
-                "DLQ retention failed: %s", str(exc).strip(), extra={"event": "dlq_purge_failed"}
-            )
+        except DatabaseError as exc:
+            log.warning("DLQ retention failed: %s", exc, extra={"event": "dlq_purge_failed"})
         await asyncio.sleep(interval * random.uniform(0.9, 1.1))

@@ -13,16 +13,11 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from typing import Any
-
-import orjson
-import psycopg
-from psycopg.types.json import set_json_loads
-from psycopg_pool import AsyncConnectionPool
 
 from . import gauges, retention, vacuum
 from .completer import Completer
-from .dsn import probe, redact
+from .db.pool import Pool, open_pool, probe
+from .dsn import redact
 from .errors import ConfigurationError
 from .executor import Executors
 from .fetcher import Fetcher
@@ -41,10 +36,6 @@ log = logging.getLogger("outbox_farm.runtime")
 async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    set_json_loads(orjson.loads, conn)
 
 
 class Runtime:
@@ -80,7 +71,7 @@ class Runtime:
         self.heartbeats: list[Heartbeat] = []
         self.problems = Problems()
         self.listener: Listener | None = None
-        self.pool: AsyncConnectionPool[Any] | None = None
+        self.pool: Pool | None = None
         self._stack = AsyncExitStack()
         self._stopped = asyncio.Event()
         self._deadline = 0.0
@@ -93,19 +84,8 @@ class Runtime:
             + bool(self.settings.vacuum_interval)
             + bool(self.dlq_retention)
         )
-        # Closed last: everything below writes through it. No check on checkout (it would cost a
-        # round trip per statement): every user of the pool retries on a broken connection,
-        # and the pool discards connections that come back broken.
-        self.pool = AsyncConnectionPool(
-            self.dsn,
-            min_size=1,
-            max_size=len(self.specs) + 1 + max(chores, 1),
-            kwargs={"autocommit": True},
-            configure=_configure,
-            open=False,
-            name="outbox-farm",
-        )
-        await self.pool.open(wait=True, timeout=30)
+        # Closed last: everything below writes through it.
+        self.pool = await open_pool(self.dsn, max_size=len(self.specs) + 1 + max(chores, 1))
         stack.push_async_callback(self.pool.close)
 
         if self.names.dlq is None:

@@ -20,18 +20,16 @@ import logging
 import random
 import time
 from enum import Enum
-from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
-
+from .db import housekeeping
+from .db.pool import Pool
+from .errors import DatabaseError
 from .metrics import metrics
 from .queries import Queries
 
 log = logging.getLogger("outbox_farm.vacuum")
 
 MIN_DEAD_TUPLES = 1000  # below this a VACUUM costs more than the dead rows do
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 class Pass(Enum):
@@ -43,48 +41,37 @@ class Pass(Enum):
     NOT_ALLOWED = "not_allowed"  # this role may not vacuum the table: the loop stops
 
 
-async def vacuum_once(pool: AsyncConnectionPool[Any], queries: Queries, interval: float) -> Pass:
+async def vacuum_once(pool: Pool, queries: Queries, interval: float) -> Pass:
     """Vacuum the outbox table if it has enough dead rows and nobody did in half an interval
     (or, when the server keeps no statistics, every time)."""
-    table = queries.names.outbox.identifier().as_string(None)
-    async with pool.connection() as conn:
-        row = await (await conn.execute(queries["vacuum_state"], {"table": table})).fetchone()
-        if row is None:
-            raise psycopg.errors.UndefinedTable(f"table {table} does not exist")
-        allowed, dead, since, counted = row
-        if not allowed:
-            return Pass.NOT_ALLOWED
-        # Without counts every pass vacuums: nothing else will (autovacuum needs them too).
-        if counted and (dead < MIN_DEAD_TUPLES or (since is not None and since < interval / 2)):
-            return Pass.NOT_DUE
-        warnings: list[tuple[str | None, str | None]] = []
-
-        def collect(diag: psycopg.errors.Diagnostic) -> None:
-            warnings.append((diag.sqlstate, diag.message_primary))  # valid only in the callback
-
-        conn.add_notice_handler(collect)
-        started = time.perf_counter()
-        try:
-            await conn.execute(queries["vacuum"])
-        finally:
-            conn.remove_notice_handler(collect)
-    if any(state == LOCK_NOT_AVAILABLE for state, _ in warnings):
+    state = await housekeeping.vacuum_state(pool, queries)
+    if not state.allowed:
+        return Pass.NOT_ALLOWED
+    since = state.since_vacuum
+    # Without counts every pass vacuums: nothing else will (autovacuum needs them too).
+    if state.counted and (
+        state.dead_rows < MIN_DEAD_TUPLES or (since is not None and since < interval / 2)
+    ):
+        return Pass.NOT_DUE
+    started = time.perf_counter()
+    vacuumed = await housekeeping.vacuum(pool, queries)
+    if vacuumed.skipped:
         return Pass.SKIPPED
-    for _, message in warnings:
+    for message in vacuumed.warnings:
         log.warning("vacuum: %s", message, extra={"event": "vacuum_warning"})
     seconds = time.perf_counter() - started
     metrics().vacuum_seconds.observe(seconds)
     log.debug(
         "vacuumed %s (%d dead rows) in %.3f s",
-        table,
-        dead,
+        queries.names.outbox,
+        state.dead_rows,
         seconds,
-        extra={"event": "vacuumed", "dead_tuples": dead},
+        extra={"event": "vacuumed", "dead_tuples": state.dead_rows},
     )
     return Pass.VACUUMED
 
 
-async def run(pool: AsyncConnectionPool[Any], queries: Queries, interval: float) -> None:
+async def run(pool: Pool, queries: Queries, interval: float) -> None:
     """Every `interval` seconds (jittered, so restarted processes drift apart) until cancelled,
     or until the role turns out not to be allowed to vacuum."""
     while True:
@@ -98,6 +85,6 @@ async def run(pool: AsyncConnectionPool[Any], queries: Queries, interval: float)
                     extra={"event": "vacuum_disabled"},
                 )
                 return
-        except (psycopg.Error, OSError) as exc:
-            log.warning("vacuum failed: %s", str(exc).strip(), extra={"event": "vacuum_failed"})
+        except DatabaseError as exc:
+            log.warning("vacuum failed: %s", exc, extra={"event": "vacuum_failed"})
         await asyncio.sleep(interval * random.uniform(0.9, 1.1))

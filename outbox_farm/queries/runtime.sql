@@ -173,3 +173,14 @@ RETURNING o.id
 -- rows it did not match. Another token: the lease was lost. No row, or no token: the first
 -- attempt most likely committed, so the outcome is unconfirmed rather than lost.
 SELECT id, acquired_token FROM {outbox} WHERE id = ANY(%(ids)b::bigint[])
+
+-- name: listen
+-- The farm's wake-ups: every NOTIFY on `outbox_<table>` names a queue with rows due now. Run on
+-- a connection of its own, never a pooled one: LISTEN belongs to the session. The channel is
+-- not a table, so this block is composed by `db.listen` with the channel's identifier.
+LISTEN {channel}
+
+-- name: listen_check
+-- Between waits for NOTIFY: a LISTEN connection that died quietly (a dropped network path) says
+-- so only when used, and until then no wake-up arrives.
+SELECT 1

@@ -18,9 +18,11 @@ from outbox_farm.names import TableNames
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.queries import Queries
 
+metrics()  # register the collectors before the first sample is read
 
-def _value(metric: Any) -> float:
-    return float(metric._value.get())
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(f"outbox_farm_{name}_total", labels) or 0.0
 
 
 def test_a_stale_and_a_current_outcome_of_one_row_in_one_flush(
@@ -38,17 +40,22 @@ def test_a_stale_and_a_current_outcome_of_one_row_in_one_flush(
         ).fetchone()
         assert row is not None
         ids.append(row[0])
-    m = metrics()
-    acked, lost_ack = m.acked.labels("stale_ack"), m.lease_lost.labels("stale_ack", "ack")
-    written = m.dlq_written.labels("stale_terminal", "retry_terminal")
-    lost_terminal = m.lease_lost.labels("stale_terminal", "terminal")
-    before = [_value(x) for x in (acked, lost_ack, written, lost_terminal)]
+
+    def counts() -> list[float]:
+        return [
+            _sample("acked", queue="stale_ack"),
+            _sample("lease_lost", queue="stale_ack", phase="ack"),
+            _sample("dlq_written", queue="stale_terminal", reason="retry_terminal"),
+            _sample("lease_lost", queue="stale_terminal", phase="terminal"),
+        ]
+
+    before = counts()
 
     async def flush() -> None:
         queries = Queries(TableNames.build("outbox", "outbox_dlq"))
         async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
             terminal = {"reason": Reason.RETRY_TERMINAL, "last_exception": "x"}
-            await Completer(pool, queries)._flush(
+            await Completer(pool, queries).write(
                 [
                     Outcome(Kind.ACK, ids[0], stale, "stale_ack", 1),
                     Outcome(Kind.ACK, ids[0], current, "stale_ack", 2),
@@ -58,14 +65,10 @@ def test_a_stale_and_a_current_outcome_of_one_row_in_one_flush(
             )
 
     asyncio.run(flush())
-    after = [_value(x) for x in (acked, lost_ack, written, lost_terminal)]
+    after = counts()
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 1]
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (1,)
-
-
-def _sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(f"outbox_farm_{name}_total", labels) or 0.0
 
 
 @pytest.mark.parametrize("connection_lost", [True, False], ids=["resent", "first-try"])
@@ -107,8 +110,9 @@ def test_a_resent_ack_that_finds_its_row_gone_is_unconfirmed_not_lease_lost(
             conn.execute("UPDATE outbox SET acquired_token = %s WHERE id = %s", [other, taken])
             if connection_lost:
                 assert pid is not None
-                conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
-            await Completer(pool, queries)._flush(
+                # Waits until the backend is gone, so that the ack meets a dead connection.
+                conn.execute("SELECT pg_terminate_backend(%s, 5000)", [pid[0]])
+            await Completer(pool, queries).write(
                 [Outcome(Kind.ACK, i, token, queue, 1) for i in (gone, taken)]
             )
 

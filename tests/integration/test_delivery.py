@@ -728,13 +728,13 @@ def test_failing_dlq_move_does_not_roll_back_acks_of_the_same_flush(
     conn.execute(f"ALTER TABLE outbox_dlq ADD CONSTRAINT no_bad CHECK (original_id <> {bad})")
 
     batches: list[list[tuple[Kind, int]]] = []
-    flush = Completer._flush
+    write = Completer.write
 
-    async def recording_flush(self: Completer, batch: list[Outcome]) -> None:
+    async def recording_write(self: Completer, batch: list[Outcome]) -> None:
         batches.append([(o.kind, o.row_id) for o in batch])
-        await flush(self, batch)
+        await write(self, batch)
 
-    monkeypatch.setattr(Completer, "_flush", recording_flush)
+    monkeypatch.setattr(Completer, "write", recording_write)
 
     @farm.handler(q, lease_ttl=60)
     async def handle(msg: Message) -> None:

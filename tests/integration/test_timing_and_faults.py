@@ -33,8 +33,10 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
 
-from outbox_farm import ConstantBackoff, Farm, Message, leases
+from outbox_farm import ConstantBackoff, Farm, Message
+from outbox_farm.db.leases import release_worker
 from outbox_farm.errors import ConfigurationError
+from outbox_farm.leases import token_range
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
@@ -43,13 +45,13 @@ from outbox_farm.settings import RuntimeSettings
 Q = "q"
 AConn = psycopg.AsyncConnection[Any]
 
-# Listener backends: `LISTEN <channel>` right after (re)connecting, `SELECT 1` after a
-# health check. Pool connections only ever run the claim, next_due, the completer's
-# statements and the pool's empty check query.
+# Listener backends: their last statement is the `listen` block right after (re)connecting,
+# or the `listen_check` block after a health check, each after its comment lines. Pool
+# connections only ever run the claim, next_due and the completer's statements.
 LISTENER_PIDS = """
     SELECT pid FROM pg_stat_activity
     WHERE datname = current_database() AND pid <> pg_backend_pid()
-      AND (query ILIKE 'LISTEN%%' OR query = 'SELECT 1')
+      AND query ~ '(^|\\n)(LISTEN |SELECT 1$)'
 """
 CLIENT_BACKENDS = """
     SELECT count(*) FROM pg_stat_activity
@@ -155,14 +157,14 @@ async def is_empty(aconn: AConn) -> bool:
     return await outbox_count(aconn) == 0
 
 
-def _running_tasks(rt: Any) -> list[asyncio.Task[Any]]:
-    tasks: list[asyncio.Task[Any] | None] = [f._task for f in rt.fetchers.values()]
-    tasks.append(rt.completer._task)
+def _dead_components(rt: Any) -> list[str]:
+    """The runtime's long-running components whose task has ended."""
+    components = {f"fetcher {q}": f for q, f in rt.fetchers.items()}
+    components |= {f"heartbeat {h.spec.queue}": h for h in rt.heartbeats}
+    components["completer"] = rt.completer
     if rt.listener is not None:
-        tasks.append(rt.listener._task)
-    for executors in rt.executors.values():
-        tasks.extend(executors._tasks)
-    return [t for t in tasks if t is not None]
+        components["listener"] = rt.listener
+    return [name for name, component in components.items() if not component.alive]
 
 
 # -- invariant 5: lease expiry on the database clock ---------------------------------------
@@ -584,9 +586,14 @@ def test_handler_past_the_graceful_timeout_is_cancelled_and_its_lease_released(
 def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
     farm = Farm(dlq_table="outbox_dlq")
     handled: set[int] = set()
+    together: set[int] = set()  # running "together" rows: one per live executor at most
+    release = asyncio.Event()
 
     @farm.handler(Q, concurrency=16, lease_ttl=2.0)
     async def handle(msg: Message) -> None:
+        if msg.body == b"together":
+            together.add(msg.id)
+            await release.wait()
         await asyncio.sleep(0.02)
         handled.add(msg.id)
 
@@ -612,12 +619,13 @@ def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
                 await until(lambda: is_empty(aconn), 15.0, "the outbox to drain", interval=0.05)
                 drained = time.monotonic() - began
                 assert set(ids) <= handled
-                # Still running: every task alive, and a new row is delivered promptly.
-                dead = [t.get_name() for t in _running_tasks(rt) if t.done()]
+                # Still running: every component, and all 16 executors (16 handlers at once).
+                dead = _dead_components(rt)
                 assert not dead, dead
-                extra = await farm.apublish(aconn, "after", queue=Q)
-                assert extra is not None
-                await until(lambda: extra in handled, 3.0, "a delivery after the faults")
+                extra = await farm.apublish_batch(aconn, ["together"] * 16, queue=Q)
+                await until(lambda: len(together) == 16, 3.0, "a handler on every executor")
+                release.set()
+                await until(lambda: set(extra) <= handled, 3.0, "deliveries after the faults")
             print(
                 f"\n(backends terminated, rows left) per kill: {kills}; drained "
                 f"{drained:.1f}s after the last kill"
@@ -968,7 +976,7 @@ def test_release_worker_frees_only_that_workers_rows_and_keeps_their_deliveries(
             freed = {i for i, (token, _) in before.items() if token.bytes[:4].hex() == "80000005"}
             assert len(freed) == 3
 
-            assert leases.release_worker(conn, farms[mine].queries, mine) == 3
+            assert release_worker(conn, farms[mine].queries, mine) == 3
             after = conn.execute(
                 "SELECT id, acquired_token, acquired_at, deliveries_count FROM outbox "
                 "WHERE id = ANY(%s) ORDER BY id",
@@ -978,7 +986,7 @@ def test_release_worker_frees_only_that_workers_rows_and_keeps_their_deliveries(
             assert {i: v for i, v in leased().items() if i not in freed} == {
                 i: v for i, v in before.items() if i not in freed
             }
-            assert leases.release_worker(conn, farms[mine].queries, mine) == 0
+            assert release_worker(conn, farms[mine].queries, mine) == 0
             gate.set()
 
     asyncio.run(scenario())
@@ -1098,7 +1106,7 @@ def test_the_runtime_statements_use_their_indexes(
             ("outbox_pkey",),
         ),
         "release_worker": (
-            dict(zip(("low", "high"), leases.token_range(5), strict=True)),
+            dict(zip(("low", "high"), token_range(5), strict=True)),
             ("outbox_lease_idx",),
         ),
     }

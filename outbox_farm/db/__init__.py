@@ -1,0 +1,14 @@
+"""Storage: the only code of the runtime that talks to the database.
+
+Typed functions over a connection pool and the composed `Queries`: rows come back as named
+tuples, writes report the (id, token) pairs they matched. Every driver error is translated
+once, here (`boundary`), into the `outbox_farm.errors` family, so the loops above decide
+whether to retry, report or give up from those classes alone and never import psycopg.
+
+- `pool`: opening the runtime's pool, probing a DSN.
+- `claims`: the claim and the next due time of a queue (the fetcher).
+- `outcomes`: a flush's lease-guarded writes through one pipeline (the completer).
+- `leases`: the heartbeat's extension, a dead worker's release (the supervisor).
+- `housekeeping`: gauges, VACUUM, DLQ retention (one process per farm).
+- `listen`: the LISTEN connection (the listener).
+"""

@@ -1,0 +1,113 @@
+"""Table-wide reads and chores one process of a farm runs: the database-derived gauges, the
+VACUUM of the outbox table, the DLQ retention."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import psycopg
+
+from ..errors import SchemaError
+from ..queries import Queries
+from .boundary import boundary
+from .pool import Pool
+
+LOCK_NOT_AVAILABLE = "55P03"  # VACUUM (SKIP_LOCKED) warns with it when someone else holds it
+
+
+class QueueBacklog(NamedTuple):
+    """One queue's rows in the outbox, and the age of its oldest due row nobody holds."""
+
+    queue: str
+    rows: int
+    oldest_pending_age: float
+
+
+class DlqCount(NamedTuple):
+    queue: str
+    reason: str
+    rows: int
+
+
+class VacuumState(NamedTuple):
+    """`allowed`: this role may vacuum the table. `dead_rows`: dead row versions counted.
+    `since_vacuum`: seconds since anyone vacuumed it (None: never). `counted`: the server
+    keeps those statistics at all (track_counts)."""
+
+    allowed: bool
+    dead_rows: int
+    since_vacuum: float | None
+    counted: bool
+
+
+class Vacuumed(NamedTuple):
+    """`skipped`: someone else held the table (SKIP_LOCKED). `warnings`: the server's other
+    warnings, to pass on."""
+
+    skipped: bool
+    warnings: list[str]
+
+
+async def backlog(pool: Pool, queries: Queries) -> list[QueueBacklog]:
+    """One entry per queue that has rows; queues without rows are missing."""
+    with boundary():
+        async with pool.connection() as conn:
+            rows = await (await conn.execute(queries["gauges"])).fetchall()
+    return [QueueBacklog(queue, int(count), float(age)) for queue, count, age in rows]
+
+
+async def dlq_counts(pool: Pool, queries: Queries) -> list[DlqCount]:
+    """One entry per queue and failure reason that have DLQ rows (needs a DLQ table)."""
+    with boundary():
+        async with pool.connection() as conn:
+            rows = await (await conn.execute(queries["dlq_gauges"])).fetchall()
+    return [DlqCount(queue, reason, int(count)) for queue, reason, count in rows]
+
+
+async def vacuum_state(pool: Pool, queries: Queries) -> VacuumState:
+    """What the statistics say about the outbox table; SchemaError when there is none."""
+    table = queries.names.outbox.identifier().as_string(None)
+    with boundary():
+        async with pool.connection() as conn:
+            row = await (await conn.execute(queries["vacuum_state"], {"table": table})).fetchone()
+    if row is None:
+        raise SchemaError(f"table {table} does not exist")
+    allowed, dead, since, counted = row
+    return VacuumState(bool(allowed), int(dead), since, bool(counted))
+
+
+async def vacuum(pool: Pool, queries: Queries) -> Vacuumed:
+    """VACUUM the outbox table, never waiting for its lock (SKIP_LOCKED) and never truncating
+    it. A role that may not vacuum it only gets warnings: check `vacuum_state` first."""
+    notices: list[tuple[str | None, str | None]] = []
+
+    def collect(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append((diag.sqlstate, diag.message_primary))  # valid only in the callback
+
+    with boundary():
+        async with pool.connection() as conn:
+            conn.add_notice_handler(collect)
+            try:
+                await conn.execute(queries["vacuum"])
+            finally:
+                conn.remove_notice_handler(collect)
+    skipped = any(state == LOCK_NOT_AVAILABLE for state, _ in notices)
+    return Vacuumed(skipped, [str(message) for state, message in notices if message is not None])
+
+
+async def dlq_queues(pool: Pool, queries: Queries) -> list[str]:
+    """The queues that have DLQ rows (a loose scan of the DLQ's (queue, failed_at) index)."""
+    with boundary():
+        async with pool.connection() as conn:
+            rows = await (await conn.execute(queries["dlq_queues"])).fetchall()
+    return [row[0] for row in rows]
+
+
+async def expire_dlq(pool: Pool, queries: Queries, queue: str, age: float, batch: int) -> int:
+    """Delete up to `batch` DLQ rows of `queue` that failed more than `age` seconds ago
+    (database clock), skipping rows someone holds; how many were deleted."""
+    params: dict[str, Any] = {"queue": queue, "age": age, "batch": batch}
+    with boundary():
+        async with pool.connection() as conn:
+            row = await (await conn.execute(queries["dlq_expire_queue"], params)).fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,42 @@
+"""Lease statements outside the claim and the outcome writes: the heartbeat's extension, and
+the release of a dead worker's leases by its supervisor."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+
+from ..leases import token_range
+from ..queries import Queries
+from .boundary import boundary
+from .pool import Pool
+
+
+async def extend_leases(
+    pool: Pool, queries: Queries, ids: list[int], tokens: list[uuid.UUID], lease_ttl: float
+) -> set[int]:
+    """Move the leases of these rows (each under its token) to `lease_ttl` seconds past the
+    database's now(); the ids of the rows still held under their tokens. The others were
+    taken over, or are gone."""
+    params = {"ids": ids, "tokens": tokens, "lease_ttl": lease_ttl}
+    with boundary():
+        async with pool.connection() as conn:
+            cursor = await conn.execute(queries["extend_leases"], params)
+            return {row[0] for row in await cursor.fetchall()}
+
+
+def release_worker(conn: psycopg.Connection[Any], queries: Queries, worker_id: int) -> int:
+    """Clear the lease of every row held under a token of `worker_id`; return how many.
+
+    For a supervisor that has just reaped the worker: the rows become claimable at once. The
+    delivery the dead worker's claim counted is kept, so a message that kills its worker on
+    every run still reaches `max_deliveries` and the DLQ. Tokens are UUIDs, which Postgres
+    orders bytewise, so one worker's tokens are one range; only leased rows are visited.
+    The UPDATE runs in `conn`'s current transaction: use an autocommit connection, or commit.
+    """
+    low, high = token_range(worker_id)
+    with boundary(), conn.cursor() as cursor:
+        cursor.execute(queries["release_worker"], {"low": low, "high": high})
+        return max(cursor.rowcount, 0)

@@ -1,0 +1,190 @@
+"""The completer's writes: lease-guarded, set-based statements, one flush through one pipeline.
+
+A `Write` describes one statement over many rows (`ack`, `retry`, `release`, `dead_letter`);
+`Flush.send` runs it and says which (id, token) pairs it matched, so a caller can tell a row
+written from one whose lease another runner holds. A write is a description rather than a call
+because it may be sent more than once: after a lost connection the caller opens a new flush
+and sends again what was left.
+
+Statements of one flush share a connection in pipeline mode, with a sync after each: the
+statements between two syncs would share one implicit transaction, and a refused DLQ move must
+not roll back the acks beside it. A statement refused as a whole is sent again row by row on
+other connections, so one bad row stays alone (`Written.refused`). A write sent again after a
+lost connection may find its rows gone because its first attempt committed before the reply
+was lost; the rows it did not match are then looked up, and those gone or free are
+`Written.unconfirmed` rather than lost to another lease.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeAlias
+
+import psycopg
+
+from ..errors import ConnectionLost, DatabaseError
+from ..queries import Queries
+from .boundary import DRIVER_ERRORS, boundary, translate
+from .pool import Pool
+
+Lease: TypeAlias = tuple[int, uuid.UUID]
+"""A row id and the lease token it was claimed under."""
+
+
+@dataclass(slots=True)
+class Write:
+    """One statement over the rows `ids` (parallel to `tokens` and to each of `columns`).
+
+    `resent` is set by `Flush.send` when the write was in flight as its connection broke.
+    """
+
+    statement: str
+    ids: list[int]
+    tokens: list[uuid.UUID]
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    resent: bool = False
+
+    def params(self) -> dict[str, Any]:
+        return {"ids": self.ids, "tokens": self.tokens, **self.columns}
+
+    def row(self, index: int) -> Write:
+        """The same statement for the one row at `index`."""
+        one = slice(index, index + 1)
+        columns = {name: values[one] for name, values in self.columns.items()}
+        return Write(self.statement, self.ids[one], self.tokens[one], columns)
+
+
+def ack(ids: list[int], tokens: list[uuid.UUID]) -> Write:
+    """Delete the rows: their handlers succeeded (or they failed for good, with no DLQ)."""
+    return Write("ack", ids, tokens)
+
+
+def retry(
+    ids: list[int],
+    tokens: list[uuid.UUID],
+    *,
+    delays: list[float],
+    ran: list[bool],
+    started: list[datetime | None],
+) -> Write:
+    """Free the rows' leases and make them due `delays` seconds after the write (database
+    clock); a row whose handler `ran` (from `started`) counts an attempt."""
+    columns: dict[str, list[Any]] = {
+        "delays": delays,
+        "ran": [int(r) for r in ran],
+        "started": started,
+    }
+    return Write("retry", ids, tokens, columns)
+
+
+def release(ids: list[int], tokens: list[uuid.UUID]) -> Write:
+    """Free the rows' leases and take back the delivery their claim counted: never started."""
+    return Write("release", ids, tokens)
+
+
+def dead_letter(
+    ids: list[int],
+    tokens: list[uuid.UUID],
+    *,
+    reasons: list[str],
+    exceptions: list[str | None],
+) -> Write:
+    """Move the rows to the DLQ in one statement (needs a DLQ table): archived and deleted
+    together, or (the archive refused) neither."""
+    return Write("dlq_move", ids, tokens, {"reasons": reasons, "exceptions": exceptions})
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What one write did. `matched`: the (id, token) pairs written. Of the others, `refused`
+    were refused by the database (each tried alone), `unconfirmed` (ids) were found gone or
+    free after a resend, and the rest are held under another token or gone."""
+
+    matched: set[Lease]
+    unconfirmed: set[int] = field(default_factory=set)
+    refused: dict[Lease, DatabaseError] = field(default_factory=dict)
+
+
+class Flush:
+    """One connection in pipeline mode, for the writes of one flush; see `pipeline()`."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        queries: Queries,
+        conn: psycopg.AsyncConnection[Any],
+        pipe: psycopg.AsyncPipeline,
+    ) -> None:
+        self._pool = pool
+        self._queries = queries
+        self._conn = conn
+        self._pipe = pipe
+
+    async def send(self, write: Write) -> Written:
+        """Run `write` and sync. Raises `ConnectionLost` when the connection broke (then the
+        flush is over: open another and send the write again); any other error of the
+        statement is in the result, row by row."""
+        conn = self._conn
+        cursor = conn.cursor()
+        try:
+            await cursor.execute(self._queries[write.statement], write.params())
+            await self._pipe.sync()
+            matched = {(row[0], row[1]) for row in await cursor.fetchall()}
+        except DRIVER_ERRORS as exc:
+            # The session's end (57P01, say) may be read before libpq sees the socket close.
+            error = translate(exc, lost=conn.broken or conn.closed)
+            if isinstance(error, ConnectionLost):
+                write.resent = True
+                raise error from exc
+            return await self._isolate(write, error)
+        if write.resent:
+            return Written(matched, await self._unconfirmed(write, matched))
+        return Written(matched)
+
+    async def _unconfirmed(self, write: Write, matched: set[Lease]) -> set[int]:
+        """Of the rows a resent write did not match, those gone or free: the first attempt
+        most likely wrote them. The rest are held under another token."""
+        missed = [
+            row_id
+            for row_id, token in zip(write.ids, write.tokens, strict=True)
+            if (row_id, token) not in matched
+        ]
+        if not missed:
+            return set()
+        with boundary():
+            cursor = self._conn.cursor()
+            await cursor.execute(self._queries["lease_holders"], {"ids": missed})
+            await self._pipe.sync()
+            held = {row[0] for row in await cursor.fetchall() if row[1] is not None}
+        return set(missed) - held
+
+    async def _isolate(self, write: Write, error: DatabaseError) -> Written:
+        """The statement was refused as a whole: each row alone, on a pooled connection."""
+        if len(write.ids) == 1:
+            return Written(set(), refused={(write.ids[0], write.tokens[0]): error})
+        matched: set[Lease] = set()
+        refused: dict[Lease, DatabaseError] = {}
+        for index in range(len(write.ids)):
+            single = write.row(index)
+            query = self._queries[single.statement]
+            try:
+                with boundary():
+                    async with self._pool.connection() as conn:
+                        cursor = await conn.execute(query, single.params())
+                        matched.update((row[0], row[1]) for row in await cursor.fetchall())
+            except DatabaseError as row_error:
+                refused[(single.ids[0], single.tokens[0])] = row_error
+        return Written(matched, refused=refused)
+
+
+@asynccontextmanager
+async def pipeline(pool: Pool, queries: Queries) -> AsyncIterator[Flush]:
+    """A pooled connection in pipeline mode for one flush. Raises `ConnectionLost` when no
+    connection can be had, or when the last sync fails as the block ends."""
+    with boundary():
+        async with pool.connection() as conn, conn.pipeline() as pipe:
+            yield Flush(pool, queries, conn, pipe)

@@ -1,0 +1,59 @@
+"""The runtime's connection pool, and the one connection that proves a DSN works."""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import orjson
+import psycopg
+from psycopg.types.json import set_json_loads
+from psycopg_pool import AsyncConnectionPool
+
+from ..dsn import check_dsn, redact
+from ..errors import ConfigurationError
+from .boundary import boundary
+
+Pool: TypeAlias = AsyncConnectionPool[Any]
+"""What every function of `outbox_farm.db` takes: any `psycopg_pool.AsyncConnectionPool` of
+autocommit connections (the functions never open a transaction of their own)."""
+
+OPEN_TIMEOUT = 30.0
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    set_json_loads(orjson.loads, conn)
+
+
+async def open_pool(dsn: str, max_size: int) -> Pool:
+    """Open the runtime's pool of at most `max_size` autocommit connections, once its first
+    connection works (ConnectionLost after 30 s otherwise). The caller closes it.
+
+    No check on checkout: it would cost a round trip per statement, and a pool `check=` made
+    psycopg_pool sleep seconds per dead connection after a restart. Every user of the pool
+    retries on `ConnectionLost`, and the pool discards connections that come back broken.
+    """
+    pool = AsyncConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        configure=_configure,
+        open=False,
+        name="outbox-farm",
+    )
+    with boundary():
+        await pool.open(wait=True, timeout=OPEN_TIMEOUT)  # closes the pool when it times out
+    return pool
+
+
+async def probe(dsn: str, timeout: float = 10.0) -> None:
+    """Connect once, so a wrong DSN fails at start with a clear message, not in a retry loop."""
+    check_dsn(dsn)
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(int(timeout), 1))
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"cannot connect to {redact(dsn)}: {str(exc).strip()}. Check --dsn / "
+            "OUTBOX_FARM_DSN, and that the server is running and reachable."
+        ) from None
+    await conn.close()
