@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-import psycopg
-
 from .errors import OutboxFarmError
 from .farm import Farm
 from .runtime import Runtime
@@ -185,7 +183,7 @@ async def _main(
     runtime = Runtime(list(farm.handlers.values()), farm.queries, dsn, settings)
     try:
         await runtime.start()
-    except (OutboxFarmError, psycopg.Error, OSError) as exc:
+    except OutboxFarmError as exc:
         await runtime.stop(0)
         raise BootError(str(exc)) from exc
     beat = asyncio.create_task(_heartbeat(heartbeat, runtime, arbiter, stop))

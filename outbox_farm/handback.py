@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 
-import psycopg
-
+from .db.leases import release_dead_worker
 from .dsn import redact
-from .leases import release_worker
+from .errors import DatabaseError
 from .queries import Queries
 
 log = logging.getLogger("outbox_farm.arbiter")
@@ -22,14 +21,8 @@ def hand_back(dsn: str, queries: Queries, worker_id: int, pid: int) -> None:
     """Free the rows held by worker `worker_id` (process `pid`, for the log). Best effort: if
     the database cannot be reached, the leases still expire."""
     try:
-        with psycopg.connect(
-            dsn,
-            autocommit=True,
-            connect_timeout=int(RELEASE_TIMEOUT),
-            options=f"-c statement_timeout={int(RELEASE_TIMEOUT * 1000)}",
-        ) as conn:
-            released = release_worker(conn, queries, worker_id)
-    except psycopg.Error as exc:
+        released = release_dead_worker(dsn, queries, worker_id, RELEASE_TIMEOUT)
+    except DatabaseError as exc:
         log.warning(
             "could not hand back the rows of dead worker %d on %s (%s); they are delivered "
             "again when their leases expire",

@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 import psycopg
 
 from ..dsn import redact
-from .translate import ConnectError
+from ..errors import ConnectionLost
 
 Connection: TypeAlias = psycopg.Connection[Any]
 AsyncConnection: TypeAlias = psycopg.AsyncConnection[Any]
@@ -24,13 +24,13 @@ CONNECT_TIMEOUT = 10  # seconds: an unreachable host fails the command, not hang
 def connect(dsn: str, *, autocommit: bool = False) -> Connection:
     """A new connection for one command; the caller closes it.
 
-    A refused or unreachable server is a `ConnectError` whose message names the DSN with its
+    A refused or unreachable server is a `ConnectionLost` whose message names the DSN with its
     password masked and says where the DSN came from, as the command line prints it.
     """
     try:
         return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=autocommit)
     except psycopg.Error as exc:
-        raise ConnectError(
+        raise ConnectionLost(
             f"cannot connect to {redact(dsn)}: {str(exc).strip()}\n"
             "Check --dsn / OUTBOX_FARM_DSN (or the file of --dsn-file) and that the server is "
             "running."

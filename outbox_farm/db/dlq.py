@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 
 from ..names import TableNames
+from .boundary import translate
 from .connect import Connection
 from .operator import AdminSql
-from .translate import translate
 
 STATEMENT_FAILED = "DLQ statement failed"
 
@@ -106,7 +106,7 @@ def _all(conn: Connection, names: TableNames, statement: str, params: dict[str, 
     try:
         return conn.execute(statement, params).fetchall()
     except psycopg.Error as exc:
-        raise translate(exc, STATEMENT_FAILED, names) from exc
+        raise translate(exc, doing=STATEMENT_FAILED, names=names) from exc
 
 
 def list_rows(conn: Connection, names: TableNames, match: DlqMatch, limit: int) -> list[DlqRow]:
@@ -169,9 +169,9 @@ def _batches(
         except psycopg.Error as exc:
             raise translate(
                 exc,
-                f"DLQ batch failed after {rows} row(s) in {batches} batch(es), all committed; "
-                "nothing of the failed batch was changed",
-                names,
+                doing=f"DLQ batch failed after {rows} row(s) in {batches} batch(es), all "
+                "committed; nothing of the failed batch was changed",
+                names=names,
             ) from exc
         assert row is not None  # an aggregate: always one row
         last, moved, *woke = row

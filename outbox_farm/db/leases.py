@@ -40,3 +40,18 @@ def release_worker(conn: psycopg.Connection[Any], queries: Queries, worker_id: i
     with boundary(), conn.cursor() as cursor:
         cursor.execute(queries["release_worker"], {"low": low, "high": high})
         return max(cursor.rowcount, 0)
+
+
+def release_dead_worker(dsn: str, queries: Queries, worker_id: int, timeout: float) -> int:
+    """`release_worker` on a connection of its own, bounded by `timeout` for the connect and
+    for the statement: the supervisor holds no connection between forks, and must not hang."""
+    with (
+        boundary(),
+        psycopg.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=max(int(timeout), 1),
+            options=f"-c statement_timeout={int(timeout * 1000)}",
+        ) as conn,
+    ):
+        return release_worker(conn, queries, worker_id)

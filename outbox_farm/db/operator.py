@@ -12,8 +12,8 @@ from psycopg import sql
 
 from ..names import QualifiedName, TableNames
 from ..queries import load_blocks
+from .boundary import translate
 from .connect import Connection
-from .translate import translate
 
 STATS_FAILED = "stats query failed"
 
@@ -111,7 +111,7 @@ class _Reader:
         try:
             return self._conn.execute(statement, params).fetchall()
         except psycopg.Error as exc:
-            raise translate(exc, self._doing, self._names) from exc
+            raise translate(exc, doing=self._doing, names=self._names) from exc
 
     def _first(self, statement: str, params: dict[str, Any] | None = None) -> Any:
         """The one row of an aggregate or settings read."""

@@ -15,8 +15,8 @@ from psycopg import sql
 
 from ..names import QualifiedName
 from ..queries import load_blocks
+from .boundary import translate
 from .connect import Connection
-from .translate import translate
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def table_access(conn: Connection, table: QualifiedName) -> TableAccess | None:
             load_blocks()["table_privileges"], {"schema": table.schema, "name": table.name}
         ).fetchone()
     except psycopg.Error as exc:
-        raise translate(exc, "privilege check failed") from exc
+        raise translate(exc, doing="privilege check failed") from exc
     if row is None:
         return None
     role, schema, usage, select, insert, update, delete, maintain, seq_schema, seq, seq_ok = row

@@ -15,8 +15,8 @@ import psycopg
 
 from ..errors import DatabaseError
 from ..queries import Queries
+from .boundary import translate
 from .connect import AsyncConnection, Connection
-from .translate import translate
 
 WRITE_FAILED = "outbox write failed"
 
@@ -64,7 +64,7 @@ class Publisher:
         self._channel = queries.names.channel
 
     def _fail(self, exc: psycopg.Error) -> DatabaseError:
-        return translate(exc, WRITE_FAILED, self._names)
+        return translate(exc, doing=WRITE_FAILED, names=self._names)
 
     def _one(self, row: NewRow, notify: bool) -> tuple[str, dict[str, Any]]:
         if row.timer_id is None:

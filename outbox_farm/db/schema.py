@@ -17,8 +17,8 @@ import psycopg
 from ..errors import MigrationError, OutboxFarmError
 from ..names import QualifiedName, TableNames
 from ..queries import load_blocks
+from .boundary import translate
 from .connect import Connection
-from .translate import translate
 
 # One fixed key: every outbox_farm migrate run on a database takes turns, whatever the tables.
 MIGRATE_LOCK_KEY = 0x6F7574626F78  # "outbox"
@@ -44,7 +44,7 @@ def missing_tables(conn: Connection, names: TableNames) -> list[QualifiedName]:
     try:
         return _missing(conn, names)
     except psycopg.Error as exc:
-        raise translate(exc, "start-up check failed") from exc
+        raise translate(exc, doing="start-up check failed") from exc
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def migration_lock(conn: Connection) -> Iterator[MigrationLedger]:
     except OutboxFarmError:
         raise
     except psycopg.Error as exc:
-        raise translate(exc, "migration failed", kind=MigrationError) from exc
+        raise translate(exc, doing="migration failed", kind=MigrationError) from exc
     finally:
         conn.autocommit = previous_autocommit
 
@@ -188,5 +188,5 @@ def read_table(conn: Connection, table: QualifiedName) -> LiveTable | None:
             for _, definition in conn.execute(sql_["checks"], {"oid": oid}).fetchall()
         ]
     except psycopg.Error as exc:
-        raise translate(exc, "schema check failed") from exc
+        raise translate(exc, doing="schema check failed") from exc
     return LiveTable(columns, indexes, checks)

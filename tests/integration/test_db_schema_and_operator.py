@@ -20,8 +20,13 @@ from outbox_farm.db.operator import DeadCounts, DoctorProbes, Plan, ServerFacts,
 from outbox_farm.db.privileges import table_access
 from outbox_farm.db.publish import Due, NewBatch, NewRow, Publisher
 from outbox_farm.db.schema import LiveIndex, migration_lock, missing_tables, read_table
-from outbox_farm.db.translate import ConnectError, PrivilegeError
-from outbox_farm.errors import DatabaseError, MigrationError, SchemaError
+from outbox_farm.errors import (
+    ConnectionLost,
+    DatabaseError,
+    MigrationError,
+    PrivilegeError,
+    SchemaError,
+)
 from outbox_farm.names import QualifiedName, TableNames
 from outbox_farm.queries import Queries
 
@@ -228,7 +233,7 @@ def test_a_missing_privilege_points_at_check(stranger: str) -> None:
 def test_a_bad_dsn_is_a_connect_error_without_the_password(dsn: str) -> None:
     params = conninfo_to_dict(dsn)
     params.update(port="1", password="hunter2", host="127.0.0.1")
-    with pytest.raises(ConnectError) as info:
+    with pytest.raises(ConnectionLost) as info:
         connect(make_conninfo(**params))
     message = str(info.value)
     assert message.startswith("cannot connect to ")
