@@ -41,7 +41,8 @@ class SetupError(Exception):
     """The run could not be set up: nothing was measured."""
 
 
-def _stderr(line: str) -> None:
+def note(line: str) -> None:
+    """Progress and diagnostics go to stderr: stdout carries only the report (or its JSON)."""
     print(line, file=sys.stderr, flush=True)
 
 
@@ -61,7 +62,7 @@ def reachable(dsn: str) -> str | None:
 def admin_server(
     given: str | None,
     fallbacks: Sequence[str | None] = (),
-    say: Callable[[str], None] = _stderr,
+    say: Callable[[str], None] = note,
 ) -> Iterator[str]:
     """An admin DSN: `given` (it must answer), else the first of `fallbacks` that answers,
     else a throw-away embedded Postgres, removed on the way out."""
