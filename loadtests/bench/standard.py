@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -114,19 +115,7 @@ def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         result["server"] = server_info(dsn)
         phases = producer_section(dsn, farm, args.messages, args.phase_timeout, progress)
         result["producer"] = [
-            {
-                "name": ph.name,
-                "label": ph.label,
-                "messages": ph.messages,
-                "seconds": round(ph.seconds, 3),
-                "rate": round(ph.rate, 1),
-                "unit": ph.unit,
-                "p50_ms": ph.p50_ms,
-                "p99_ms": ph.p99_ms,
-                "verified": ph.verified,
-                "truncated": ph.truncated,
-                "extra": ph.extra,
-            }
+            asdict(ph) | {"seconds": round(ph.seconds, 3), "rate": round(ph.rate, 1)}
             for ph in phases
         ]
         publish.reset_table(dsn, farm)
@@ -141,16 +130,8 @@ def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         lat = uvloop.run(
             latency(dsn, args.latency_messages, args.latency_rate, 64, args.phase_timeout)
         )
-        result["latency"] = {
-            "messages": lat.messages,
-            "rate": lat.rate,
-            "received": lat.received,
-            "completed": lat.completed,
-            "p50_ms": lat.p50_ms,
-            "p95_ms": lat.p95_ms,
-            "p99_ms": lat.p99_ms,
-            "max_ms": lat.max_ms,
-            "runner": "in-process runtime (farm.running), spawned producer process",
+        result["latency"] = asdict(lat) | {
+            "runner": "in-process runtime (farm.running), spawned producer process"
         }
         progress.show("done")
     return result
