@@ -183,6 +183,22 @@ def settled_xacts(
     return previous
 
 
+# n_tup_upd + n_tup_del: dead row versions made (each UPDATE and DELETE leaves one), which a
+# VACUUM during the run does not reset the way it resets n_dead_tup.
+OUTBOX_STATS = (
+    "SELECT n_tup_upd + n_tup_del, n_dead_tup, pg_table_size(relid), vacuum_count, "
+    "autovacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'"
+)
+
+
+def outbox_stats(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """The outbox table's churn as the server counts it: dead row versions made and left,
+    its size in bytes, and the VACUUMs by the farm and by autovacuum so far."""
+    row = conn.execute(OUTBOX_STATS).fetchone()
+    keys = ("dead_made", "n_dead_tup", "size", "vacuum_count", "autovacuum_count")
+    return dict(zip(keys, (int(v) for v in row), strict=True))
+
+
 # -- output and flags ------------------------------------------------------------------------
 
 

@@ -22,28 +22,18 @@ from outbox_farm import Farm
 from outbox_farm.metrics import metrics
 
 from . import publish
-from .common import Progress, scratch, server_info, settled_xacts
-from .farm import APP, drain_run
+from .common import Progress, outbox_stats, scratch, server_info, settled_xacts
+from .farm import APP, TARGET_DRAIN_2, drain_run
 from .latency import latency
 from .report import Row, print_measures, verdict
 
-TARGET_DRAIN_2 = 20_000.0
 TARGET_STATEMENTS = 0.05
 TARGET_P99_MS = 10.0
-
-# n_tup_upd + n_tup_del: dead row versions made (each UPDATE and DELETE leaves one), which a
-# VACUUM during the run does not reset the way it resets n_dead_tup.
-DEAD = (
-    "SELECT n_tup_upd + n_tup_del, n_dead_tup, vacuum_count, autovacuum_count "
-    "FROM pg_stat_user_tables WHERE relname = 'outbox'"
-)
 
 
 def table_stats(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(DEAD).fetchone()
-    keys = ("dead_made", "n_dead_tup", "vacuum_count", "autovacuum_count")
-    return dict(zip(keys, (int(v) for v in row), strict=True))
+        return outbox_stats(conn)
 
 
 def producer_section(dsn: str, farm: Farm, n: int, budget: float, progress: Progress) -> list:

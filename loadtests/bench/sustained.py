@@ -21,7 +21,16 @@ import psycopg
 from loadtests.harness import Metrics, free_port
 from outbox_farm import Farm
 
-from .common import QUEUE, Progress, percentiles, raise_errors, reap, scratch, server_info
+from .common import (
+    QUEUE,
+    Progress,
+    outbox_stats,
+    percentiles,
+    raise_errors,
+    reap,
+    scratch,
+    server_info,
+)
 from .farm import start_bench_farm, stop_bench_farm
 from .report import fmt
 
@@ -163,16 +172,7 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
                     raise RuntimeError(f"the farm's {url} stopped answering")
                 t_now = time.time()
                 backlog = int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
-                stats = dict(
-                    zip(
-                        ("dead", "size", "vacuums", "autovacuums"),
-                        conn.execute(
-                            "SELECT n_dead_tup, pg_table_size(relid), vacuum_count, "
-                            "autovacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'"
-                        ).fetchone(),
-                        strict=True,
-                    )
-                )
+                stats = outbox_stats(conn)
                 lags = read_latencies(appdir, t_last, t_now)
                 p50, p99 = percentiles(lags, 50, 99) or (None, None)
                 claims = now["fetch_count"] - last["fetch_count"]
@@ -185,10 +185,10 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
                         "p99_ms": p99,
                         "samples": len(lags),
                         "backlog": backlog,
-                        "n_dead_tup": int(stats["dead"]),
-                        "table_mb": int(stats["size"]) / 2**20,
-                        "vacuum_count": int(stats["vacuums"]),
-                        "autovacuum_count": int(stats["autovacuums"]),
+                        "n_dead_tup": stats["n_dead_tup"],
+                        "table_mb": stats["size"] / 2**20,
+                        "vacuum_count": stats["vacuum_count"],
+                        "autovacuum_count": stats["autovacuum_count"],
                         "claims": int(claims),
                         "claim_ms_avg": (now["fetch_sum"] - last["fetch_sum"]) / claims * 1000
                         if claims
