@@ -28,6 +28,7 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
+from loadtests.harness import note
 from outbox_farm import Farm
 
 from .common import (
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         info = server_info(dsn)
         for round_no in range(1, args.rounds + 1):
             for what, run in plan(args, dsn, farm):  # interleaved: drift hits all alike
-                print(f"round {round_no}/{args.rounds}: {what} ...", file=sys.stderr, flush=True)
+                note(f"round {round_no}/{args.rounds}: {what} ...")
                 runs.setdefault(what, []).append(run())
     phases = [median_phase(found) for found in runs.values()]
     print_table(phases, info, args.messages)
