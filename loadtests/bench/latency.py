@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from loadtests.harness import note
 from outbox_farm import Farm, Message
 
 from .common import QUEUE, percentiles, raise_errors, reap
@@ -105,7 +105,7 @@ async def latency(dsn: str, n: int, rate: float, concurrency: int, budget: float
             result.completed = True
             report = await loop.run_in_executor(None, results.get, True, 30)
     except TimeoutError:
-        print(f"latency: not finished after {budget:g}s; stopping", file=sys.stderr)
+        note(f"latency: not finished after {budget:g}s; stopping")
     finally:
         go.set()
         await loop.run_in_executor(None, reap, [proc])

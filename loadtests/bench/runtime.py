@@ -191,7 +191,7 @@ async def drain(admin_dsn: str, dsn: str, rows: int, concurrency: int, budget: f
                             break
                         await asyncio.sleep(0.005)
             except TimeoutError:
-                print(f"drain: not empty after {budget:g}s; stopping", file=sys.stderr)
+                note(f"drain: not empty after {budget:g}s; stopping")
             t_stop = time.perf_counter()
         result.stop_s = time.perf_counter() - t_stop
         sampler.cancel()
