@@ -39,9 +39,9 @@ lint: ## ruff (lint + format check) and mypy --strict on the package
 
 .PHONY: bench
 bench: ## Producer, single-process runtime and farm benchmarks against LOCAL_DSN
-	$(PY) loadtests/bench_producer.py --dsn "$(LOCAL_DSN)"
-	$(PY) loadtests/bench_runtime.py --dsn "$(LOCAL_DSN)"
-	$(PY) loadtests/bench_farm.py --dsn "$(LOCAL_DSN)"
+	$(PY) -m loadtests.bench.producer --dsn "$(LOCAL_DSN)"
+	$(PY) -m loadtests.bench.runtime --dsn "$(LOCAL_DSN)"
+	$(PY) -m loadtests.bench.farm --dsn "$(LOCAL_DSN)"
 
 .PHONY: bench-report
 bench-report: ## The standard performance report (< 5 min) against LOCAL_DSN

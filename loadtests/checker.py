@@ -20,21 +20,21 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 from psycopg import sql
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
+
+from loadtests.harness import Metrics, align
+from loadtests.scenario import DLQ_TABLE, SUCCESS, TABLE
 from outbox_farm.names import TableNames
 
-SUCCESS = "success"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS loadtest_expected (
     msg_id       text PRIMARY KEY,
@@ -81,57 +81,6 @@ INVARIANTS: dict[str, str] = {
 SAMPLE_IDS = 5  # message ids quoted per violation
 
 
-# -- /metrics --------------------------------------------------------------------------------
-
-
-class Metrics:
-    """One scrape of the farm's /metrics."""
-
-    def __init__(self, samples: Iterable[Sample]) -> None:
-        self.samples = list(samples)
-
-    @classmethod
-    def parse(cls, text: str) -> Metrics:
-        return cls(
-            sample for family in text_string_to_metric_families(text) for sample in family.samples
-        )
-
-    @classmethod
-    def scrape(cls, url: str, timeout: float = 5.0) -> Metrics | None:
-        """The scrape, or None while nothing answers."""
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as reply:
-                return cls.parse(reply.read().decode())
-        except (OSError, urllib.error.URLError, ValueError):
-            return None
-
-    def total(self, name: str, **labels: str) -> float:
-        """Sum of the samples called `name` whose labels include `labels` (0 when none)."""
-        return sum(
-            s.value
-            for s in self.samples
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-        )
-
-    def by(self, name: str, *keys: str) -> dict[tuple[str, ...], float]:
-        """Samples called `name` summed by the values of the labels `keys`."""
-        out: dict[tuple[str, ...], float] = defaultdict(float)
-        for s in self.samples:
-            if s.name == name:
-                out[tuple(s.labels.get(k, "") for k in keys)] += s.value
-        return dict(out)
-
-    def counters(self) -> tuple[tuple[str, tuple[tuple[str, str], ...], float], ...]:
-        """Every counter sample, for telling whether anything still moves."""
-        return tuple(
-            sorted(
-                (s.name, tuple(sorted(s.labels.items())), s.value)
-                for s in self.samples
-                if s.name.endswith("_total")
-            )
-        )
-
-
 # -- the check -------------------------------------------------------------------------------
 
 
@@ -152,21 +101,19 @@ class Check:
         return "\n".join([text, *(f"         - {d}" for d in self.details)])
 
 
-# The per-queue columns that add up to the TOTAL row.
-SUMMED = (
-    "published",
-    "runs",
-    "succeeded",
-    "duplicates",
-    "claimed",
-    "acked",
-    "retried",
-    "lease_lost",
-    "unconfirmed",
-    "terminal",
-    "dlq_written",
-    "write_failed",
-)
+# The per-queue columns that add up to the TOTAL row: counted in the database, then read from
+# /metrics (the table shows them in this order, with the DLQ rows between the two).
+COUNTED = ("published", "runs", "succeeded", "duplicates")
+METERED = {
+    "claimed": "outbox_farm_claimed_total",
+    "acked": "outbox_farm_acked_total",
+    "retried": "outbox_farm_retried_total",
+    "lease_lost": "outbox_farm_lease_lost_total",
+    "unconfirmed": "outbox_farm_outcome_unconfirmed_total",
+    "terminal": "outbox_farm_terminal_total",
+    "dlq_written": "outbox_farm_dlq_written_total",
+    "write_failed": "outbox_farm_write_failed_total",
+}
 
 
 @dataclass
@@ -203,60 +150,26 @@ class Report:
         return [c for c in self.checks if not c.ok]
 
     def table(self) -> str:
-        head = (
-            "queue",
-            "expect",
-            "published",
-            "runs",
-            "succeeded",
-            "dup",
-            "dlq",
-            "claimed",
-            "acked",
-            "retried",
-            "lease_lost",
-            "unconfirmed",
-            "terminal",
-            "dlq_written",
-            "write_failed",
-        )
+        head = ("queue", "expect", "published", "runs", "succeeded", "dup", "dlq", *METERED)
         rows = [head]
         total = QueueRow("TOTAL")
         for q in [*self.queues, total]:
             if q is not total:
-                for name in SUMMED:
+                for name in (*COUNTED, *METERED):
                     setattr(total, name, getattr(total, name) + getattr(q, name))
                 total.dlq.update(q.dlq)
-            dlq = sum(q.dlq.values())
             rows.append(
                 (
                     q.queue,
                     q.expect,
-                    str(q.published),
-                    str(q.runs),
-                    str(q.succeeded),
-                    str(q.duplicates),
-                    str(dlq),
-                    f"{q.claimed:g}",
-                    f"{q.acked:g}",
-                    f"{q.retried:g}",
-                    f"{q.lease_lost:g}",
-                    f"{q.unconfirmed:g}",
-                    f"{q.terminal:g}",
-                    f"{q.dlq_written:g}",
-                    f"{q.write_failed:g}",
+                    *(str(getattr(q, name)) for name in COUNTED),
+                    str(sum(q.dlq.values())),
+                    *(f"{getattr(q, name):g}" for name in METERED),
                 )
             )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-
-        def fmt(row: tuple[str, ...]) -> str:
-            cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-            cells += [cell.rjust(w) for cell, w in zip(row[2:], widths[2:], strict=True)]
-            return "  ".join(cells)
-
-        rule = "-" * len(fmt(head))
-        lines = [fmt(head), rule, *(fmt(r) for r in rows[1:-1]), rule, fmt(rows[-1])]
-        return "\n".join(lines)
+        lines = align(rows)
+        rule = "-" * len(lines[0])
+        return "\n".join([lines[0], rule, *lines[1:-1], rule, lines[-1]])
 
     def render(self) -> str:
         verdict = (
@@ -631,16 +544,7 @@ def _queue_rows(db: _Db, metrics: Metrics, dups: dict[str, int], dlq: _DlqState)
         row(queue).duplicates = n
     for (queue, reason), n in dlq.by_key.items():
         row(queue).dlq[reason] += n
-    for attr, name in (
-        ("claimed", "outbox_farm_claimed_total"),
-        ("acked", "outbox_farm_acked_total"),
-        ("retried", "outbox_farm_retried_total"),
-        ("lease_lost", "outbox_farm_lease_lost_total"),
-        ("unconfirmed", "outbox_farm_outcome_unconfirmed_total"),
-        ("terminal", "outbox_farm_terminal_total"),
-        ("dlq_written", "outbox_farm_dlq_written_total"),
-        ("write_failed", "outbox_farm_write_failed_total"),
-    ):
+    for attr, name in METERED.items():
         for (queue,), value in metrics.by(name, "queue").items():
             setattr(row(queue), attr, value)
     return [rows[q] for q in sorted(rows)]
@@ -650,8 +554,8 @@ def check(
     conn: psycopg.Connection[Any],
     metrics: Metrics,
     *,
-    table: str = "outbox",
-    dlq_table: str = "outbox_dlq",
+    table: str = TABLE,
+    dlq_table: str = DLQ_TABLE,
 ) -> Report:
     """Every invariant over the database behind `conn` and one /metrics scrape.
 
@@ -690,7 +594,7 @@ def wait_for_drain(
     metrics_url: str | None,
     timeout: float,
     *,
-    table: str = "outbox",
+    table: str = TABLE,
     every: float = 1.0,
     say: Callable[[str], None] = lambda line: None,
 ) -> Drain:
@@ -737,8 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     source.add_argument("--metrics-file", help="a saved /metrics text instead of --metrics-url")
     parser.add_argument("--drain-timeout", type=float, default=60.0, help="seconds (default 60)")
-    parser.add_argument("--table", default="outbox")
-    parser.add_argument("--dlq-table", default="outbox_dlq")
+    parser.add_argument("--table", default=TABLE)
+    parser.add_argument("--dlq-table", default=DLQ_TABLE)
     args = parser.parse_args(argv)
     try:
         with psycopg.connect(args.dsn, autocommit=True, connect_timeout=10) as conn:

@@ -22,10 +22,9 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
 
-import scenario
-
+from loadtests import scenario
 from outbox_farm import ConstantBackoff, DeadLetter, Farm, Message, NoRetry
 
 DSN = os.environ.get("LOADTEST_DSN") or os.environ.get("OUTBOX_FARM_DSN")

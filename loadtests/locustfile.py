@@ -36,10 +36,9 @@ import psycopg
 from locust import User, constant_throughput, events, task
 from locust.env import Environment
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
 
-import scenario
-
+from loadtests import scenario
 from outbox_farm import Farm
 
 farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)  # the producer side only
@@ -71,15 +70,17 @@ def _options(parser: Any) -> None:
         "--rollback-ratio",
         type=float,
         env_var="LOADTEST_ROLLBACK_RATIO",
-        default=0.05,
-        help="Share of publish transactions rolled back (never to be delivered; default 0.05)",
+        default=scenario.DEFAULT_ROLLBACK_RATIO,
+        help="Share of publish transactions rolled back (never to be delivered; default "
+        f"{scenario.DEFAULT_ROLLBACK_RATIO:g})",
     )
     parser.add_argument(
         "--publish-rate",
         type=float,
         env_var="LOADTEST_PUBLISH_RATE",
-        default=10.0,
-        help="Publish transactions per second per user (default 10)",
+        default=scenario.DEFAULT_PUBLISH_RATE,
+        help="Publish transactions per second per user "
+        f"(default {scenario.DEFAULT_PUBLISH_RATE:g})",
     )
 
 
@@ -91,8 +92,7 @@ def _validate(environment: Environment, **_: Any) -> None:
     try:
         scenario.parse_weights(options.queue_weights)
         scenario.check_flaky_failures(options.flaky_failures)
-        if not 0 <= options.rollback_ratio < 1:
-            raise ValueError(f"--rollback-ratio must be in [0, 1), got {options.rollback_ratio}")
+        scenario.check_rollback_ratio(options.rollback_ratio)
         if not options.publish_rate > 0:
             raise ValueError(f"--publish-rate must be > 0, got {options.publish_rate}")
     except ValueError as exc:
@@ -164,9 +164,9 @@ class Publisher(User):
         )
         self.queues = [q for q, w in weights.items() if w > 0]
         self.weights = [weights[q] for q in self.queues]
-        self.flaky_failures = options.flaky_failures if options else 2
+        self.flaky_failures = options.flaky_failures if options else scenario.DEFAULT_FLAKY_FAILURES
         self.rollback_ratio = options.rollback_ratio if options else 0.0
-        self.rate = options.publish_rate if options else 10.0
+        self.rate = options.publish_rate if options else scenario.DEFAULT_PUBLISH_RATE
         dsn = self.host or os.environ.get("LOADTEST_DSN") or ""
         if not dsn:
             raise ValueError("give the database DSN as --host (or LOADTEST_DSN)")

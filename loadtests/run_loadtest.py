@@ -22,35 +22,38 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
 
-import checker
-import scenario
-
+from loadtests import checker, scenario
+from loadtests.harness import (
+    SetupError,
+    admin_server,
+    align,
+    free_port,
+    kill_farm,
+    scratch_database,
+    start_farm,
+    stop_farm,
+)
 from outbox_farm.dsn import redact
-from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
 
 HERE = Path(__file__).resolve().parent
 LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=postgres"
-CLI = Path(sys.executable).parent / "outbox-farm"
+NAMES = TableNames.build(scenario.TABLE, scenario.DLQ_TABLE)
 GRACEFUL = 10.0  # the farm's --graceful-timeout
 BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
 STOP_GRACE = 5  # Locust's --stop-timeout: a user finishes its transaction
@@ -64,10 +67,6 @@ BAD_EVENTS = (
     "vacuum_failed",
     "vacuum_disabled",
 )
-
-
-class SetupError(Exception):
-    """The run could not be set up (exit status 2)."""
 
 
 def say(line: str) -> None:
@@ -87,11 +86,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=int, help="seconds of load (default 60; smoke 15)")
     parser.add_argument("--users", type=int, help="Locust users (default 20; smoke 4)")
     parser.add_argument("--spawn-rate", type=float, help="users started per second (default: all)")
-    parser.add_argument("--procs", type=int, help="farm worker processes (default 2)")
-    parser.add_argument("--publish-rate", type=float, help="transactions/s per user (default 10)")
+    parser.add_argument("--procs", type=int, default=2, help="farm worker processes (default 2)")
+    parser.add_argument(
+        "--publish-rate",
+        type=float,
+        default=scenario.DEFAULT_PUBLISH_RATE,
+        help=f"transactions/s per user (default {scenario.DEFAULT_PUBLISH_RATE:g})",
+    )
     parser.add_argument("--queue-weights", default=scenario.DEFAULT_WEIGHTS)
     parser.add_argument("--flaky-failures", type=int, default=scenario.DEFAULT_FLAKY_FAILURES)
-    parser.add_argument("--rollback-ratio", type=float, default=0.05)
+    parser.add_argument("--rollback-ratio", type=float, default=scenario.DEFAULT_ROLLBACK_RATIO)
     parser.add_argument(
         "--drain-timeout", type=float, help="seconds to wait for the drain (default 60; smoke 20)"
     )
@@ -113,9 +117,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     defaults = (
-        {"duration": 15, "users": 4, "procs": 2, "publish_rate": 10.0, "drain_timeout": 20.0}
+        {"duration": 15, "users": 4, "drain_timeout": 20.0}
         if args.smoke
-        else {"duration": 60, "users": 20, "procs": 2, "publish_rate": 10.0, "drain_timeout": 60.0}
+        else {"duration": 60, "users": 20, "drain_timeout": 60.0}
     )
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -125,91 +129,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:
         args.weights = scenario.parse_weights(args.queue_weights)
         scenario.check_flaky_failures(args.flaky_failures)
+        scenario.check_rollback_ratio(args.rollback_ratio)
     except ValueError as exc:
         parser.error(str(exc))
     if args.duration < 1 or args.users < 1 or args.procs < 1 or args.publish_rate <= 0:
         parser.error("--duration, --users, --procs and --publish-rate must be positive")
-    if not 0 <= args.rollback_ratio < 1:
-        parser.error("--rollback-ratio must be in [0, 1)")
     return args
 
 
-# -- the database ----------------------------------------------------------------------------
-
-
-def reachable(dsn: str) -> str | None:
-    """None when a connection works, else why not."""
-    try:
-        with psycopg.connect(dsn, connect_timeout=3):
-            return None
-    except psycopg.Error as exc:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    """The admin DSN: --dsn (must work), else OUTBOX_FARM_DSN / local, else embedded."""
-    if dsn:
-        problem = reachable(dsn)
-        if problem:
-            raise SetupError(f"cannot connect to --dsn {redact(dsn)}: {problem}")
-        yield dsn
-        return
-    for candidate in (os.environ.get("OUTBOX_FARM_DSN"), LOCAL_DSN):
-        if not candidate:
-            continue
-        problem = reachable(candidate)
-        if problem is None:
-            yield candidate
-            return
-        say(f"{redact(candidate)} is not reachable ({problem})")
-    from outbox_farm.embedded import start_embedded
-
-    data = Path(tempfile.mkdtemp(prefix="outbox-farm-loadtest-pg-")) / "pgdata"
-    say(f"starting an embedded Postgres in {data}")
-    url, handle = start_embedded(data, delete=True)
-    try:
-        yield url
-    finally:
-        handle.cleanup()
-        shutil.rmtree(data.parent, ignore_errors=True)
-
-
-def with_dbname(dsn: str, name: str) -> str:
-    params = conninfo_to_dict(dsn)
-    params["dbname"] = name
-    return make_conninfo(**params)  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def scratch_database(admin: str, keep: bool) -> Iterator[str]:
-    name = f"outbox_farm_load_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = with_dbname(admin, name)
-    try:
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
-            migrate(conn, TableNames.build(scenario.TABLE, scenario.DLQ_TABLE))
-            checker.create_schema(conn)
-            conn.commit()
-        yield dsn
-    finally:
-        if keep:
-            say(f"kept the scratch database: {redact(dsn)}")
-        else:
-            with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
-
-
 # -- the farm --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, bytes] | None:
@@ -263,64 +191,27 @@ class FarmProcess:
     def stop(self) -> tuple[int | None, float]:
         """SIGTERM and wait; (exit status or None if it had to be killed, seconds)."""
         began = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=GRACEFUL + 20), time.monotonic() - began
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None, time.monotonic() - began
-
-    def kill(self) -> None:
-        """SIGKILL the farm's whole session (it was started in a new one)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
+        return stop_farm(self.proc, GRACEFUL + 20), time.monotonic() - began
 
 
 @contextlib.contextmanager
 def farm_process(dsn: str, procs: int, work: Path) -> Iterator[FarmProcess]:
     port = free_port()
-    log_path = work / "farm.log"
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("OUTBOX_FARM_") and k != "PROMETHEUS_MULTIPROC_DIR"
     }
     env.update(LOADTEST_DSN=dsn, TMPDIR=str(work))
-    command = [
-        str(CLI),
-        "start",
-        "farmapp:farm",
-        "--dsn",
-        dsn,
-        "--procs",
-        str(procs),
-        "--metrics-bind",
-        f"127.0.0.1:{port}",
-        "--metrics-dir",
-        str(work / "metrics"),
-        "--graceful-timeout",
-        str(GRACEFUL),
-        "--log-format",
-        "json",
-    ]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command,
-            cwd=HERE,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    farm = FarmProcess(proc, port, log_path, procs)
+    options = ["--metrics-bind", f"127.0.0.1:{port}", "--metrics-dir", str(work / "metrics")]
+    options += ["--graceful-timeout", str(GRACEFUL), "--log-format", "json"]
+    log_path = work / "farm.log"
+    proc = start_farm("farmapp:farm", dsn, procs, cwd=HERE, log=log_path, options=options, env=env)
     try:
-        yield farm
+        yield FarmProcess(proc, port, log_path, procs)
     finally:
         if proc.poll() is None:
-            farm.kill()
+            kill_farm(proc)
 
 
 # -- Locust ----------------------------------------------------------------------------------
@@ -452,14 +343,7 @@ def locust_table(csv_prefix: Path) -> tuple[str, int]:
                 f"{float(r['Max Response Time']):.0f}",
             )
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    lines = [
-        "  ".join(
-            [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-            + [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
-        )
-        for row in table
-    ]
+    lines = align(table)
     failures_path = Path(f"{csv_prefix}_failures.csv")
     if failures and failures_path.exists():
         with failures_path.open(newline="") as file:
@@ -492,8 +376,20 @@ def run(args: argparse.Namespace) -> int:
     keep_work = args.keep
     work = Path(tempfile.mkdtemp(prefix="outbox-farm-loadtest-"))
     try:
-        with server(args.dsn) as admin, scratch_database(admin, args.keep) as dsn:
-            say(f"scratch database {redact(dsn)}")
+        with (
+            admin_server(args.dsn, (os.environ.get("OUTBOX_FARM_DSN"), LOCAL_DSN), say) as admin,
+            scratch_database(
+                admin,
+                NAMES,
+                prefix="outbox_farm_load_",
+                prepare=checker.create_schema,
+                keep=args.keep,
+            ) as dsn,
+        ):
+            say(
+                f"scratch database {redact(dsn)}"
+                + (" (--keep: not dropped at the end)" if args.keep else "")
+            )
             with farm_process(dsn, args.procs, work) as farm:
                 farm.wait_healthy(BOOT_TIMEOUT)
                 say(f"farm up: --procs {args.procs}, metrics on {farm.metrics_url}")

@@ -1,8 +1,9 @@
 """The load test's queues and what must become of each message: one place for all of it.
 
 Imported by `farmapp.py` (the farm under test), `locustfile.py` (the publishers) and
-`run_loadtest.py`; not by `checker.py`, which reads every expectation from the database (the
-`loadtest_expected` row written in the same transaction as each outbox row).
+`run_loadtest.py`. `checker.py` takes only the table names and SUCCESS from here: it reads
+every expectation from the database (the `loadtest_expected` row written in the same
+transaction as each outbox row), so a test can hand it any state.
 
 Queue  | handler                                              | expected fate
 -------|------------------------------------------------------|---------------------------------
@@ -62,6 +63,8 @@ QUEUES: dict[str, QueueSpec] = {
 }
 DEFAULT_WEIGHTS = ",".join(f"{q.name}={q.weight:g}" for q in QUEUES.values())
 DEFAULT_FLAKY_FAILURES = 2
+DEFAULT_ROLLBACK_RATIO = 0.05  # share of publish transactions rolled back
+DEFAULT_PUBLISH_RATE = 10.0  # publish transactions per second per Locust user
 
 
 def parse_weights(text: str) -> dict[str, float]:
@@ -93,3 +96,9 @@ def check_flaky_failures(n: int) -> int:
     if not 0 <= n <= MAX_FLAKY_FAILURES:
         raise ValueError(f"flaky failures must be 0..{MAX_FLAKY_FAILURES}, got {n}")
     return n
+
+
+def check_rollback_ratio(ratio: float) -> float:
+    if not 0 <= ratio < 1:
+        raise ValueError(f"the rollback ratio must be in [0, 1), got {ratio:g}")
+    return ratio

@@ -3,40 +3,26 @@
 The checker (`loadtests/checker.py`) must not pass a broken farm, so each case below builds, in
 a real scratch database, the ledger / DLQ / outbox / expectations a farm with one specific bug
 would leave, plus the /metrics it would report, and asserts the checker fails naming exactly
-that invariant. The load-test scripts are not a package: the checker is loaded from its file.
-Locust itself is never imported here (gevent's monkey-patching and its warnings stay out of
-pytest); the smoke test runs the whole load test as a subprocess.
+that invariant. Locust itself is never imported here (gevent's monkey-patching and its
+warnings stay out of pytest); the smoke test runs the whole load test as a subprocess.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
-LOADTESTS = Path(__file__).resolve().parents[2] / "loadtests"
+from loadtests import checker
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"loadtests_{name}", LOADTESTS / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-checker = _load("checker")
+LOADTESTS = Path(checker.__file__).resolve().parent
 
 
 class State:

@@ -1,7 +1,7 @@
 """Farm benchmark: drain throughput of `outbox-farm start --procs N`, and worker memory.
 
-    python loadtests/bench_farm.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
-    python loadtests/bench_farm.py --steady 300        # the 5-minute memory run
+    python -m loadtests.bench.farm --dsn "host=127.0.0.1 user=postgres dbname=postgres"
+    python -m loadtests.bench.farm --steady 300        # the 5-minute memory run
 
 For each --procs value: pre-load --rows rows, start the real CLI as a subprocess with a no-op
 handler, and time from the first row leaving the table to the table being empty (process
@@ -15,23 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import psutil
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from loadtests.harness import note, start_farm, stop_farm
 from outbox_farm import Farm
-from outbox_farm.migrate import migrate
+
+from .common import QUEUE, add_dsn, scratch, server
+from .report import print_measures, verdict
 
 APP = """
 from outbox_farm import Farm
@@ -41,33 +40,43 @@ farm = Farm(dlq_table="outbox_dlq")
 async def handle(msg):
     pass
 """
-CLI = str(Path(sys.executable).parent / "outbox-farm")
+TARGET_DRAIN_2 = 20_000.0  # msg/s, --procs 2
 
 
-def scratch_database(admin_dsn: str) -> str:
-    name = f"outbox_farm_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    params = conninfo_to_dict(admin_dsn)
-    params["dbname"] = name
-    return make_conninfo(**params)
+def start_bench_farm(
+    dsn: str,
+    procs: int,
+    appdir: Path,
+    log: Path,
+    *,
+    app: str = "benchapp:farm",
+    metrics_bind: str = "",
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """`outbox-farm start` as the benchmarks run it: the app in `appdir`, warnings only in the
+    log, no /metrics unless `metrics_bind`, `env` on top of this process's environment."""
+    options = ["--metrics-bind", metrics_bind, "--log-level", "WARNING"]
+    return start_farm(
+        app,
+        dsn,
+        procs,
+        cwd=appdir,
+        log=log,
+        options=options,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
-def drop_database(admin_dsn: str, dsn: str) -> None:
-    name = conninfo_to_dict(dsn)["dbname"]
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name)))
-        )
+def stop_bench_farm(proc: subprocess.Popen[bytes]) -> None:
+    stop_farm(proc, timeout=40)
 
 
 def preload(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
         conn.execute(
-            "INSERT INTO outbox (queue, payload) SELECT 'bench', '\\x7b7d' "
-            "FROM generate_series(1, %s)",
-            [rows],
+            "INSERT INTO outbox (queue, payload) SELECT %s, '\\x7b7d' FROM generate_series(1, %s)",
+            [QUEUE, rows],
         )
         conn.execute("VACUUM ANALYZE outbox")
 
@@ -75,50 +84,6 @@ def preload(dsn: str, rows: int) -> None:
 def count(conn: psycopg.Connection) -> int:
     row = conn.execute("SELECT count(*) FROM outbox").fetchone()
     return int(row[0]) if row else 0
-
-
-def start_farm(
-    dsn: str,
-    procs: int,
-    appdir: Path,
-    log: Path,
-    metrics_bind: str = "",
-    app: str = "benchapp:farm",
-    env: dict[str, str] | None = None,
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            CLI,
-            "start",
-            app,
-            "--procs",
-            str(procs),
-            "--dsn",
-            dsn,
-            "--metrics-bind",
-            metrics_bind,
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=appdir,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=None if env is None else {**os.environ, **env},
-    )
-
-
-def stop_farm(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=40)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def drain(dsn: str, procs: int, rows: int, appdir: Path) -> float:
-    return drain_run(dsn, procs, rows, appdir)["rate"]
 
 
 def _cpu_seconds(processes: list[psutil.Process]) -> float:
@@ -159,7 +124,7 @@ def drain_run(
     if on_loaded is not None:
         on_loaded()
     polls = 0
-    proc = start_farm(dsn, procs, appdir, appdir / f"drain-{procs}.log")
+    proc = start_bench_farm(dsn, procs, appdir, appdir / f"drain-{procs}.log")
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 300
@@ -179,7 +144,7 @@ def drain_run(
             worker_cpu = _cpu_seconds(workers) - cpu_before
             machine_cpu = _machine_busy() - busy_before
     finally:
-        stop_farm(proc)
+        stop_bench_farm(proc)
     return {
         "rate": left_at_start / elapsed,
         "seconds": elapsed,
@@ -192,15 +157,15 @@ def drain_run(
 
 def steady(dsn: str, seconds: float, rate: float, appdir: Path) -> dict[str, object]:
     farm = Farm(dlq_table="outbox_dlq")
-    proc = start_farm(dsn, 2, appdir, appdir / "steady.log")
-    stop = threading.Event()
+    proc = start_bench_farm(dsn, 2, appdir, appdir / "steady.log")
+    halt = threading.Event()
 
     def produce() -> None:
         with psycopg.connect(dsn) as conn:
             interval, next_at = 1.0 / rate, time.perf_counter()
-            while not stop.is_set():
+            while not halt.is_set():
                 with conn.transaction():
-                    farm.publish_batch(conn, [{"n": i} for i in range(10)], queue="bench")
+                    farm.publish_batch(conn, [{"n": i} for i in range(10)], queue=QUEUE)
                 next_at += 10 * interval
                 time.sleep(max(0.0, next_at - time.perf_counter()))
 
@@ -213,12 +178,12 @@ def steady(dsn: str, seconds: float, rate: float, appdir: Path) -> dict[str, obj
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(min(10.0, max(end - time.monotonic(), 0)))
-            print(f"  steady: {int(end - time.monotonic())} s left", file=sys.stderr)
+            note(f"  steady: {int(end - time.monotonic())} s left")
         end_rss = {c.pid: c.memory_info().rss for c in children if c.is_running()}
-        stop.set()
+        halt.set()
         producer.join()
     finally:
-        stop_farm(proc)
+        stop_bench_farm(proc)
     mib = 1024 * 1024
     return {
         "seconds": seconds,
@@ -233,51 +198,54 @@ def steady(dsn: str, seconds: float, rate: float, appdir: Path) -> dict[str, obj
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", default=os.environ.get("OUTBOX_FARM_DSN"))
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.farm", description=__doc__.split("\n\n")[0]
+    )
+    add_dsn(parser)
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--procs", default="1,2", help="comma-separated --procs values")
     parser.add_argument("--steady", type=float, default=0, help="seconds of steady load (0: skip)")
     parser.add_argument("--rate", type=float, default=2000, help="messages/s during --steady")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args()
-    server = None
-    admin = args.dsn
-    if not admin:
-        from outbox_farm.embedded import start_embedded
-
-        admin, server = start_embedded(Path(tempfile.mkdtemp()) / "pgdata", delete=True)
-    dsn = scratch_database(admin)
-    results: dict[str, object] = {}
-    try:
-        with psycopg.connect(dsn) as conn:
-            migrate(conn, Farm(dlq_table="outbox_dlq").names)
-        with tempfile.TemporaryDirectory() as folder:
-            appdir = Path(folder)
-            (appdir / "benchapp.py").write_text(APP)
-            for procs in [int(p) for p in args.procs.split(",")]:
-                print(f"draining {args.rows} rows with --procs {procs} ...", file=sys.stderr)
-                results[f"drain_procs_{procs}_msg_per_s"] = round(
-                    drain(dsn, procs, args.rows, appdir)
-                )
-            if args.steady:
-                results["steady"] = steady(dsn, args.steady, args.rate, appdir)
-    finally:
-        drop_database(admin, dsn)
-        if server is not None:
-            server.cleanup()
+    args = parser.parse_args(argv)
+    rates: dict[int, float] = {}
+    memory: dict[str, object] | None = None
+    with (
+        server(args.dsn) as admin,
+        scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn,
+        tempfile.TemporaryDirectory() as folder,
+    ):
+        appdir = Path(folder)
+        (appdir / "benchapp.py").write_text(APP)
+        for procs in [int(p) for p in args.procs.split(",")]:
+            note(f"draining {args.rows} rows with --procs {procs} ...")
+            rates[procs] = drain_run(dsn, procs, args.rows, appdir)["rate"]
+        if args.steady:
+            memory = steady(dsn, args.steady, args.rate, appdir)
+    results: dict[str, object] = {f"drain_procs_{p}_msg_per_s": round(r) for p, r in rates.items()}
+    if memory is not None:
+        results["steady"] = memory
     if args.json:
         print(json.dumps(results, indent=2))
-        return
-    print(f"\n{'measure':36} {'value':>12}  target")
-    for key, value in results.items():
-        if key.startswith("drain"):
-            target = ">= 20,000 (procs 2)" if key.endswith("2_msg_per_s") else ""
-            print(f"{key:36} {value:>12,}  {target}")
-    if "steady" in results:
-        print(json.dumps(results["steady"], indent=2), "\n  target: < 100 MiB, growth <= 10%")
+        return 0
+    print()
+    print_measures(
+        [
+            (
+                f"drain_procs_{procs}_msg_per_s",
+                f"{round(rate):,}",
+                f">= {TARGET_DRAIN_2:,.0f}" if procs == 2 else "-",
+                verdict(rate >= TARGET_DRAIN_2 if procs == 2 else None),
+            )
+            for procs, rate in rates.items()
+        ],
+        widths=(36, 12, 10),
+    )
+    if memory is not None:
+        print(json.dumps(memory, indent=2), "\n  target: < 100 MiB, growth <= 10%")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

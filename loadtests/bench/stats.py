@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """How fast `outbox-farm stats` answers on a large outbox: 10 million rows by default.
 
 A scratch database (created here, dropped at the end) gets --rows outbox rows over --queues
@@ -8,8 +7,8 @@ last 30 days and the three failure reasons. Then `queue_stats` (what `stats` run
 --runs times, twice: after ANALYZE only (no visibility map: index scans visit the heap), and
 after VACUUM (index-only scans), and the EXPLAIN of each count is checked to be an index scan.
 
-    python loadtests/bench_stats.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
-    python loadtests/bench_stats.py --rows 1000000 --runs 3
+    python -m loadtests.bench.stats --dsn "host=127.0.0.1 user=postgres dbname=postgres"
+    python -m loadtests.bench.stats --rows 1000000 --runs 3
 
 Without --dsn (and without OUTBOX_FARM_DSN) the embedded Postgres is started.
 """
@@ -18,16 +17,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from typing import Any
 
 import psycopg
-from bench_producer import resolve_dsn, scratch_database
 
 from outbox_farm import Farm
 from outbox_farm.admin import queue_stats
 from outbox_farm.admin.sql import AdminSql
 from outbox_farm.admin.stats import OUTBOX_COUNTS
+
+from .common import add_dsn, scratch, server
 
 CHUNK = 1_000_000
 
@@ -45,7 +46,7 @@ SELECT 'queue_' || (g %% %(queues)s),
        CASE WHEN g %% 100 >= 90 THEN gen_random_uuid() END,
        CASE WHEN g %% 100 >= 95 THEN now() - interval '1 min'
             WHEN g %% 100 >= 90 THEN now() + interval '1 min' END
-FROM generate_series(%(first)s, %(last)s) AS g
+FROM generate_series(%(first)s::int, %(last)s::int) AS g
 """
 
 LOAD_DLQ = """
@@ -55,7 +56,7 @@ SELECT g, 'queue_' || (g %% %(queues)s), '\\x00'::bytea, NULL, 3, now(),
        now() - make_interval(secs => (g %% 2592000)::float8),
        (ARRAY['max_deliveries', 'retry_terminal', 'rejected'])[1 + g %% 3],
        'RuntimeError(''boom'')'
-FROM generate_series(1, %(rows)s) AS g
+FROM generate_series(1, %(rows)s::int) AS g
 """
 
 
@@ -106,35 +107,33 @@ def plans(dsn: str, farm: Farm) -> dict[str, str]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dsn", default=None, help="admin DSN of the server to measure on")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.stats", description=__doc__.split("\n")[0]
+    )
+    add_dsn(parser)
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--dlq-rows", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
-    admin_dsn, server = resolve_dsn(args.dsn)
+    args = parser.parse_args(argv)
     farm = Farm(table="outbox", dlq_table="outbox_dlq")
-    try:
-        with scratch_database(admin_dsn, farm) as dsn:
-            print(f"loading {args.rows:,} rows over {args.queues} queues")
-            load(dsn, args.rows, args.queues, args.dlq_rows)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("ANALYZE outbox")
-                conn.execute("ANALYZE outbox_dlq")
-                size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('outbox'))")
-                print(f"outbox table with indexes: {(size.fetchone() or ('?',))[0]}")
-            print("plans:", plans(dsn, farm))
-            print("after ANALYZE only:", time_stats(dsn, farm, args.runs))
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("VACUUM outbox")
-                conn.execute("VACUUM outbox_dlq")
-            print("after VACUUM:      ", time_stats(dsn, farm, args.runs))
-    finally:
-        if server is not None:
-            server.cleanup()
+    with server(args.dsn) as admin, scratch(admin, farm) as dsn:
+        print(f"loading {args.rows:,} rows over {args.queues} queues")
+        load(dsn, args.rows, args.queues, args.dlq_rows)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE outbox")
+            conn.execute("ANALYZE outbox_dlq")
+            size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('outbox'))")
+            print(f"outbox table with indexes: {(size.fetchone() or ('?',))[0]}")
+        print("plans:", plans(dsn, farm))
+        print("after ANALYZE only:", time_stats(dsn, farm, args.runs))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM outbox")
+            conn.execute("VACUUM outbox_dlq")
+        print("after VACUUM:      ", time_stats(dsn, farm, args.runs))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

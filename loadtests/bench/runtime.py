@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Runtime throughput and latency of outbox_farm, under uvloop.
 
 Phases, in a scratch database (created here, dropped WITH (FORCE) at the end):
@@ -11,14 +10,13 @@ Phases, in a scratch database (created here, dropped WITH (FORCE) at the end):
   drain256  the same with --conn-concurrency executors (default 256), mainly to show that the
             runtime's connection count does not grow with concurrency.
   latency   the runtime running and idle; a spawned producer process publishes --latency-messages
-            messages one per transaction at --rate msg/s and records time.time() right after
-            each commit; the handler records time.time() when it starts. Reports commit ->
+            messages one per transaction at --rate msg/s (`latency.py`). Reports commit ->
             handler-start p50/p95/p99.
 
 Usage:
 
-    python loadtests/bench_runtime.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
-    python loadtests/bench_runtime.py --rows 5000 --json results.json
+    python -m loadtests.bench.runtime --dsn "host=127.0.0.1 user=postgres dbname=postgres"
+    python -m loadtests.bench.runtime --rows 5000 --json results.json
 
 Without --dsn (and without OUTBOX_FARM_DSN) the embedded Postgres is started. Every phase is
 bounded by --phase-timeout; the whole run by --time-limit.
@@ -28,63 +26,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import multiprocessing as mp
-import os
-import platform
-import signal
-import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import orjson
 import psycopg
 import uvloop
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
+from loadtests.harness import dbname, note
 from outbox_farm import Farm, Message
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_producer import _time_limit, code_version, resolve_dsn
-from bench_producer import scratch_database as producer_scratch_database
-
 from outbox_farm.metrics import metrics
 
-QUEUE = "bench"
+from .common import (
+    QUEUE,
+    add_dsn,
+    add_json_path,
+    add_limits,
+    scratch,
+    server,
+    server_info,
+    settled_xacts,
+    time_limit,
+    write_json,
+)
+from .latency import Latency, latency
+from .report import Row, print_code, print_measures, verdict
+
 MONITOR_APP = "outbox-farm-bench-monitor"
 TARGET_DRAIN = 12_000.0  # msg/s
 TARGET_P50_MS = 2.0
 TARGET_P99_MS = 6.0
-
-
-# -- database plumbing (kept in each script: loadtests/ is a folder of scripts) -------------
-
-
-@contextmanager
-def scratch_database(admin_dsn: str, farm: Farm) -> Iterator[tuple[str, str]]:
-    """bench_producer's migrated scratch database, with its name (for pg_stat_database)."""
-    with producer_scratch_database(admin_dsn, farm) as dsn:
-        yield dsn, str(conninfo_to_dict(dsn)["dbname"])
-
-
-def server_info(dsn: str) -> dict[str, Any]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        settings = {
-            name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]
-            for name in ("server_version", "synchronous_commit", "fsync", "max_connections")
-        }
-    return {
-        **settings,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "uvloop": uvloop.__version__,
-        "code": code_version(),
-    }
 
 
 def preload(dsn: str, farm: Farm, rows: int, batch: int = 1000) -> float:
@@ -105,42 +79,21 @@ def preload(dsn: str, farm: Farm, rows: int, batch: int = 1000) -> float:
 # -- measuring the server side --------------------------------------------------------------
 
 
-XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s"
 BACKENDS = (
     "SELECT count(*) FILTER (WHERE backend_type = 'client backend'"
     "                         AND application_name <> %s),"
-    "       count(*) FILTER (WHERE backend_type = 'client backend'),"
     "       count(*) FILTER (WHERE backend_type = 'autovacuum worker')"
     " FROM pg_stat_activity WHERE datname = %s"
 )
 
 
-async def settled_xacts(admin: psycopg.AsyncConnection[Any], dbname: str) -> int:
-    """The database's transaction count once no client backend is left to flush its stats.
-
-    Backends report their counts to pg_stat_database at most once a second while connected,
-    and for certain when they exit, so this waits for the exits and for two equal readings.
-    """
-    previous = -1
-    deadline = time.monotonic() + 5.0
-    while True:
-        cur = await admin.execute(BACKENDS, [MONITOR_APP, dbname])
-        clients, _, _ = await cur.fetchone()  # our monitor connection aside
-        cur = await admin.execute(XACTS, [dbname])
-        (value,) = await cur.fetchone()
-        if (clients == 0 and value == previous) or time.monotonic() > deadline:
-            return int(value)
-        previous = int(value)
-        await asyncio.sleep(0.1)
-
-
 async def sample_backends(
-    admin: psycopg.AsyncConnection[Any], dbname: str, out: dict[str, int], period: float = 0.02
+    admin: psycopg.AsyncConnection[Any], name: str, out: dict[str, int], period: float = 0.02
 ) -> None:
     """Keep the highest count of the runtime's client connections (ours excluded)."""
     while True:
-        cur = await admin.execute(BACKENDS, [MONITOR_APP, dbname])
-        runtime, _, autovacuum = await cur.fetchone()
+        cur = await admin.execute(BACKENDS, [MONITOR_APP, name])
+        runtime, autovacuum = await cur.fetchone()
         out["max_runtime_connections"] = max(out.get("max_runtime_connections", 0), runtime)
         out["max_autovacuum_workers"] = max(out.get("max_autovacuum_workers", 0), autovacuum)
         out["samples"] = out.get("samples", 0) + 1
@@ -195,10 +148,9 @@ class Drain:
         return self.transactions / self.rows if self.rows else 0.0
 
 
-async def drain(
-    admin_dsn: str, dsn: str, dbname: str, rows: int, concurrency: int, budget: float
-) -> Drain:
+async def drain(admin_dsn: str, dsn: str, rows: int, concurrency: int, budget: float) -> Drain:
     result = Drain(rows, concurrency)
+    name = dbname(dsn)
     farm = Farm()
     handled_all = asyncio.Event()
     count = 0
@@ -212,14 +164,15 @@ async def drain(
 
     before_metrics = metric_totals()
     admin = await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True)
+    counts = await asyncio.to_thread(psycopg.connect, admin_dsn, autocommit=True)
     monitor = await psycopg.AsyncConnection.connect(
         dsn, autocommit=True, application_name=MONITOR_APP
     )
     count_query = sql.SQL("SELECT count(*) FROM {}").format(farm.names.outbox.identifier())
     sampler: asyncio.Task[None] | None = None
     try:
-        xacts_before = await settled_xacts(admin, dbname)
-        sampler = asyncio.create_task(sample_backends(admin, dbname, result.backends))
+        xacts_before = await asyncio.to_thread(settled_xacts, counts, name, MONITOR_APP)
+        sampler = asyncio.create_task(sample_backends(admin, name, result.backends))
         t0 = time.perf_counter()
         async with farm.running(dsn):
             t_started, cpu_started = time.perf_counter(), time.process_time()
@@ -238,7 +191,7 @@ async def drain(
                             break
                         await asyncio.sleep(0.005)
             except TimeoutError:
-                print(f"drain: not empty after {budget:g}s; stopping", file=sys.stderr)
+                note(f"drain: not empty after {budget:g}s; stopping")
             t_stop = time.perf_counter()
         result.stop_s = time.perf_counter() - t_stop
         sampler.cancel()
@@ -248,13 +201,14 @@ async def drain(
         cur = await monitor.execute(count_query)
         result.left_in_table = (await cur.fetchone())[0]
         await monitor.close()  # it exits and flushes its own counts too
-        xacts_after = await settled_xacts(admin, dbname)
+        xacts_after = await asyncio.to_thread(settled_xacts, counts, name, MONITOR_APP)
         result.transactions = xacts_after - xacts_before - result.own_polls
     finally:
         if sampler is not None:
             sampler.cancel()
         await monitor.close()
         await admin.close()
+        counts.close()
     result.handled = count
     after = metric_totals()
     result.metrics = {k: after[k] - before_metrics[k] for k in after}
@@ -263,136 +217,14 @@ async def drain(
     return result
 
 
-# -- latency --------------------------------------------------------------------------------
-
-
-def latency_producer(
-    dsn: str, n: int, warmup: int, rate: float, ready: Any, go: Any, results: Any
-) -> None:
-    """Spawned: publish `warmup` then `n` messages, one per transaction, at `rate` per second.
-
-    Sends back {id: time.time() right after the commit returned}.
-    """
-    farm = Farm()
-    commits: dict[int, float] = {}
-    try:
-        with psycopg.connect(dsn) as conn:
-            ready.set()
-            if not go.wait(timeout=60):
-                raise TimeoutError("never told to start")
-            interval = 1.0 / rate
-            start = time.perf_counter()
-            for k in range(warmup + n):
-                wait = start + k * interval - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-                i = k - warmup  # warm-up messages have negative ids
-                with conn.transaction():
-                    farm.publish(conn, {"i": i}, queue=QUEUE)
-                commits[i] = time.time()
-        results.put({"commits": commits})
-    except Exception as exc:
-        results.put({"error": repr(exc)})
-
-
-@dataclass
-class Latency:
-    messages: int
-    rate: float
-    concurrency: int
-    received: int = 0
-    p50_ms: float = 0.0
-    p95_ms: float = 0.0
-    p99_ms: float = 0.0
-    max_ms: float = 0.0
-    mean_ms: float = 0.0
-    negative: int = 0  # handler started before the producer saw its commit return
-    completed: bool = False
-
-
-async def latency(dsn: str, n: int, rate: float, concurrency: int, budget: float) -> Latency:
-    result = Latency(n, rate, concurrency)
-    warmup = 50
-    starts: dict[int, float] = {}
-    all_in = asyncio.Event()
-    farm = Farm()
-
-    @farm.handler(QUEUE, concurrency=concurrency)
-    async def handle(msg: Message) -> None:
-        now = time.time()  # first thing: the handler started
-        starts[orjson.loads(msg.body)["i"]] = now
-        if len(starts) >= n + warmup:
-            all_in.set()
-
-    ctx = mp.get_context("spawn")
-    ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
-    proc = ctx.Process(
-        target=latency_producer,
-        args=(dsn, n, warmup, rate, ready, go, results),
-        name="bench-latency-producer",
-        daemon=True,
-    )
-    proc.start()  # spawning takes a while: overlap it with the runtime's start
-    loop = asyncio.get_running_loop()
-    report: dict[str, Any] = {}
-    try:
-        async with farm.running(dsn) as runtime, asyncio.timeout(budget):
-            assert runtime.listener is not None
-            await runtime.listener.connected.wait()
-            await loop.run_in_executor(None, ready.wait, 60)
-            await asyncio.sleep(0.5)  # idle: the fetcher went back to sleep after its claims
-            go.set()
-            await all_in.wait()
-            result.completed = True
-            report = await loop.run_in_executor(None, results.get, True, 30)
-    except TimeoutError:
-        print(f"latency: not finished after {budget:g}s; stopping", file=sys.stderr)
-    finally:
-        go.set()
-        await loop.run_in_executor(None, proc.join, 10)
-        if proc.is_alive():
-            proc.terminate()
-            await loop.run_in_executor(None, proc.join, 5)
-    if "error" in report:
-        raise RuntimeError(f"latency producer failed: {report['error']}")
-    commits: dict[int, float] = report.get("commits", {})
-    lags = [(starts[i] - commits[i]) * 1000 for i in range(n) if i in starts and i in commits]
-    result.received = len(lags)
-    if len(lags) >= 2:
-        cuts = statistics.quantiles(lags, n=100, method="inclusive")
-        result.p50_ms, result.p95_ms, result.p99_ms = cuts[49], cuts[94], cuts[98]
-        result.max_ms, result.mean_ms = max(lags), statistics.fmean(lags)
-        result.negative = sum(1 for lag in lags if lag < 0)
-    return result
-
-
 # -- report ---------------------------------------------------------------------------------
 
 
-def verdict(ok: bool) -> str:
-    return "yes" if ok else "NO"
-
-
-def print_report(
-    info: dict[str, Any], preload_s: dict[str, float], drains: list[Drain], lat: Latency | None
-) -> None:
-    print()
-    print(
-        f"outbox_farm runtime benchmark: PostgreSQL {info['server_version']}, "
-        f"synchronous_commit={info['synchronous_commit']}, {info['cpus']} CPUs, "
-        f"Python {info['python']}, uvloop {info['uvloop']}"
-    )
-    code = info["code"]
-    if code["commit"]:
-        print(
-            f"code: {code['commit']}" + (" + local edits in outbox_farm/" if code["dirty"] else "")
-        )
-    header = f"{'measure':<58} {'result':>14} {'target':>12}  ok"
-    print(header)
-    print("-" * len(header))
+def report_rows(preload_s: dict[str, float], drains: list[Drain], lat: Latency | None) -> list[Row]:
+    rows: list[Row] = []
 
     def row(label: str, value: str, target: str = "-", ok: str = "") -> None:
-        print(f"{label:<58} {value:>14} {target:>12}  {ok}")
+        rows.append((label, value, target, ok))
 
     for d in drains:
         tag = f"drain, {d.rows:,} rows, concurrency {d.concurrency}"
@@ -462,41 +294,30 @@ def print_report(
         row("  handler started before the producer saw its commit", f"{lat.negative}")
     for what, seconds in preload_s.items():
         row(f"preload for {what} (publish_batch x1000, not timed above) s", f"{seconds:.2f}")
+    return rows
+
+
+def print_report(
+    info: dict[str, Any], preload_s: dict[str, float], drains: list[Drain], lat: Latency | None
+) -> None:
+    print()
+    print(
+        f"outbox_farm runtime benchmark: PostgreSQL {info['server_version']}, "
+        f"synchronous_commit={info['synchronous_commit']}, {info['cpus']} CPUs, "
+        f"Python {info['python']}, uvloop {info['uvloop']}"
+    )
+    print_code(info)
+    print_measures(report_rows(preload_s, drains, lat), widths=(58, 14, 12), value="result")
     print("statements per message: pg_stat_database xact_commit+xact_rollback delta of the")
     print("bench database over the run (startup, claims, next_due polls, pool checks, flushes,")
     print("LISTEN/health checks; autovacuum work is counted too).")
 
 
-def write_json(
-    destination: str, info: dict[str, Any], args: Any, drains: list[Drain], lat: Latency | None
-) -> None:
-    doc = {
-        "benchmark": "runtime",
-        "config": vars(args) | {"dsn": None},
-        "server": info,
-        "targets": {
-            "drain_msg_s": TARGET_DRAIN,
-            "latency_p50_ms": TARGET_P50_MS,
-            "latency_p99_ms": TARGET_P99_MS,
-        },
-        "drains": [
-            {**asdict(d), "rate_msg_s": d.rate, "statements_per_message": d.statements_per_message}
-            for d in drains
-        ],
-        "latency": asdict(lat) if lat is not None else None,
-    }
-    text = json.dumps(doc, indent=2)
-    if destination == "-":
-        print(text)
-    else:
-        with open(destination, "w", encoding="utf-8") as out:
-            out.write(text + "\n")
-        print(f"JSON written to {destination}")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", help="admin DSN (default: $OUTBOX_FARM_DSN, else embedded)")
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.runtime", description=__doc__.split("\n\n")[0]
+    )
+    add_dsn(parser)
     parser.add_argument("--rows", type=int, default=20_000, help="rows pre-loaded per drain")
     parser.add_argument("--concurrency", type=int, default=64, help="executors for the drain")
     parser.add_argument(
@@ -507,66 +328,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--latency-messages", type=int, default=1_000)
     parser.add_argument("--rate", type=float, default=200.0, help="latency publish rate, msg/s")
-    parser.add_argument(
-        "--phase-timeout", type=float, default=60.0, help="seconds after which a phase gives up"
-    )
-    parser.add_argument(
-        "--time-limit", type=float, default=300.0, help="hard limit for the whole run, in seconds"
-    )
+    add_limits(parser, phase_timeout=60.0, time_limit=300.0)
     parser.add_argument("--skip-latency", action="store_true")
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="PATH",
-        help="also write the results as JSON (to stdout when no PATH)",
-    )
+    add_json_path(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _time_limit(args.time_limit)
-    admin_dsn, server = resolve_dsn(args.dsn)
     metrics()  # create the Prometheus objects once, before any runtime
     drains: list[Drain] = []
     lat: Latency | None = None
     preload_s: dict[str, float] = {}
-    try:
-        with scratch_database(admin_dsn, Farm()) as (dsn, dbname):
-            info = server_info(dsn)
-            for concurrency in (args.concurrency, args.conn_concurrency):
-                if concurrency <= 0:
-                    continue
-                print(
-                    f"drain at concurrency {concurrency}: pre-loading {args.rows:,} rows ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                preload_s[f"concurrency {concurrency}"] = preload(dsn, Farm(), args.rows)
-                print("draining ...", file=sys.stderr, flush=True)
-                drains.append(
-                    uvloop.run(
-                        drain(admin_dsn, dsn, dbname, args.rows, concurrency, args.phase_timeout)
-                    )
-                )
-            if not args.skip_latency:
-                print(
-                    f"latency: {args.latency_messages:,} messages at {args.rate:g}/s ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                lat = uvloop.run(
-                    latency(
-                        dsn, args.latency_messages, args.rate, args.concurrency, args.phase_timeout
-                    )
-                )
-    finally:
-        signal.alarm(0)
-        del server  # the embedded server (if any) stops with its last handle
+    with time_limit(args.time_limit), server(args.dsn) as admin, scratch(admin, Farm()) as dsn:
+        info = server_info(dsn)
+        for concurrency in (args.concurrency, args.conn_concurrency):
+            if concurrency <= 0:
+                continue
+            note(f"drain at concurrency {concurrency}: pre-loading {args.rows:,} rows ...")
+            preload_s[f"concurrency {concurrency}"] = preload(dsn, Farm(), args.rows)
+            note("draining ...")
+            drains.append(uvloop.run(drain(admin, dsn, args.rows, concurrency, args.phase_timeout)))
+        if not args.skip_latency:
+            note(f"latency: {args.latency_messages:,} messages at {args.rate:g}/s ...")
+            lat = uvloop.run(
+                latency(dsn, args.latency_messages, args.rate, args.concurrency, args.phase_timeout)
+            )
     print_report(info, preload_s, drains, lat)
     if args.json:
-        write_json(args.json, info, args, drains, lat)
+        doc = {
+            "benchmark": "runtime",
+            "config": vars(args) | {"dsn": None},
+            "server": info,
+            "targets": {
+                "drain_msg_s": TARGET_DRAIN,
+                "latency_p50_ms": TARGET_P50_MS,
+                "latency_p99_ms": TARGET_P99_MS,
+            },
+            "drains": [
+                {
+                    **asdict(d),
+                    "rate_msg_s": d.rate,
+                    "statements_per_message": d.statements_per_message,
+                }
+                for d in drains
+            ],
+            "latency": asdict(lat) if lat is not None else None,
+        }
+        write_json(args.json, doc)
     finished = all(d.completed and d.left_in_table == 0 for d in drains)
     return 0 if finished and (lat is None or lat.completed) else 1
 

@@ -1,0 +1,121 @@
+"""Commit -> handler-start latency of an idle runtime, shared by the runtime benchmark
+(`runtime.py`) and the standard report.
+
+The runtime runs in this process (`farm.running`) and starts idle; a spawned producer process
+publishes one message per transaction at a steady rate and notes `time.time()` right after
+each commit returns; the handler notes it first thing. The producer is a process of its own
+so that its GIL and the runtime's never share a core's time slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+
+from loadtests.harness import note
+from outbox_farm import Farm, Message
+
+from .common import QUEUE, percentiles, raise_errors, reap
+
+
+def latency_producer(
+    dsn: str, n: int, warmup: int, rate: float, ready: Any, go: Any, results: Any
+) -> None:
+    """Spawned: publish `warmup` then `n` messages, one per transaction, at `rate` per second.
+
+    Sends back {id: time.time() right after the commit returned}.
+    """
+    farm = Farm()
+    commits: dict[int, float] = {}
+    try:
+        with psycopg.connect(dsn) as conn:
+            ready.set()
+            if not go.wait(timeout=60):
+                raise TimeoutError("never told to start")
+            interval = 1.0 / rate
+            start = time.perf_counter()
+            for k in range(warmup + n):
+                wait = start + k * interval - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                i = k - warmup  # warm-up messages have negative ids
+                with conn.transaction():
+                    farm.publish(conn, {"i": i}, queue=QUEUE)
+                commits[i] = time.time()
+        results.put({"commits": commits})
+    except Exception as exc:
+        results.put({"error": repr(exc)})
+
+
+@dataclass
+class Latency:
+    messages: int
+    rate: float
+    concurrency: int
+    received: int = 0
+    p50_ms: float = 0.0
+    p95_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    mean_ms: float = 0.0
+    negative: int = 0  # handler started before the producer saw its commit return
+    completed: bool = False
+
+
+async def latency(dsn: str, n: int, rate: float, concurrency: int, budget: float) -> Latency:
+    result = Latency(n, rate, concurrency)
+    warmup = 50
+    starts: dict[int, float] = {}
+    all_in = asyncio.Event()
+    farm = Farm()
+
+    @farm.handler(QUEUE, concurrency=concurrency)
+    async def handle(msg: Message) -> None:
+        now = time.time()  # first thing: the handler started
+        starts[orjson.loads(msg.body)["i"]] = now
+        if len(starts) >= n + warmup:
+            all_in.set()
+
+    ctx = mp.get_context("spawn")
+    ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(
+        target=latency_producer,
+        args=(dsn, n, warmup, rate, ready, go, results),
+        name="bench-latency-producer",
+        daemon=True,
+    )
+    proc.start()  # spawning takes a while: overlap it with the runtime's start
+    loop = asyncio.get_running_loop()
+    report: dict[str, Any] = {}
+    try:
+        async with farm.running(dsn) as runtime, asyncio.timeout(budget):
+            assert runtime.listener is not None
+            await runtime.listener.connected.wait()
+            await loop.run_in_executor(None, ready.wait, 60)
+            await asyncio.sleep(0.5)  # idle: the fetcher went back to sleep after its claims
+            go.set()
+            await all_in.wait()
+            result.completed = True
+            report = await loop.run_in_executor(None, results.get, True, 30)
+    except TimeoutError:
+        note(f"latency: not finished after {budget:g}s; stopping")
+    finally:
+        go.set()
+        await loop.run_in_executor(None, reap, [proc])
+    raise_errors([report], "latency producer")
+    commits: dict[int, float] = report.get("commits", {})
+    lags = [(starts[i] - commits[i]) * 1000 for i in range(n) if i in starts and i in commits]
+    result.received = len(lags)
+    cuts = percentiles(lags, 50, 95, 99)
+    if cuts is not None:
+        result.p50_ms, result.p95_ms, result.p99_ms = cuts
+        result.max_ms, result.mean_ms = max(lags), statistics.fmean(lags)
+        result.negative = sum(1 for lag in lags if lag < 0)
+    return result
