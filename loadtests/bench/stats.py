@@ -25,8 +25,7 @@ import psycopg
 
 from outbox_farm import Farm
 from outbox_farm.admin import queue_stats
-from outbox_farm.admin.sql import AdminSql
-from outbox_farm.admin.stats import OUTBOX_COUNTS
+from outbox_farm.db.operator import OUTBOX_CONDITIONS, AdminSql
 
 from .common import add_dsn, scratch, server
 
@@ -94,7 +93,7 @@ def plans(dsn: str, farm: Farm) -> dict[str, str]:
     sql = AdminSql(farm.names)
     found = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for name, condition in OUTBOX_COUNTS.items():
+        for name, condition in OUTBOX_CONDITIONS.items():
             statement = sql.render(
                 "admin_explain", statement="admin_count", table="outbox", condition=condition
             )
