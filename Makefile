@@ -32,10 +32,11 @@ test-local: ## Run the suite against the server at LOCAL_DSN
 	OUTBOX_FARM_TEST_DSN="$(LOCAL_DSN)" $(PY) -m pytest
 
 .PHONY: lint
-lint: ## ruff (lint + format check) and mypy --strict on the package
+lint: ## ruff (lint + format check), mypy --strict, and the layer contracts (lint-imports)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check outbox_farm
 	$(PY) -m mypy
+	$(dir $(PY))lint-imports
 
 .PHONY: bench
 bench: ## Producer, single-process runtime and farm benchmarks against LOCAL_DSN

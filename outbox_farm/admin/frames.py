@@ -12,8 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
-
+from ..db.connect import Connection
 from ..errors import OutboxFarmError
 from ..names import TableNames
 from .rates import Scrape, rates, scrape
@@ -23,7 +22,7 @@ RATE_WINDOW = 1.0  # seconds between the two scrapes of a one-shot `stats`
 
 
 def stats_frames(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     names: TableNames,
     *,
     queue: str | None,
