@@ -13,14 +13,13 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import orjson
 
 from ..db import dlq as db
 from ..db.connect import Connection
-from ..db.dlq import DlqMatch, DlqRow, Done, Summary
+from ..db.dlq import DlqFacts, DlqMatch, DlqRow, Done, Summary
 from ..errors import ConfigurationError
 from ..names import TableNames
 from .durations import When
@@ -82,16 +81,9 @@ class Payload:
 
 
 @dataclass(frozen=True)
-class DlqEntry:
+class DlqEntry(DlqFacts):
     """One row in full, as `show` prints it."""
 
-    id: int
-    original_id: int
-    queue: str
-    reason: str
-    deliveries_count: int
-    created_at: datetime
-    failed_at: datetime
     payload: Payload
     payload_bytes: int
     headers: dict[str, Any]

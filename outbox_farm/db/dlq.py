@@ -40,8 +40,8 @@ class DlqMatch:
 
 
 @dataclass(frozen=True)
-class DlqRow:
-    """One row as `list` shows it: the exception's first line, the payload's size."""
+class DlqFacts:
+    """What every view of a DLQ row starts with: which message, where, why and when."""
 
     id: int
     original_id: int
@@ -50,22 +50,21 @@ class DlqRow:
     deliveries_count: int
     created_at: datetime
     failed_at: datetime
+
+
+@dataclass(frozen=True)
+class DlqRow(DlqFacts):
+    """One row as `list` shows it: the exception's first line, the payload's size."""
+
     payload_bytes: int
     headers: dict[str, Any]
     exception: str
 
 
 @dataclass(frozen=True)
-class DlqRecord:
+class DlqRecord(DlqFacts):
     """One row whole, as stored."""
 
-    id: int
-    original_id: int
-    queue: str
-    reason: str
-    deliveries_count: int
-    created_at: datetime
-    failed_at: datetime
     payload: bytes
     headers: dict[str, Any]
     last_exception: str | None
