@@ -7,11 +7,14 @@ once, to handlers registered with `@farm.handler`, run by `outbox-farm start` or
 
 from .errors import (
     ConfigurationError,
+    ConnectionLost,
     DatabaseError,
     DeadLetter,
     IdentifierError,
     MigrationError,
     OutboxFarmError,
+    PermanentError,
+    PrivilegeError,
     Retry,
     SchemaError,
 )
@@ -19,14 +22,17 @@ from .farm import Farm
 from .handler import AckPolicy
 from .message import Message
 from .middleware import CallNext, Middleware
+from .observe import Observer
 from .outcome import Kind, Outcome, Reason
 from .retry import ConstantBackoff, ExponentialBackoff, LinearBackoff, NoRetry, RetryStrategy
 from .schema_check import check_schema
+from .settings import RuntimeSettings
 
 __all__ = [
     "AckPolicy",
     "CallNext",
     "ConfigurationError",
+    "ConnectionLost",
     "ConstantBackoff",
     "DatabaseError",
     "DeadLetter",
@@ -39,11 +45,15 @@ __all__ = [
     "Middleware",
     "MigrationError",
     "NoRetry",
+    "Observer",
     "OutboxFarmError",
     "Outcome",
+    "PermanentError",
+    "PrivilegeError",
     "Reason",
     "Retry",
     "RetryStrategy",
+    "RuntimeSettings",
     "SchemaError",
     "check_schema",
 ]

@@ -24,7 +24,6 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .app import AppLoader
 from .child import ARBITER_SIGNALS, BOOT_ERROR, Child, describe_exit, run_child
@@ -32,6 +31,7 @@ from .errors import ConfigurationError
 from .exposition import Endpoint
 from .farm import Farm
 from .handback import hand_back
+from .metrics import supervisor_metrics
 from .reloader import SourceWatcher
 from .restarts import RestartBackoff
 from .settings import SupervisorSettings
@@ -66,8 +66,6 @@ class Arbiter:
     _stopping: bool | None = field(init=False, default=None)  # True graceful, False immediate
     _http: Endpoint | None = field(init=False, default=None)
     _wakeup: Wakeup = field(init=False)  # from `run` on
-    _processes: Any = field(init=False, default=None)
-    _restarts: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.settings.reload and self.loader is None:
@@ -76,17 +74,7 @@ class Arbiter:
 
     def run(self) -> int:
         """Supervise until told to stop; the process exit status."""
-        from prometheus_client import Counter, Gauge
-
-        self._processes = Gauge(
-            "outbox_farm_processes", "Worker processes running.", multiprocess_mode="max"
-        )
-        self._restarts = Counter(
-            "outbox_farm_worker_restarts",
-            "Worker processes replaced, by why the old one ended: crash (died after booting), "
-            "heartbeat (killed for a blocked event loop), boot (died before booting).",
-            ["reason"],
-        )
+        supervisor_metrics()  # made here, after the multiprocess directory was set
         bind = self.settings.metrics_bind
         self._http = Endpoint(bind, self._health) if bind else None
         self._wakeup = Wakeup(ARBITER_SIGNALS)
@@ -187,7 +175,7 @@ class Arbiter:
             run_child(self.farm, loader, self.dsn, heartbeat, settings)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
         self.children[pid] = Child(pid, slot, worker_id, spawned_at, heartbeat)
-        self._processes.set(len(self.children))
+        supervisor_metrics().processes.set(len(self.children))
 
     def _retire(self, child: Child, sig: int = signal.SIGTERM) -> None:
         child.retiring = True
@@ -213,7 +201,7 @@ class Arbiter:
                 return
             child = self.children.pop(pid, None)
             multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
-            self._processes.set(len(self.children))
+            supervisor_metrics().processes.set(len(self.children))
             if child is None:
                 continue
             booted = child.booted()  # before the heartbeat file goes: it is the evidence
@@ -260,7 +248,7 @@ class Arbiter:
                 delay,
                 extra={"event": "boot_failed", "exit": how},
             )
-        self._restarts.labels(reason).inc()
+        supervisor_metrics().worker_restarts.labels(reason).inc()
 
     def _replacing(self, slot: int) -> bool:
         """Whether `slot` has an old worker waiting for its rolling-restart replacement."""
@@ -372,6 +360,6 @@ class Arbiter:
             gone = self.children.pop(pid, None)
             if gone is not None:
                 self._release(gone)
-        self._processes.set(0)
+        supervisor_metrics().processes.set(0)
         log.info("arbiter stopped", extra={"event": "arbiter_stopped"})
         return 1 if killed else 0

@@ -25,7 +25,7 @@ from .db import outcomes as writes
 from .db.pool import Pool
 from .errors import ConnectionLost, DatabaseError
 from .inflight import Ledger
-from .metrics import metrics
+from .observe import Observer, observers
 from .outcome import Kind, Outcome
 from .problems import Problems
 from .queries import Queries
@@ -60,6 +60,7 @@ class Completer:
         on_retry: Callable[[str, float], None] = lambda queue, delay: None,
         ledgers: Mapping[str, Ledger] | None = None,
         problems: Problems | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.pool = pool
         self.queries = queries
@@ -76,7 +77,7 @@ class Completer:
         self._room.set()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._m = metrics()
+        self.observer = observer or observers()
 
     # -- executor side -------------------------------------------------------------------
 
@@ -164,7 +165,7 @@ class Completer:
         """Count outcomes given up on without a write (each one is logged by its caller)."""
         counts = Counter((o.kind.value, o.queue) for o in outcomes)
         for (kind, queue), n in counts.items():
-            self._m.write_failed.labels(kind, queue).inc(n)
+            self.observer.write_failed(kind, queue, n)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -254,11 +255,10 @@ class Completer:
                     extra={"event": "db_reconnect", "component": "completer"},
                 )
                 await asyncio.sleep(delay)
-        self._m.flush_seconds.observe(time.perf_counter() - started)
-        self._m.flush_batch_size.observe(len(batch))
+        self.observer.flushed(time.perf_counter() - started, len(batch))
 
     def _report_failure(self, phase: str, outcome: Outcome, exc: DatabaseError) -> None:
-        self._m.write_failed.labels(phase, outcome.queue).inc()
+        self.observer.write_failed(phase, outcome.queue, 1)
         fields = {
             "event": "write_failed",
             "phase": phase,
@@ -284,11 +284,12 @@ class Completer:
         )
 
     def _account(self, stmt: _Statement, written: writes.Written) -> None:
-        m = self._m
+        observer = self.observer
         phase = stmt.phase
         matched, refused = written.matched, written.refused
         if len(refused) < len(stmt.outcomes):
             self.problems.solved(f"{phase} write")
+        dead_letters = phase == "terminal" and self.queries.names.dlq is not None
         done: Counter[str] = Counter()
         for outcome in stmt.outcomes:
             lease = (outcome.row_id, outcome.token)
@@ -296,43 +297,17 @@ class Completer:
                 done[outcome.queue] += 1
                 if phase == "retry":
                     self.on_retry(outcome.queue, outcome.delay)
-                elif phase == "terminal" and self.queries.names.dlq is not None:
-                    m.dlq_written.labels(outcome.queue, str(outcome.reason)).inc()
+                elif dead_letters:
+                    observer.dead_lettered(outcome)
                 continue
             error = refused.get(lease) if refused else None
             if error is not None:
                 self._report_failure(phase, outcome, error)
-                continue
-            if phase == "expire":
-                continue  # handed back because its lease ran short: losing it is expected
-            fields = {
-                "phase": phase,
-                "row_id": outcome.row_id,
-                "queue": outcome.queue,
-                "deliveries_count": outcome.deliveries_count,
-            }
-            if outcome.row_id in written.unconfirmed:
-                m.outcome_unconfirmed.labels(outcome.queue, phase).inc()
-                log.warning(
-                    "outcome unconfirmed: the %s of row %s of queue %s was sent again after a "
-                    "lost connection and found the row already gone or free; the first attempt "
-                    "most likely wrote it",
-                    phase,
-                    outcome.row_id,
-                    outcome.queue,
-                    extra={"event": "outcome_unconfirmed", **fields},
-                )
-                continue
-            m.lease_lost.labels(outcome.queue, phase).inc()
-            log.warning(
-                "lease lost: row %s of queue %s was taken over before its %s was written; "
-                "nothing was changed (is the heartbeat off, or was the worker stalled?)",
-                outcome.row_id,
-                outcome.queue,
-                phase,
-                extra={"event": "lease_lost", **fields},
-            )
-        counter = {"ack": m.acked, "retry": m.retried, "release": m.released}.get(phase)
-        if counter is not None:
-            for queue, n in done.items():
-                counter.labels(queue).inc(n)
+            elif phase == "expire":
+                pass  # handed back because its lease ran short: losing it is expected
+            elif outcome.row_id in written.unconfirmed:
+                observer.outcome_unconfirmed(phase, outcome)
+            else:
+                observer.lease_lost(phase, outcome.queue, outcome.row_id, outcome.deliveries_count)
+        for queue, n in done.items():
+            observer.written(phase, queue, n)

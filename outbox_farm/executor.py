@@ -3,9 +3,8 @@ to the completer.
 
 This module is the machinery: the tasks, batching, the per-call timeout, a thread per sync
 handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure).
-Logs and metrics are written by the small functions at the end of `Executors` only (`_log`,
-`_count`, `_started`, `_ran`), so an observer can take them over. Nothing here writes to the
-database.
+What it sees (a handler's start and run time, each verdict) goes to the observer (`observe`),
+which counts and logs it. Nothing here writes to the database.
 """
 
 from __future__ import annotations
@@ -23,13 +22,13 @@ from typing import Any
 
 from . import decision
 from .completer import Completer
-from .decision import Notes, Verdict
+from .decision import Verdict
 from .fetcher import Fetcher
 from .handler import HandlerSpec
 from .message import Message
-from .metrics import metrics
 from .middleware import chain
-from .outcome import Kind, Outcome
+from .observe import Observer
+from .outcome import Outcome
 
 log = logging.getLogger("outbox_farm.executor")
 
@@ -99,8 +98,10 @@ class Executors:
         inbox: asyncio.Queue[Message | None],
         fetcher: Fetcher,
         completer: Completer,
+        observer: Observer,
     ) -> None:
         self.spec = spec
+        self.observer = observer
         self.inbox = inbox
         self.fetcher = fetcher
         self.completer = completer
@@ -119,10 +120,6 @@ class Executors:
             else partial(_in_thread, spec.func, f"outbox-farm-{spec.queue}")
         )
         self._call = chain(spec.middleware, handler)
-        self._m = m = metrics()
-        self._handler_seconds = m.handler_seconds.labels(spec.queue)
-        self._lag = m.delivery_lag.labels(spec.queue)
-        self._expired = m.lease_lost.labels(spec.queue, "start")
 
     def start(self) -> None:
         work = self._work if self.spec.batch is None else self._work_batches
@@ -303,22 +300,19 @@ class Executors:
                 self.completer.put_nowait(outcome)
 
     def _settle(self, msg: Message, verdict: Verdict) -> Outcome | None:
-        """Log and count a verdict: its outcome to write, or None when the heartbeat found the
-        row's lease lost while it ran (the heartbeat counted it)."""
+        """A verdict's outcome to write, observed; None when the heartbeat found the row's lease
+        lost while it ran (it reported that, and nothing of this run is written)."""
         outcome, notes = verdict
-        if notes:
-            self._log(msg, notes)
         if not self.ledger.finish(msg.id, msg.lease_token):
             return None
-        self._count(outcome)
+        self.observer.decided(msg, outcome, notes)
         return outcome
 
     async def _hand_back(self, msg: Message) -> None:
         """Too little of this row's lease is left to start it (it waited behind slower
         handlers): another runner may take it over any moment, or already has."""
         outcome, notes = decision.expired(self.spec, msg)
-        self._log(msg, notes)
-        self._count(outcome)
+        self.observer.decided(msg, outcome, notes)
         await self.completer.put(outcome)
 
     async def _hook(self, msg: Message, exc: BaseException | None, outcome: Outcome) -> None:
@@ -342,32 +336,17 @@ class Executors:
                 extra={"event": "hook_failed", "row_id": msg.id, "queue": msg.queue},
             )
 
-    # -- metrics and logs: one function each ---------------------------------------------
+    # -- what the observer is told, besides verdicts -----------------------------------------
 
     def _started(self, msg: Message) -> float:
         """Now as seconds since the epoch on the database clock (the claim's now() plus local
-        time since); counts the row's delivery lag."""
+        time since); the row's delivery lag is observed."""
         started = msg.claimed_epoch + (time.monotonic() - msg.received_monotonic)
-        self._lag.observe(max(started - msg.due_epoch, 0.0))
+        self.observer.handler_started(msg, max(started - msg.due_epoch, 0.0))
         return started
 
     def _ran(self, began: float) -> float:
-        """Seconds since `began` (perf_counter), counted as a handler run."""
+        """Seconds since `began` (perf_counter), observed as a handler call's run time."""
         duration = time.perf_counter() - began
-        self._handler_seconds.observe(duration)
+        self.observer.handler_finished(self.spec.queue, duration)
         return duration
-
-    def _count(self, outcome: Outcome) -> None:
-        """A decision's metrics (the completer counts what is written)."""
-        if outcome.kind is Kind.TERMINAL:
-            self._m.terminal.labels(outcome.queue, str(outcome.reason)).inc()
-        elif outcome.kind is Kind.EXPIRE:
-            self._expired.inc()
-
-    def _log(self, msg: Message, notes: Notes) -> None:
-        """A decision's log lines."""
-        for note in notes:
-            extra = {"event": note.event.value, "row_id": msg.id, "queue": msg.queue}
-            if note.fields:
-                extra.update(note.fields)
-            log.log(note.level, note.text, *note.args, extra=extra)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,6 +17,7 @@ from .retry import RetryStrategy
 from .settings import RuntimeSettings
 
 if TYPE_CHECKING:
+    from .observe import Observer
     from .runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -122,19 +123,25 @@ class Farm:
 
     @asynccontextmanager
     async def running(
-        self, dsn: str, settings: RuntimeSettings | None = None, **options: Any
+        self,
+        dsn: str,
+        settings: RuntimeSettings | None = None,
+        *,
+        observers: Iterable[Observer] = (),
+        **options: Any,
     ) -> AsyncIterator[Runtime]:
         """Run every handler of this farm in the current event loop until the block exits.
 
         For embedding in an asyncio application (a web app's lifespan). Leaving the block is a
         graceful stop. `settings`, or its fields given one by one as keywords (`poll_interval=`,
-        `queues=`, ...): see `RuntimeSettings`.
+        `queues=`, ...): see `RuntimeSettings`. `observers`: `outbox_farm.Observer`s told of
+        every claim, handler run, verdict and write, after the metrics and logs.
         """
         from .runtime import Runtime
 
         if options:
             settings = dataclasses.replace(settings or RuntimeSettings(), **options)
-        runtime = Runtime(list(self.handlers.values()), self.queries, dsn, settings)
+        runtime = Runtime(list(self.handlers.values()), self.queries, dsn, settings, observers)
         await runtime.start()
         try:
             yield runtime

@@ -22,7 +22,7 @@ from .handler import HandlerSpec
 from .inflight import Ledger
 from .leases import lease_token
 from .message import Message
-from .metrics import metrics
+from .observe import Observer
 from .problems import Problems
 from .queries import Queries
 
@@ -40,6 +40,7 @@ class Fetcher:
         pool: Pool,
         queries: Queries,
         inbox: asyncio.Queue[Message | None],
+        observer: Observer,
         *,
         poll_interval: float = 0.5,
         worker_id: int | None = None,
@@ -50,13 +51,14 @@ class Fetcher:
         self.pool = pool
         self.queries = queries
         self.inbox = inbox
+        self.observer = observer
         self.poll_interval = poll_interval
         self.worker_id = worker_id
         self.problems = problems or Problems()
         self.on_starved = on_starved
         self.operation = f"claim for queue {spec.queue}"
         self.capacity = spec.capacity
-        self.ledger = Ledger(spec.queue, self.capacity)
+        self.ledger = Ledger(spec.queue, self.capacity, observer)
         # Claim in halves of the capacity: one half is handled while the other half's outcomes
         # are written, so claims and writes overlap; and claim only when a half fits, unless
         # nothing is in flight at all.
@@ -65,9 +67,6 @@ class Fetcher:
         self._due_at: float | None = None  # monotonic time of the earliest known due row
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        self._m = metrics()
-        self._claimed = self._m.claimed.labels(spec.queue)
-        self._fetch_seconds = self._m.fetch_seconds.labels(spec.queue)
 
     # -- called by other components ------------------------------------------------------
 
@@ -161,11 +160,10 @@ class Fetcher:
             held=self.ledger.held(),
         )
         received = time.monotonic()
-        self._fetch_seconds.observe(time.perf_counter() - started)
+        self.observer.claimed(spec.queue, len(rows), time.perf_counter() - started)
         if not rows:
             return 0
         self.ledger.hold((row.id for row in rows), token)
-        self._claimed.inc(len(rows))
         start_by = sent + spec.lease_ttl - spec.start_margin
         queue = spec.queue
         claimed_at = rows[0].acquired_at  # one statement: one now() for every row

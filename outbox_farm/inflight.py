@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 import uuid
 from collections.abc import Iterable
 
-from .metrics import metrics
-
-log = logging.getLogger("outbox_farm.inflight")
+from .observe import Observer
 
 
 class State(enum.Enum):
@@ -42,14 +39,12 @@ class Lease:
 class Ledger:
     """The rows of one queue that this process holds."""
 
-    def __init__(self, queue: str, capacity: int) -> None:
+    def __init__(self, queue: str, capacity: int, observer: Observer) -> None:
         self.queue = queue
         self.capacity = capacity
+        self.observer = observer
         self.rows: dict[int, Lease] = {}
         self.slots = asyncio.Event()  # set whenever a row is settled
-        m = metrics()
-        self._gauge = m.inflight.labels(queue)
-        self._lost = m.lease_lost.labels(queue, "heartbeat")
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -69,7 +64,7 @@ class Ledger:
         before = len(rows)
         for row_id in row_ids:
             rows[row_id] = Lease(token)
-        self._gauge.inc(len(rows) - before)
+        self.observer.held(self.queue, len(rows) - before)
 
     # -- executors -----------------------------------------------------------------------
 
@@ -113,19 +108,7 @@ class Ledger:
             if lease is None or lease.token != token or lease.state is not State.RUNNING:
                 continue
             lease.lost = True
-            self._lost.inc()
-            log.warning(
-                "lease lost: row %s of queue %s is no longer held by this worker while its "
-                "handler runs; its outcome will not be written",
-                row_id,
-                self.queue,
-                extra={
-                    "event": "lease_lost",
-                    "phase": "heartbeat",
-                    "row_id": row_id,
-                    "queue": self.queue,
-                },
-            )
+            self.observer.lease_lost("heartbeat", self.queue, row_id, None)
 
     # -- completer -----------------------------------------------------------------------
 
@@ -133,8 +116,8 @@ class Ledger:
         self.settle_all([(row_id, token)])
 
     def settle_all(self, leases: Iterable[tuple[int, uuid.UUID]]) -> None:
-        """Free the slots of rows whose outcomes are written. The gauge moves once per call:
-        with the multiprocess registry each move is a locked write to a shared file."""
+        """Free the slots of rows whose outcomes are written. The change is observed once per
+        call: with the multiprocess registry each gauge move is a locked write to a shared file."""
         rows = self.rows
         before = len(rows)
         for row_id, token in leases:
@@ -142,5 +125,5 @@ class Ledger:
             if lease is not None and lease.token == token:
                 del rows[row_id]
         if len(rows) < before:
-            self._gauge.dec(before - len(rows))
+            self.observer.held(self.queue, len(rows) - before)
             self.slots.set()

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
+GaugeMode = Literal["livesum", "mostrecent", "max"]
 
 PREFIX = "outbox_farm_"
 LATENCY_BUCKETS = (
@@ -37,25 +42,26 @@ BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 
 @dataclass(frozen=True)
 class Metrics:
-    claimed: Any
-    acked: Any
-    retried: Any
-    released: Any
-    terminal: Any
-    dlq_written: Any
-    lease_lost: Any
-    outcome_unconfirmed: Any
-    write_failed: Any
-    handler_seconds: Any
-    delivery_lag: Any
-    inflight: Any
-    fetch_seconds: Any
-    flush_seconds: Any
-    flush_batch_size: Any
-    backlog: Any
-    oldest_pending_age: Any
-    dlq_rows: Any
-    vacuum_seconds: Any
+    claimed: Counter
+    acked: Counter
+    retried: Counter
+    released: Counter
+    terminal: Counter
+    dlq_written: Counter
+    lease_lost: Counter
+    outcome_unconfirmed: Counter
+    write_failed: Counter
+    handler_seconds: Histogram
+    delivery_lag: Histogram
+    inflight: Gauge
+    fetch_seconds: Histogram
+    flush_seconds: Histogram
+    flush_batch_size: Histogram
+    backlog: Gauge
+    oldest_pending_age: Gauge
+    dlq_rows: Gauge
+    vacuum_seconds: Histogram
+    dlq_purged: Counter
 
 
 @cache
@@ -63,13 +69,15 @@ def metrics() -> Metrics:
     """The process's metric objects (one set per process, in the default registry)."""
     from prometheus_client import Counter, Gauge, Histogram
 
-    def counter(name: str, doc: str, *labels: str) -> Any:
+    def counter(name: str, doc: str, *labels: str) -> Counter:
         return Counter(PREFIX + name, doc, labels)
 
-    def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
+    def histogram(
+        name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
+    ) -> Histogram:
         return Histogram(PREFIX + name, doc, labels, buckets=buckets)
 
-    def gauge(name: str, doc: str, mode: Any, *labels: str) -> Any:
+    def gauge(name: str, doc: str, mode: GaugeMode, *labels: str) -> Gauge:
         return Gauge(PREFIX + name, doc, labels, multiprocess_mode=mode)
 
     return Metrics(
@@ -131,5 +139,31 @@ def metrics() -> Metrics:
         ),
         vacuum_seconds=histogram(
             "vacuum_seconds", "VACUUMs of the outbox table run by the farm.", (), LATENCY_BUCKETS
+        ),
+        dlq_purged=counter(
+            "dlq_purged", "DLQ rows deleted by the farm's retention (--dlq-retention).", "queue"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class SupervisorMetrics:
+    processes: Gauge
+    worker_restarts: Counter
+
+
+@cache
+def supervisor_metrics() -> SupervisorMetrics:
+    """The arbiter's own metrics; made in the arbiter only, after it set the multiprocess
+    directory, so they are not repeated in every worker's files."""
+    from prometheus_client import Counter, Gauge
+
+    return SupervisorMetrics(
+        processes=Gauge(PREFIX + "processes", "Worker processes running.", multiprocess_mode="max"),
+        worker_restarts=Counter(
+            PREFIX + "worker_restarts",
+            "Worker processes replaced, by why the old one ended: crash (died after booting), "
+            "heartbeat (killed for a blocked event loop), boot (died before booting).",
+            ["reason"],
         ),
     )

@@ -13,30 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from functools import cache
-from typing import Any
 
 from .db.housekeeping import dlq_queues, expire_dlq
 from .db.pool import Pool
 from .errors import DatabaseError
+from .metrics import metrics
 from .queries import Queries
 
 log = logging.getLogger("outbox_farm.retention")
 
 BATCH = 500
-
-
-@cache
-def purged_counter() -> Any:
-    """outbox_farm_dlq_purged_total{queue}, created on first use (see metrics.py: the farm sets
-    PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client)."""
-    from prometheus_client import Counter
-
-    return Counter(
-        "outbox_farm_dlq_purged",
-        "DLQ rows deleted by the farm's retention (--dlq-retention).",
-        ["queue"],
-    )
 
 
 async def expire_once(pool: Pool, queries: Queries, retention: float, batch: int = BATCH) -> int:
@@ -46,7 +32,7 @@ async def expire_once(pool: Pool, queries: Queries, retention: float, batch: int
         while True:
             deleted = await expire_dlq(pool, queries, queue, retention, batch)
             if deleted:
-                purged_counter().labels(queue).inc(deleted)
+                metrics().dlq_purged.labels(queue).inc(deleted)
                 total += deleted
             if deleted < batch:
                 break

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 
-from . import gauges, retention, vacuum
+from . import gauges, observe, retention, vacuum
 from .completer import Completer
 from .db.pool import Pool, open_pool, probe
 from .dsn import redact
@@ -26,6 +26,7 @@ from .heartbeat import Heartbeat
 from .inflight import Ledger
 from .listener import Listener
 from .message import Message
+from .observe import Observer
 from .problems import Problems
 from .queries import Queries
 from .settings import RuntimeSettings
@@ -40,7 +41,8 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 class Runtime:
     """Runs handlers on the current event loop: `specs` (one per queue), over the tables of
-    `queries`, against `dsn`, as `settings` say (see `RuntimeSettings`)."""
+    `queries`, against `dsn`, as `settings` say (see `RuntimeSettings`). What happens is
+    reported to the metrics and log observers, and to the user's `observers` after them."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class Runtime:
         queries: Queries,
         dsn: str,
         settings: RuntimeSettings | None = None,
+        observers: Iterable[Observer] = (),
     ) -> None:
         settings = settings or RuntimeSettings()
         if not specs:
@@ -70,6 +73,7 @@ class Runtime:
         self.ledgers: dict[str, Ledger] = {}
         self.heartbeats: list[Heartbeat] = []
         self.problems = Problems()
+        self.observer = observe.observers(observers)
         self.listener: Listener | None = None
         self.pool: Pool | None = None
         self._stack = AsyncExitStack()
@@ -119,6 +123,7 @@ class Runtime:
             on_retry=self._on_retry,
             ledgers=self.ledgers,
             problems=self.problems,
+            observer=self.observer,
         )
         self.completer.start()
         # Stopped after the final flush: leases are extended until their outcomes are written.
@@ -133,13 +138,14 @@ class Runtime:
                 self.pool,
                 self.queries,
                 inbox,
+                self.observer,
                 poll_interval=self.settings.poll_interval,
                 worker_id=self.worker_id,
                 problems=self.problems,
                 on_starved=self.completer.flush_now,
             )
             self.ledgers[spec.queue] = fetcher.ledger
-            executors = Executors(spec, inbox, fetcher, self.completer)
+            executors = Executors(spec, inbox, fetcher, self.completer, self.observer)
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
             executors.start()
             stack.push_async_callback(self._stop_executors, executors)

@@ -1,0 +1,115 @@
+"""The runtime's events, and the fan-out that hands each to every observer plugged in.
+
+The fetcher, executors, ledger and completer report what happened through these methods and
+nothing else: they neither count metrics nor log these events themselves. Prometheus metrics
+and structured logs are the two observers every runtime has; a user's observer (tracing, an
+audit trail, a test's recorder) is a third, passed to `farm.running(..., observers=[...])`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..decision import Notes
+from ..message import Message
+from ..outcome import Outcome
+
+log = logging.getLogger("outbox_farm.observe")
+
+
+class Observer:
+    """Every event, as a method that does nothing: subclass and override the ones you need.
+
+    Methods run on the event loop, inline with the work they report: keep them quick, and do
+    not block. What one raises is logged once and otherwise ignored; it never changes a row.
+    """
+
+    def claimed(self, queue: str, rows: int, seconds: float) -> None:
+        """A claim statement of `queue` returned `rows` rows after `seconds`."""
+
+    def held(self, queue: str, delta: int) -> None:
+        """The rows of `queue` this process holds grew (or, negative, shrank) by `delta`."""
+
+    def handler_started(self, msg: Message, lag: float) -> None:
+        """The handler starts on `msg`, `lag` seconds after the row was due."""
+
+    def handler_finished(self, queue: str, seconds: float) -> None:
+        """A handler call of `queue` (a whole batch, for a batch handler) took `seconds`."""
+
+    def decided(self, msg: Message, outcome: Outcome, notes: Notes) -> None:
+        """The verdict on `msg`: what will be written, and the notes that explain it."""
+
+    def lease_lost(self, phase: str, queue: str, row_id: int, deliveries: int | None) -> None:
+        """Another token holds the row (found by the heartbeat, or by a write in `phase`)."""
+
+    def written(self, phase: str, queue: str, rows: int) -> None:
+        """A flush's statement of `phase` (ack, retry, release, expire, terminal) changed
+        `rows` rows of `queue`."""
+
+    def dead_lettered(self, outcome: Outcome) -> None:
+        """The row of `outcome` was moved to the DLQ."""
+
+    def outcome_unconfirmed(self, phase: str, outcome: Outcome) -> None:
+        """A write sent again after a lost connection found its row gone or free."""
+
+    def write_failed(self, kind: str, queue: str, rows: int) -> None:
+        """`rows` outcomes of `kind` were given up on unwritten (the rows come back later)."""
+
+    def flushed(self, seconds: float, size: int) -> None:
+        """The completer wrote a batch of `size` outcomes in `seconds`."""
+
+
+_EVENTS = [name for name in vars(Observer) if not name.startswith("_")]
+
+
+class Observers(Observer):
+    """Several observers as one. Each event calls only the observers that override it, so an
+    event nobody watches costs one call of an empty loop."""
+
+    def __init__(self, observers: Iterable[Observer]) -> None:
+        self.observers = list(observers)
+        for observer in self.observers:
+            if not isinstance(observer, Observer):
+                raise TypeError(f"observers must subclass outbox_farm.Observer, got {observer!r}")
+        self._failed: set[tuple[int, str]] = set()
+        for event in _EVENTS:
+            setattr(self, event, self._fan_out(event))
+
+    def _fan_out(self, event: str) -> Callable[..., None]:
+        base = getattr(Observer, event)
+        calls = [
+            (observer, getattr(observer, event))
+            for observer in self.observers
+            if getattr(type(observer), event) is not base
+        ]
+        if not calls:
+            return getattr(super(), event)  # type: ignore[no-any-return]
+        if len(calls) == 1 and _trusted(calls[0][0]):
+            return calls[0][1]  # type: ignore[no-any-return]
+
+        def fan_out(*args: Any) -> None:
+            for observer, call in calls:
+                try:
+                    call(*args)
+                except Exception:
+                    self._report(observer, event)
+
+        return fan_out
+
+    def _report(self, observer: Observer, event: str) -> None:
+        key = (id(observer), event)
+        if key not in self._failed:
+            self._failed.add(key)
+            log.exception(
+                "observer %r failed on %s; its later failures on it are not logged",
+                observer,
+                event,
+                extra={"event": "observer_failed"},
+            )
+
+
+def _trusted(observer: Observer) -> bool:
+    """The built-in observers, which need no guard: a bug in them is a bug to see."""
+    return type(observer).__module__.startswith(__package__ or "outbox_farm.observe")

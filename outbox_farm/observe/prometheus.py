@@ -1,0 +1,89 @@
+"""The metrics observer: every event as a Prometheus sample, in this process's registry (the
+multiprocess one under the farm, merged at the arbiter's /metrics).
+
+Label children are looked up once per queue and kept: a labelled metric's `labels()` takes a
+lock and builds a key on every call, and the per-message events come thousands of times a
+second.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..decision import Notes
+from ..message import Message
+from ..metrics import metrics
+from ..outcome import Kind, Outcome
+from .base import Observer
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
+
+class _Queue:
+    """One queue's label children of the per-message metrics."""
+
+    __slots__ = ("claimed", "fetch_seconds", "handler_seconds", "inflight", "lag")
+
+    def __init__(self, queue: str) -> None:
+        m = metrics()
+        self.claimed: Counter = m.claimed.labels(queue)
+        self.fetch_seconds: Histogram = m.fetch_seconds.labels(queue)
+        self.inflight: Gauge = m.inflight.labels(queue)
+        self.lag: Histogram = m.delivery_lag.labels(queue)
+        self.handler_seconds: Histogram = m.handler_seconds.labels(queue)
+
+
+class PrometheusObserver(Observer):
+    def __init__(self) -> None:
+        self.m = metrics()
+        self._queues: dict[str, _Queue] = {}
+        self._written = {"ack": self.m.acked, "retry": self.m.retried, "release": self.m.released}
+
+    def _queue(self, queue: str) -> _Queue:
+        children = self._queues.get(queue)
+        if children is None:
+            children = self._queues[queue] = _Queue(queue)
+        return children
+
+    def claimed(self, queue: str, rows: int, seconds: float) -> None:
+        children = self._queue(queue)
+        children.fetch_seconds.observe(seconds)
+        if rows:
+            children.claimed.inc(rows)
+
+    def held(self, queue: str, delta: int) -> None:
+        self._queue(queue).inflight.inc(delta)
+
+    def handler_started(self, msg: Message, lag: float) -> None:
+        self._queue(msg.queue).lag.observe(lag)
+
+    def handler_finished(self, queue: str, seconds: float) -> None:
+        self._queue(queue).handler_seconds.observe(seconds)
+
+    def decided(self, msg: Message, outcome: Outcome, notes: Notes) -> None:
+        if outcome.kind is Kind.TERMINAL:
+            self.m.terminal.labels(outcome.queue, str(outcome.reason)).inc()
+        elif outcome.kind is Kind.EXPIRE:
+            self.m.lease_lost.labels(outcome.queue, "start").inc()
+
+    def lease_lost(self, phase: str, queue: str, row_id: int, deliveries: int | None) -> None:
+        self.m.lease_lost.labels(queue, phase).inc()
+
+    def written(self, phase: str, queue: str, rows: int) -> None:
+        counter = self._written.get(phase)
+        if counter is not None:
+            counter.labels(queue).inc(rows)
+
+    def dead_lettered(self, outcome: Outcome) -> None:
+        self.m.dlq_written.labels(outcome.queue, str(outcome.reason)).inc()
+
+    def outcome_unconfirmed(self, phase: str, outcome: Outcome) -> None:
+        self.m.outcome_unconfirmed.labels(outcome.queue, phase).inc()
+
+    def write_failed(self, kind: str, queue: str, rows: int) -> None:
+        self.m.write_failed.labels(kind, queue).inc(rows)
+
+    def flushed(self, seconds: float, size: int) -> None:
+        self.m.flush_seconds.observe(seconds)
+        self.m.flush_batch_size.observe(size)
