@@ -305,14 +305,17 @@ class Executors:
         outcome, notes = verdict
         if not self.ledger.finish(msg.id, msg.lease_token):
             return None
-        self.observer.decided(msg, outcome, notes)
+        self.observer.decided(msg, outcome)
+        if notes:
+            self.observer.noted(msg, notes)
         return outcome
 
     async def _hand_back(self, msg: Message) -> None:
         """Too little of this row's lease is left to start it (it waited behind slower
         handlers): another runner may take it over any moment, or already has."""
         outcome, notes = decision.expired(self.spec, msg)
-        self.observer.decided(msg, outcome, notes)
+        self.observer.decided(msg, outcome)
+        self.observer.noted(msg, notes)
         await self.completer.put(outcome)
 
     async def _hook(self, msg: Message, exc: BaseException | None, outcome: Outcome) -> None:

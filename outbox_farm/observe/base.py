@@ -38,8 +38,12 @@ class Observer:
     def handler_finished(self, queue: str, seconds: float) -> None:
         """A handler call of `queue` (a whole batch, for a batch handler) took `seconds`."""
 
-    def decided(self, msg: Message, outcome: Outcome, notes: Notes) -> None:
-        """The verdict on `msg`: what will be written, and the notes that explain it."""
+    def decided(self, msg: Message, outcome: Outcome) -> None:
+        """The verdict on `msg`: what will be written."""
+
+    def noted(self, msg: Message, notes: Notes) -> None:
+        """What explains a verdict that is not a plain success (a retry, a DLQ move, a row
+        handed back unrun): called after `decided`, only when there is something to say."""
 
     def lease_lost(self, phase: str, queue: str, row_id: int, deliveries: int | None) -> None:
         """Another token holds the row (found by the heartbeat, or by a write in `phase`)."""
@@ -86,8 +90,16 @@ class Observers(Observer):
         ]
         if not calls:
             return getattr(super(), event)  # type: ignore[no-any-return]
-        if len(calls) == 1 and _trusted(calls[0][0]):
-            return calls[0][1]  # type: ignore[no-any-return]
+        if all(_trusted(observer) for observer, _ in calls):
+            if len(calls) == 1:
+                return calls[0][1]  # type: ignore[no-any-return]
+            methods = [call for _, call in calls]
+
+            def each(*args: Any) -> None:
+                for call in methods:
+                    call(*args)
+
+            return each
 
         def fan_out(*args: Any) -> None:
             for observer, call in calls:

@@ -20,7 +20,7 @@ heartbeat = logging.getLogger("outbox_farm.inflight")
 
 
 class LogObserver(Observer):
-    def decided(self, msg: Message, outcome: Outcome, notes: Notes) -> None:
+    def noted(self, msg: Message, notes: Notes) -> None:
         for note in notes:
             extra = {"event": note.event.value, "row_id": msg.id, "queue": msg.queue}
             if note.fields:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..decision import Notes
 from ..message import Message
 from ..metrics import metrics
 from ..outcome import Kind, Outcome
@@ -40,28 +39,26 @@ class PrometheusObserver(Observer):
         self._queues: dict[str, _Queue] = {}
         self._written = {"ack": self.m.acked, "retry": self.m.retried, "release": self.m.released}
 
-    def _queue(self, queue: str) -> _Queue:
-        children = self._queues.get(queue)
-        if children is None:
-            children = self._queues[queue] = _Queue(queue)
+    def _add_queue(self, queue: str) -> _Queue:
+        children = self._queues[queue] = _Queue(queue)
         return children
 
     def claimed(self, queue: str, rows: int, seconds: float) -> None:
-        children = self._queue(queue)
+        children = self._queues.get(queue) or self._add_queue(queue)
         children.fetch_seconds.observe(seconds)
         if rows:
             children.claimed.inc(rows)
 
     def held(self, queue: str, delta: int) -> None:
-        self._queue(queue).inflight.inc(delta)
+        (self._queues.get(queue) or self._add_queue(queue)).inflight.inc(delta)
 
     def handler_started(self, msg: Message, lag: float) -> None:
-        self._queue(msg.queue).lag.observe(lag)
+        (self._queues.get(msg.queue) or self._add_queue(msg.queue)).lag.observe(lag)
 
     def handler_finished(self, queue: str, seconds: float) -> None:
-        self._queue(queue).handler_seconds.observe(seconds)
+        (self._queues.get(queue) or self._add_queue(queue)).handler_seconds.observe(seconds)
 
-    def decided(self, msg: Message, outcome: Outcome, notes: Notes) -> None:
+    def decided(self, msg: Message, outcome: Outcome) -> None:
         if outcome.kind is Kind.TERMINAL:
             self.m.terminal.labels(outcome.queue, str(outcome.reason)).inc()
         elif outcome.kind is Kind.EXPIRE:

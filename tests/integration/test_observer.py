@@ -16,7 +16,6 @@ import psycopg
 import pytest
 
 from outbox_farm import ConstantBackoff, DeadLetter, Farm, Message, Observer, Outcome
-from outbox_farm.decision import Notes
 from tests.integration.test_delivery import DLQ, POLL, Db, database, eventually, publish, qname
 
 
@@ -41,7 +40,7 @@ class Recorder(Observer):
     def handler_finished(self, queue: str, seconds: float) -> None:
         self.finished += 1
 
-    def decided(self, msg: Message, outcome: Outcome, notes: Notes) -> None:
+    def decided(self, msg: Message, outcome: Outcome) -> None:
         self.verdicts.append((msg.id, outcome.kind.value))
 
     def written(self, phase: str, queue: str, rows: int) -> None:
@@ -96,7 +95,7 @@ class Broken(Observer):
     def __init__(self) -> None:
         self.calls = 0
 
-    def decided(self, msg: Message, outcome: Outcome, notes: Notes) -> None:
+    def decided(self, msg: Message, outcome: Outcome) -> None:
         self.calls += 1
         raise RuntimeError("observer bug")
 
