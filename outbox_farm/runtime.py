@@ -131,6 +131,7 @@ class Runtime:
         # Closed after the executors: their last outcomes must reach the final flush.
         stack.push_async_callback(self._close_completer)
 
+        self.observer.serving([spec.queue for spec in self.specs])
         for spec in self.specs:
             inbox: asyncio.Queue[Message | None] = asyncio.Queue()
             fetcher = Fetcher(

@@ -26,6 +26,9 @@ class Observer:
     not block. What one raises is logged once and otherwise ignored; it never changes a row.
     """
 
+    def serving(self, queues: list[str]) -> None:
+        """The runtime starts on `queues`, before its first claim."""
+
     def claimed(self, queue: str, rows: int, seconds: float) -> None:
         """A claim statement of `queue` returned `rows` rows after `seconds`."""
 

@@ -43,6 +43,14 @@ class PrometheusObserver(Observer):
         children = self._queues[queue] = _Queue(queue)
         return children
 
+    def serving(self, queues: list[str]) -> None:
+        """Every queue's series exist from the start, at zero: a dashboard's rate() or an
+        alert on a counter that never moved would otherwise see no series at all."""
+        for queue in queues:
+            self._add_queue(queue)
+            for phase in ("start", "heartbeat"):
+                self.m.lease_lost.labels(queue, phase)
+
     def claimed(self, queue: str, rows: int, seconds: float) -> None:
         children = self._queues.get(queue) or self._add_queue(queue)
         children.fetch_seconds.observe(seconds)
