@@ -163,31 +163,31 @@ class Fetcher:
         self.observer.claimed(spec.queue, len(rows), time.perf_counter() - started)
         if not rows:
             return 0
-        self.ledger.hold((row.id for row in rows), token)
+        self.ledger.hold((row[0] for row in rows), token)
         start_by = sent + spec.lease_ttl - spec.start_margin
         queue = spec.queue
-        claimed_at = rows[0].acquired_at  # one statement: one now() for every row
+        claimed_at = rows[0][9]  # one statement: one now() for every row
         claimed_epoch = claimed_at.timestamp()
         put = self.inbox.put_nowait
-        for row in rows:
+        for row_id, payload, headers, deliveries, attempts, created, due, first, timer, _ in rows:
             put(
                 Message(
-                    row.id,
+                    row_id,
                     queue,
-                    row.payload,
-                    row.headers or {},
-                    row.deliveries_count,
-                    row.attempts_count,
-                    row.created_at,
-                    row.next_attempt_at,
-                    row.first_attempt_at,
-                    row.timer_id,
+                    payload,
+                    headers or {},
+                    deliveries,
+                    attempts,
+                    created,
+                    due,
+                    first,
+                    timer,
                     token,
                     claimed_at,
                     received_monotonic=received,
                     start_by=start_by,
                     claimed_epoch=claimed_epoch,
-                    due_epoch=row.next_attempt_at.timestamp(),
+                    due_epoch=due.timestamp(),
                 )
             )
         return len(rows)

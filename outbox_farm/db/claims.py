@@ -4,51 +4,58 @@ queue next has something to claim."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from psycopg import AsyncCursor
-from psycopg.rows import RowMaker, no_result
 
 from ..queries import Queries
 from .boundary import boundary
 from .pool import Pool
 
+ClaimedRow = tuple[
+    int,  # id
+    bytes,  # payload
+    dict[str, Any] | None,  # headers
+    int,  # deliveries_count
+    int,  # attempts_count
+    datetime,  # created_at
+    datetime,  # next_attempt_at
+    datetime | None,  # first_attempt_at
+    str | None,  # timer_id
+    datetime,  # acquired_at: the claim's now(), the same for every row of one claim
+]
+"""One row as the claim returned it, its lease just taken, in the order of `CLAIMED_COLUMNS`.
 
-class ClaimedRow(NamedTuple):
-    """One row as the claim returned it, its lease just taken. `acquired_at` is the claim's
-    now() on the database clock, the same for every row of one claim."""
+A plain tuple rather than a named one: the fetcher turns each row into a `Message` at once, and
+psycopg builds plain tuples on its fast path (a row factory costs about a microsecond a row,
+a few percent of the whole per-message cost). The order is guaranteed by column name here, so a
+reordered `runtime.sql` still works and a missing column is refused at the first claim."""
 
-    id: int
-    payload: bytes
-    headers: dict[str, Any] | None
-    deliveries_count: int
-    attempts_count: int
-    created_at: datetime
-    next_attempt_at: datetime
-    first_attempt_at: datetime | None
-    timer_id: str | None
-    acquired_at: datetime
+CLAIMED_COLUMNS = (
+    "id",
+    "payload",
+    "headers",
+    "deliveries_count",
+    "attempts_count",
+    "created_at",
+    "next_attempt_at",
+    "first_attempt_at",
+    "timer_id",
+    "acquired_at",
+)
 
 
-def _claimed_rows(cursor: AsyncCursor[Any]) -> RowMaker[ClaimedRow]:
-    """Rows by column name, whatever order the statement returns them in; a column the
-    statement does not return is a bug in `runtime.sql`, refused at the first claim."""
-    if cursor.description is None:
-        return no_result  # called for results without rows too, whose maker is never used
-    names = [column.name for column in cursor.description]
-    if names == list(ClaimedRow._fields):
-        return ClaimedRow._make  # the statement's own order: no reordering per row
-    missing = set(ClaimedRow._fields) - set(names)
+def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[ClaimedRow]:
+    """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned."""
+    names = tuple(column.name for column in cursor.description or ())
+    if names == CLAIMED_COLUMNS:
+        return rows
+    missing = set(CLAIMED_COLUMNS) - set(names)
     if missing:
         raise RuntimeError(f"the claim statement does not return {sorted(missing)}")
-    positions = [names.index(field) for field in ClaimedRow._fields]
-
-    def make(values: Sequence[Any]) -> ClaimedRow:
-        return ClaimedRow._make([values[i] for i in positions])
-
-    return make
+    positions = [names.index(name) for name in CLAIMED_COLUMNS]
+    return [tuple(row[i] for i in positions) for row in rows]
 
 
 async def claim(
@@ -67,10 +74,8 @@ async def claim(
     params = {"queue": queue, "limit": limit, "lease_ttl": lease_ttl, "token": token, "held": held}
     with boundary():
         async with pool.connection() as conn:
-            cursor = conn.cursor(row_factory=_claimed_rows)
-            await cursor.execute(queries["claim"], params, binary=True)
-            rows: list[ClaimedRow] = await cursor.fetchall()
-    return rows
+            cursor = await conn.execute(queries["claim"], params, binary=True)
+            return _in_order(cursor, await cursor.fetchall())
 
 
 async def next_due(pool: Pool, queries: Queries, queue: str) -> float | None:
