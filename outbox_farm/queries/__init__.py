@@ -52,16 +52,23 @@ class Queries:
     def __init__(self, names: TableNames) -> None:
         self.names = names
         self._composed: dict[str, str] = {}
+        self._unfilled: dict[str, str] = {}  # block -> a placeholder `names` cannot fill
         for name, text in load_blocks().items():
             try:
                 self._composed[name] = compose(text, names)
-            except KeyError:
-                continue  # needs {dlq} and no DLQ table is configured
+            except KeyError as exc:
+                self._unfilled[name] = str(exc.args[0])
 
     def __getitem__(self, name: str) -> str:
         try:
             return self._composed[name]
         except KeyError:
-            if name in load_blocks():
+            placeholder = self._unfilled.get(name)
+            if placeholder is None:
+                raise
+            if placeholder.startswith("dlq"):
                 raise KeyError(f"SQL block {name!r} needs a DLQ table") from None
-            raise
+            raise KeyError(
+                f"SQL block {name!r} has {{{placeholder}}}, which is not a table name: "
+                "the module that runs it composes it"
+            ) from None

@@ -68,6 +68,13 @@ def test_queries_without_dlq_refuse_dlq_blocks(name: str) -> None:
         queries[name]
 
 
+def test_a_block_composed_by_its_own_module_says_so_rather_than_asking_for_a_dlq() -> None:
+    queries = Queries(TableNames.build("outbox", "outbox_dlq"))
+    with pytest.raises(KeyError, match=r"\{channel\}, which is not a table name") as info:
+        queries["listen"]
+    assert "DLQ" not in str(info.value)
+
+
 # These take the table name as a parameter.
 CATALOG_BLOCKS = {"table_oid", "columns", "indexes", "checks", "vacuum_state"}
 
