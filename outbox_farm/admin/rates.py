@@ -16,8 +16,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..errors import OutboxFarmError
+from ..exposition import DEFAULT_BIND
 
-DEFAULT_METRICS_URL = "http://127.0.0.1:9464/metrics"  # `start`'s default --metrics-bind
+DEFAULT_METRICS_URL = f"http://{DEFAULT_BIND}/metrics"  # where `start` serves by default
 PREFIX = "outbox_farm_"
 COUNTERS = {"acked": "acked_total", "retried": "retried_total", "terminal": "terminal_total"}
 LAG = PREFIX + "delivery_lag_seconds_bucket"
