@@ -77,7 +77,7 @@ class Ledger:
         """The handler returned: True when its outcome should be written, False when the
         heartbeat found the lease lost meanwhile (then the row is settled here, unwritten)."""
         lease = self.rows.get(row_id)
-        if lease is None or lease.token != token:
+        if lease is None or not _same(lease.token, token):
             return True  # not ours to judge: the write is token-guarded anyway
         if lease.lost:
             self.settle(row_id, token)
@@ -122,8 +122,14 @@ class Ledger:
         before = len(rows)
         for row_id, token in leases:
             lease = rows.get(row_id)
-            if lease is not None and lease.token == token:
+            if lease is not None and _same(lease.token, token):
                 del rows[row_id]
         if len(rows) < before:
             self.observer.held(self.queue, len(rows) - before)
             self.slots.set()
+
+
+def _same(held: uuid.UUID, token: uuid.UUID) -> bool:
+    """`held == token`, without UUID's Python-level `__eq__` in the common case: a row's token
+    reaches the executor and the completer as the very object the fetcher stored here."""
+    return held is token or held == token
