@@ -169,7 +169,19 @@ class Fetcher:
         claimed_at = rows[0][9]  # one statement: one now() for every row
         claimed_epoch = claimed_at.timestamp()
         put = self.inbox.put_nowait
-        for row_id, payload, headers, deliveries, attempts, created, due, first, timer, _ in rows:
+        for (
+            row_id,
+            payload,
+            headers,
+            deliveries,
+            attempts,
+            created,
+            due,
+            first,
+            timer,
+            _,
+            key,
+        ) in rows:
             put(
                 Message(
                     row_id,
@@ -184,6 +196,7 @@ class Fetcher:
                     timer,
                     token,
                     claimed_at,
+                    key,
                     received_monotonic=received,
                     start_by=start_by,
                     claimed_epoch=claimed_epoch,

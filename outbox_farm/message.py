@@ -42,6 +42,7 @@ class Message:
     timer_id: str | None
     lease_token: uuid.UUID
     claimed_at: datetime
+    ordering_key: str | None = None  # rows of one queue and key run one at a time, in order
     # Written by the handler (through ack/nack/reject), read by the executor afterwards.
     decision: Decision | None = field(default=None, repr=False)
     nack_delay: float | None = field(default=None, repr=False)

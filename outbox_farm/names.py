@@ -92,6 +92,7 @@ class TableNames:
             "pending_idx": out.sibling("_pending_idx", "pending index name"),
             "lease_idx": out.sibling("_lease_idx", "lease index name"),
             "timer_idx": out.sibling("_timer_id_uq", "timer index name"),
+            "ordering_idx": out.sibling("_order_idx", "ordering index name"),
             "lease_ck": out.sibling("_lease_ck", "lease check name"),
         }
         if self.dlq is not None:

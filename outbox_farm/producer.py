@@ -119,17 +119,45 @@ def _due(activate_in: float | timedelta | None, activate_at: datetime | None) ->
     return Due(activate_at, _delay_seconds(activate_in))
 
 
-class BatchOptions(TypedDict, total=False):
-    """Options of `publish_batch`: every row of the batch shares them."""
+def _batch_keys(
+    count: int, key: str | None, keys: Sequence[str | None] | None
+) -> list[str | None] | None:
+    """One ordering key per row of a batch, or None when no row has one."""
+    if keys is None:
+        return None if key is None else [_check_name(key, "ordering_key")] * count
+    if key is not None:
+        raise ConfigurationError("pass ordering_key (one for all rows) or ordering_keys, not both")
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise ConfigurationError("ordering_keys takes a sequence with one key (or None) per body")
+    if len(keys) != count:
+        raise ConfigurationError(
+            f"ordering_keys has {len(keys)} keys for {count} bodies; give one per body"
+        )
+    return [None if k is None else _check_name(k, "ordering_key") for k in keys]
+
+
+class _RowOptions(TypedDict, total=False):
+    """Options of every publish call."""
 
     queue: Required[str]
     headers: Mapping[str, Any] | None  # merged with content-type and a fresh correlation_id
     activate_in: float | timedelta | None  # seconds (or timedelta) from the database's now()
     activate_at: datetime | None  # timezone-aware; exclusive with activate_in
     notify: bool | None  # None: the Farm's setting
+    # Rows of one queue with the same key are handled one at a time, oldest first, across
+    # every process; a failing row holds back the later rows of its key until it is acked or
+    # dead-lettered. None: no order (the default, and the fastest).
+    ordering_key: str | None
 
 
-class PublishOptions(BatchOptions, total=False):
+class BatchOptions(_RowOptions, total=False):
+    """Options of `publish_batch`: every row of the batch shares them, but for
+    `ordering_keys`, one key (or None) per body, instead of one `ordering_key` for all."""
+
+    ordering_keys: Sequence[str | None] | None
+
+
+class PublishOptions(_RowOptions, total=False):
     """Options of `publish`."""
 
     correlation_id: str | None  # kept in headers; a random one when absent
@@ -157,10 +185,13 @@ class Producer:
         timer_id: str | None = None,
         on_timer_conflict: TimerConflict = "ignore",
         notify: bool | None = None,
+        ordering_key: str | None = None,
     ) -> tuple[NewRow, bool]:
         _check_name(queue, "queue")
         if timer_id is not None:
             _check_name(timer_id, "timer_id")
+        if ordering_key is not None:
+            _check_name(ordering_key, "ordering_key")
         if on_timer_conflict not in ("ignore", "extend"):
             raise ConfigurationError(
                 f"on_timer_conflict must be 'ignore' or 'extend', got {on_timer_conflict!r}"
@@ -174,6 +205,7 @@ class Producer:
             due,
             timer_id,
             on_timer_conflict == "extend",
+            ordering_key,
         )
         return row, self.notify if notify is None else notify
 
@@ -186,6 +218,8 @@ class Producer:
         activate_in: float | timedelta | None = None,
         activate_at: datetime | None = None,
         notify: bool | None = None,
+        ordering_key: str | None = None,
+        ordering_keys: Sequence[str | None] | None = None,
     ) -> tuple[NewBatch, bool]:
         _check_name(queue, "queue")
         if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
@@ -196,7 +230,8 @@ class Producer:
             payload, content_type = encode_body(body)
             payloads.append(payload)
             header_texts.append(encode_headers(headers, None, content_type))
-        batch = NewBatch(queue, payloads, header_texts, due)
+        keys = _batch_keys(len(payloads), ordering_key, ordering_keys)
+        batch = NewBatch(queue, payloads, header_texts, due, keys)
         return batch, self.notify if notify is None else notify
 
     # The public calls come in sync/async pairs over the same builders above. Options are

@@ -33,6 +33,7 @@ OUTBOX_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "acquired_token": ("uuid", False, False),
     "lease_expires_at": (TSTZ, False, False),
     "timer_id": (VARCHAR, False, False),
+    "ordering_key": (VARCHAR, False, False),
 }
 
 DLQ_COLUMNS: dict[str, tuple[str, bool, bool]] = {
@@ -64,6 +65,9 @@ OUTBOX_INDEXES = (
         "lease index", ("queue", "lease_expires_at"), False, "acquired_token IS NOT NULL"
     ),
     ExpectedIndex("timer index", ("queue", "timer_id"), True, "timer_id IS NOT NULL"),
+    ExpectedIndex(
+        "ordering index", ("queue", "ordering_key", "id"), False, "ordering_key IS NOT NULL"
+    ),
 )
 DLQ_INDEXES = (ExpectedIndex("failure index", ("queue", "failed_at"), False, None),)
 FIX_HINT = (

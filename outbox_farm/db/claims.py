@@ -24,6 +24,7 @@ ClaimedRow = tuple[
     datetime | None,  # first_attempt_at
     str | None,  # timer_id
     datetime,  # acquired_at: the claim's now(), the same for every row of one claim
+    str | None,  # ordering_key
 ]
 """One row as the claim returned it, its lease just taken, in the order of `CLAIMED_COLUMNS`.
 
@@ -43,6 +44,7 @@ CLAIMED_COLUMNS = (
     "first_attempt_at",
     "timer_id",
     "acquired_at",
+    "ordering_key",
 )
 
 

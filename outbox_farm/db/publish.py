@@ -38,15 +38,18 @@ class NewRow(NamedTuple):
     due: Due
     timer_id: str | None = None
     extend_timer: bool = False  # a live timer with this id: move it (True) or keep it
+    ordering_key: str | None = None  # rows of one queue and key run one at a time, in id order
 
 
 class NewBatch(NamedTuple):
-    """Rows of one queue sharing their due time; `headers[i]` belongs to `payloads[i]`."""
+    """Rows of one queue sharing their due time; `headers[i]` and `ordering_keys[i]` belong to
+    `payloads[i]` (`ordering_keys` None: no row has a key)."""
 
     queue: str
     payloads: list[bytes]
     headers: list[str]
     due: Due
+    ordering_keys: list[str | None] | None = None
 
 
 class Publisher:
@@ -78,6 +81,7 @@ class Publisher:
             "at": row.due.at,
             "delay": row.due.delay,
             "timer_id": row.timer_id,
+            "ordering_key": row.ordering_key,
             "notify": notify,
             "channel": self._channel,
         }
@@ -87,6 +91,7 @@ class Publisher:
             "queue": batch.queue,
             "payloads": batch.payloads,
             "headers": batch.headers,
+            "ordering_keys": batch.ordering_keys,
             "at": batch.due.at,
             "delay": batch.due.delay,
             "notify": notify,

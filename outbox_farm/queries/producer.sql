@@ -2,9 +2,10 @@
 -- One row, and its wake-up, in one statement and one round trip. The NOTIFY is sent only when
 -- the row is already due; Postgres folds identical notifications of one transaction into one.
 WITH ins AS (
-    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at)
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, ordering_key)
     VALUES (%(queue)s, %(payload)s, %(headers)s,
-            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)))
+            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(ordering_key)s)
     RETURNING o.id, o.next_attempt_at
 )
 SELECT ins.id,
@@ -16,10 +17,10 @@ FROM ins
 -- A timer publish with the `ignore` policy: a live timer with the same id wins, nothing is
 -- inserted, no id is returned and no NOTIFY is sent.
 WITH ins AS (
-    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id)
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key)
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(timer_id)s)
+            %(timer_id)s, %(ordering_key)s)
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
     RETURNING o.id, o.next_attempt_at
 )
@@ -33,10 +34,10 @@ FROM ins
 -- new due time and takes the new body. A timer whose handler is running (leased) is left
 -- alone, and the publish returns no id, so a running handler's ack cannot delete a newer timer.
 WITH ins AS (
-    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id)
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key)
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(timer_id)s)
+            %(timer_id)s, %(ordering_key)s)
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             headers = excluded.headers,
@@ -51,13 +52,16 @@ FROM ins
 
 -- name: publish_batch
 -- Many bodies of one queue in one statement over arrays; WITH ORDINALITY keeps the returned
--- ids in the order of the bodies. One NOTIFY for the whole batch when any row is due.
+-- ids in the order of the bodies (so rows of one ordering key run in that order). A NULL
+-- `ordering_keys` array is padded with NULLs by unnest: no key for any row. One NOTIFY for the
+-- whole batch when any row is due.
 WITH ins AS (
-    INSERT INTO {outbox} (queue, payload, headers, next_attempt_at)
+    INSERT INTO {outbox} (queue, payload, headers, next_attempt_at, ordering_key)
     SELECT %(queue)s, b.payload, b.headers,
-           coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8))
-    FROM unnest(%(payloads)b::bytea[], %(headers)b::jsonb[]) WITH ORDINALITY
-         AS b(payload, headers, n)
+           coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+           b.ordering_key
+    FROM unnest(%(payloads)b::bytea[], %(headers)b::jsonb[], %(ordering_keys)b::text[])
+         WITH ORDINALITY AS b(payload, headers, ordering_key, n)
     ORDER BY b.n
     RETURNING id, next_attempt_at
 ), wake AS (

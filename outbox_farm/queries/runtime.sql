@@ -7,26 +7,36 @@
 -- Rows this runner still holds (`held`) are never taken again, even when their lease ran out.
 -- The `legacy` branch serves leases taken by a farm from before migration 0004, which sets no
 -- expiry: they expire by this runner's lease_ttl, as they did then.
+-- A row with an `ordering_key` is taken only while it is the oldest row of its queue and key
+-- left in the table (one lookup in the ordering index): an older one running, waiting for a
+-- retry or not yet due blocks it, across every process, until that one is deleted (acked or
+-- dead-lettered). Rows without a key skip the lookup.
 -- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery.
 WITH expired AS (
-    SELECT id FROM {outbox}
-    WHERE queue = %(queue)s AND acquired_token IS NOT NULL AND lease_expires_at < now()
-      AND id <> ALL(%(held)s::bigint[])
-    ORDER BY lease_expires_at
+    SELECT c.id FROM {outbox} AS c
+    WHERE c.queue = %(queue)s AND c.acquired_token IS NOT NULL AND c.lease_expires_at < now()
+      AND c.id <> ALL(%(held)s::bigint[])
+      AND (c.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {outbox} AS older
+          WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key AND older.id < c.id))
+    ORDER BY c.lease_expires_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF c SKIP LOCKED
 ), legacy AS (
-    SELECT id FROM {outbox}
-    WHERE queue = %(queue)s AND acquired_token IS NOT NULL AND lease_expires_at IS NULL
-      AND acquired_at < now() - make_interval(secs => %(lease_ttl)s::float8)
+    SELECT c.id FROM {outbox} AS c
+    WHERE c.queue = %(queue)s AND c.acquired_token IS NOT NULL AND c.lease_expires_at IS NULL
+      AND c.acquired_at < now() - make_interval(secs => %(lease_ttl)s::float8)
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF c SKIP LOCKED
 ), pending AS (
-    SELECT id FROM {outbox}
-    WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
-    ORDER BY next_attempt_at
+    SELECT c.id FROM {outbox} AS c
+    WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND c.next_attempt_at <= now()
+      AND (c.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {outbox} AS older
+          WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key AND older.id < c.id))
+    ORDER BY c.next_attempt_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF c SKIP LOCKED
 ), picked AS (
     SELECT id FROM (
         SELECT id FROM expired UNION ALL SELECT id FROM legacy UNION ALL SELECT id FROM pending
@@ -40,7 +50,7 @@ SET acquired_token = %(token)s, acquired_at = now(),
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count, o.created_at,
-          o.next_attempt_at, o.first_attempt_at, o.timer_id, o.acquired_at
+          o.next_attempt_at, o.first_attempt_at, o.timer_id, o.acquired_at, o.ordering_key
 
 -- name: next_due
 -- Seconds (database clock) until this queue next has something to claim: the earliest pending

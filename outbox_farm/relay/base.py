@@ -129,4 +129,3 @@ class _Any(str):
 
     def __getattr__(self, name: str) -> _Any:
         return self
-

@@ -40,6 +40,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0002_dlq on outbox_dlq",
             "0003_vacuum_truncate on outbox",
             "0004_lease_expiry on outbox",
+            "0005_ordering_key on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -47,6 +48,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0002_dlq on outbox_dlq",
             "applying 0003_vacuum_truncate on outbox",
             "applying 0004_lease_expiry on outbox",
+            "applying 0005_ordering_key on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -54,6 +56,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 1, "outbox"),
             ("outbox", 3, "vacuum_truncate"),
             ("outbox", 4, "lease_expiry"),
+            ("outbox", 5, "ordering_key"),
             ("outbox_dlq", 2, "dlq"),
         ]
         assert check_schema(conn, DEFAULT) == []
@@ -70,9 +73,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0002_dlq on outbox_dlq",
             "0003_vacuum_truncate on outbox",
             "0004_lease_expiry on outbox",
+            "0005_ordering_key on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 4
+        assert len(records(conn)) == 5
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -112,6 +116,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0002_dlq on outbox_dlq",
         "0003_vacuum_truncate on outbox",
         "0004_lease_expiry on outbox",
+        "0005_ordering_key on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -119,6 +124,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 1, "outbox"),
             ("outbox", 3, "vacuum_truncate"),
             ("outbox", 4, "lease_expiry"),
+            ("outbox", 5, "ordering_key"),
             ("outbox_dlq", 2, "dlq"),
         ]
         tables = conn.execute(
@@ -138,6 +144,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0002_dlq on jobs_dead",
             "0003_vacuum_truncate on jobs",
             "0004_lease_expiry on jobs",
+            "0005_ordering_key on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -152,19 +159,16 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "jobs_pending_idx",
             "jobs_lease_idx",
             "jobs_timer_id_uq",
+            "jobs_order_idx",
             "jobs_dead_queue_failed_idx",
         } <= indexes
         assert check_schema(conn, TableNames.build("jobs", "jobs_dead")) == []
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            "jobs",
-            "jobs",
-            "jobs",
+            *["jobs"] * 4,
             "jobs_dead",
-            "outbox",
-            "outbox",
-            "outbox",
+            *["outbox"] * 4,
             "outbox_dlq",
         ]
 
@@ -179,6 +183,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0002_dlq on app.jobs_dlq",
             "0003_vacuum_truncate on app.jobs",
             "0004_lease_expiry on app.jobs",
+            "0005_ordering_key on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -202,6 +207,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0001_outbox on outbox",
             "0003_vacuum_truncate on outbox",
             "0004_lease_expiry on outbox",
+            "0005_ordering_key on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -209,6 +215,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 1, "outbox"),
             ("outbox", 3, "vacuum_truncate"),
             ("outbox", 4, "lease_expiry"),
+            ("outbox", 5, "ordering_key"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -230,7 +237,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (3 if dlq is None else 4)
+        assert len(result.applied) == (4 if dlq is None else 5)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

@@ -1076,14 +1076,15 @@ def test_the_runtime_statements_use_their_indexes(
     conn.execute(
         """
         INSERT INTO outbox (queue, payload, next_attempt_at, deliveries_count,
-                            acquired_token, acquired_at, lease_expires_at)
+                            acquired_token, acquired_at, lease_expires_at, ordering_key)
         SELECT 'queue-' || (g % 4), '\\x00'::bytea,
                now() + ((g % 1000) - 300) * interval '1 second',
                (g % 20 = 0)::int,
                CASE WHEN g % 20 = 0 THEN gen_random_uuid() END,
                CASE WHEN g % 20 = 0 THEN now() - (g % 120) * interval '1 second' END,
                CASE WHEN g % 20 = 0 AND g % 100 <> 0
-                    THEN now() + ((g % 120) - 60) * interval '1 second' END
+                    THEN now() + ((g % 120) - 60) * interval '1 second' END,
+               CASE WHEN g % 3 = 0 THEN 'key-' || (g % 40000) END  -- many keys, few rows each
         FROM generate_series(1, 200000) AS g
         """
     )
@@ -1098,7 +1099,7 @@ def test_the_runtime_statements_use_their_indexes(
                 "token": uuid.uuid4(),
                 "held": list(range(21, 1300, 20)),
             },
-            ("outbox_pending_idx", "outbox_lease_idx"),
+            ("outbox_pending_idx", "outbox_lease_idx", "outbox_order_idx"),
         ),
         "next_due": ({"queue": "queue-1"}, ("outbox_pending_idx", "outbox_lease_idx")),
         "extend_leases": (

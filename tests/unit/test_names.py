@@ -31,6 +31,7 @@ def test_default_names_and_derived_identifiers() -> None:
         "pending_idx": '"outbox_pending_idx"',
         "lease_idx": '"outbox_lease_idx"',
         "timer_idx": '"outbox_timer_id_uq"',
+        "ordering_idx": '"outbox_order_idx"',
         "lease_ck": '"outbox_lease_ck"',
         "dlq": '"outbox_dlq"',
         "dlq_idx": '"outbox_dlq_queue_failed_idx"',
