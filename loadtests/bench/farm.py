@@ -71,12 +71,16 @@ def stop_bench_farm(proc: subprocess.Popen[bytes]) -> None:
     stop_farm(proc, timeout=40)
 
 
-def preload(dsn: str, rows: int) -> None:
+def preload(dsn: str, rows: int, keys: int | None = None) -> None:
+    """`rows` due rows; with `keys`, row g gets ordering key g % keys (keys interleaved, so each
+    key's rows are spread over the whole table, as many entities' events would be)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
         conn.execute(
-            "INSERT INTO outbox (queue, payload) SELECT %s, '\\x7b7d' FROM generate_series(1, %s)",
-            [QUEUE, rows],
+            "INSERT INTO outbox (queue, payload, ordering_key) SELECT %s, '\\x7b7d', "
+            "CASE WHEN %s::int IS NOT NULL THEN 'key-' || (g %% %s::int) END "
+            "FROM generate_series(1, %s) AS g",
+            [QUEUE, keys, keys, rows],
         )
         conn.execute("VACUUM ANALYZE outbox")
 
@@ -110,8 +114,13 @@ def drain_run(
     rows: int,
     appdir: Path,
     on_loaded: Callable[[], None] | None = None,
+    *,
+    keys: int | None = None,
+    app: str = "benchapp:farm",
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
-    """Pre-load, start the farm, time the drain, stop it (waits for the arbiter to exit).
+    """Pre-load (over `keys` ordering keys, if given), start the farm (`app` in `appdir`, with
+    `env`), time the drain, stop it (waits for the arbiter to exit).
 
     `on_loaded` runs after the pre-load, before the farm starts (to take "before" readings).
     Returns rate (msg/s), seconds, rows counted at the start, `polls` (the count(*)
@@ -120,11 +129,11 @@ def drain_run(
     and the database saturate, these move far less from run to run than msg/s does, so they
     are what a before/after comparison should read.
     """
-    preload(dsn, rows)
+    preload(dsn, rows, keys)
     if on_loaded is not None:
         on_loaded()
     polls = 0
-    proc = start_bench_farm(dsn, procs, appdir, appdir / f"drain-{procs}.log")
+    proc = start_bench_farm(dsn, procs, appdir, appdir / f"drain-{procs}.log", app=app, env=env)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 300

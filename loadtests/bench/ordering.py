@@ -1,0 +1,117 @@
+"""Per-key ordering benchmark: what `ordering_key` costs a `--procs 2` drain, and proof that one
+key runs strictly one row at a time.
+
+    python -m loadtests.bench.ordering --dsn "host=127.0.0.1 user=postgres dbname=postgres"
+
+In one run, on one scratch database: the same --rows no-op rows drained by `outbox-farm start
+--procs 2` without keys, then spread over --keys ordering keys (target: >= 50% of the unkeyed
+rate), then --one-key-rows rows of a single key, each run recorded in a ledger and checked:
+strictly in publish order, never two at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from loadtests.harness import note
+from outbox_farm import Farm
+
+from .common import add_dsn, scratch, server
+from .farm import APP, drain_run
+from .report import print_measures, verdict
+
+TARGET_RATIO = 0.5
+
+LEDGER_APP = """
+import os, time
+import psycopg
+from outbox_farm import Farm
+farm = Farm(dlq_table="outbox_dlq")
+_conn = []
+
+@farm.handler("bench", concurrency=64)
+async def handle(msg):
+    if not _conn:
+        dsn = os.environ["BENCH_DSN"]
+        _conn.append(await psycopg.AsyncConnection.connect(dsn, autocommit=True))
+    began = time.time()
+    await _conn[0].execute(
+        "INSERT INTO ledger VALUES (%s, %s, %s)", (msg.id, began, time.time())
+    )
+"""
+
+
+def one_key(dsn: str, rows: int, appdir: Path) -> tuple[float, str | None]:
+    """The single-key drain's rate, and what was wrong with its ledger (None: nothing)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS ledger")
+        conn.execute("CREATE TABLE ledger (id bigint, began float8, ended float8)")
+    (appdir / "ledgerapp.py").write_text(LEDGER_APP)
+    env = {"BENCH_DSN": dsn}
+    result = drain_run(dsn, 2, rows, appdir, keys=1, app="ledgerapp:farm", env=env)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        runs = conn.execute("SELECT id, began, ended FROM ledger ORDER BY began").fetchall()
+    ids = [run[0] for run in runs]
+    if ids != sorted(ids) or len(set(ids)) != len(ids):
+        return result["rate"], "rows did not run once each in publish order"
+    for before, after in itertools.pairwise(runs):
+        if after[1] < before[2]:
+            return result["rate"], f"row {after[0]} began while row {before[0]} ran"
+    return result["rate"], None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.ordering", description=__doc__.split("\n\n")[0]
+    )
+    add_dsn(parser)
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--one-key-rows", type=int, default=2_000)
+    args = parser.parse_args(argv)
+    with (
+        server(args.dsn) as admin,
+        scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn,
+        tempfile.TemporaryDirectory() as folder,
+    ):
+        appdir = Path(folder)
+        (appdir / "benchapp.py").write_text(APP)
+        note(f"draining {args.rows:,} rows without keys, --procs 2 ...")
+        plain = drain_run(dsn, 2, args.rows, appdir)["rate"]
+        note(f"draining {args.rows:,} rows over {args.keys:,} keys, --procs 2 ...")
+        keyed = drain_run(dsn, 2, args.rows, appdir, keys=args.keys)["rate"]
+        note(f"draining {args.one_key_rows:,} rows of one key, --procs 2, with a ledger ...")
+        single, problem = one_key(dsn, args.one_key_rows, appdir)
+    ratio = keyed / plain
+    print()
+    print_measures(
+        [
+            (f"drain, {args.rows:,} rows, no keys (msg/s)", f"{plain:,.0f}", "-", verdict(None)),
+            (
+                f"drain, {args.rows:,} rows over {args.keys:,} keys (msg/s)",
+                f"{keyed:,.0f}",
+                "-",
+                verdict(None),
+            ),
+            ("  keyed / unkeyed", f"{ratio:.2f}", f">= {TARGET_RATIO}", verdict(ratio >= 0.5)),
+            (
+                f"drain, {args.one_key_rows:,} rows of one key (msg/s)",
+                f"{single:,.0f}",
+                "-",
+                verdict(None),
+            ),
+            ("  one key: in order, one at a time", problem or "yes", "yes", verdict(not problem)),
+        ],
+        widths=(52, 12, 8),
+    )
+    return 0 if ratio >= TARGET_RATIO and problem is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
