@@ -113,6 +113,14 @@ def decide(
     return _retry(spec, msg, error, msg.nack_delay, started, duration, QUIET)
 
 
+def completes(spec: HandlerSpec, msg: Message) -> bool:
+    """Whether a handler that returned (did not raise) acks its row: what a transactional
+    handler's transaction must decide before it commits, the same rule `decide` applies."""
+    if msg.decision is None:
+        return spec.ack is not AckPolicy.MANUAL
+    return msg.decision is Decision.ACK
+
+
 def interrupted(spec: HandlerSpec, msg: Message, started: float, duration: float) -> Verdict:
     """The verdict on a row whose run a stop cancelled at its deadline: what the handler
     recorded, if anything; else tried again at once (the run counts as an attempt)."""

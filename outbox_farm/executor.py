@@ -16,12 +16,15 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from . import decision
 from .completer import Completer
+from .db.connect import AsyncConnection
+from .db.transactions import Completion
 from .decision import Verdict
 from .fetcher import Fetcher
 from .handler import HandlerSpec
@@ -31,6 +34,13 @@ from .observe import Observer
 from .outcome import Outcome
 
 log = logging.getLogger("outbox_farm.executor")
+
+
+Complete = Callable[
+    [int, uuid.UUID, Callable[[AsyncConnection], Awaitable[bool]]], Awaitable[Completion]
+]
+"""Runs a transactional handler's work and completes its row in one transaction (the runtime
+binds `db.transactions.run_completing` to a pool of its own)."""
 
 
 class HandlerTimeout(TimeoutError):
@@ -99,6 +109,7 @@ class Executors:
         fetcher: Fetcher,
         completer: Completer,
         observer: Observer,
+        complete: Complete | None = None,
     ) -> None:
         self.spec = spec
         self.observer = observer
@@ -113,13 +124,21 @@ class Executors:
         # Held by the batch executor forming a batch: rows arriving while it lingers join its
         # batch instead of waking an idle executor into a batch of one.
         self._forming = asyncio.Lock()
-        # The handler through its middleware; a sync one in a thread per call.
-        handler = (
-            spec.func
-            if spec.is_async
-            else partial(_in_thread, spec.func, f"outbox-farm-{spec.queue}")
-        )
+        # The handler through its middleware; a sync one in a thread per call; a transactional
+        # one inside its transaction (the middleware around it, a tracing span say, sees the
+        # whole transaction).
+        handler: Callable[[Any], Awaitable[Any]]
+        if spec.transactional:
+            if complete is None:
+                raise ValueError(f"queue {spec.queue!r} is transactional: pass `complete`")
+            self._complete = complete
+            handler = self._in_transaction
+        elif spec.is_async:
+            handler = spec.func
+        else:
+            handler = partial(_in_thread, spec.func, f"outbox-farm-{spec.queue}")
         self._call = chain(spec.middleware, handler)
+        self._committed: set[int] = set()  # rows a transactional handler completed itself
 
     def start(self) -> None:
         work = self._work if self.spec.batch is None else self._work_batches
@@ -196,12 +215,16 @@ class Executors:
                 except asyncio.CancelledError:
                     self._interrupted([(msg, started)], began)
                     raise
+                if self._committed and msg.id in self._committed:
+                    exc = None  # the row is gone with its handler's writes: acked, whatever
+                    # a middleware outside the transaction did afterwards
                 verdict = decision.decide(spec, msg, exc, started, self._ran(began))
             outcome = self._settle(msg, verdict)
-            if outcome is not None:
-                await self.completer.put(outcome)
-                if spec.on_failure is not None:
-                    await self._hook(msg, exc, outcome)
+            if outcome is None or self._written_in_transaction(msg):
+                continue
+            await self.completer.put(outcome)
+            if spec.on_failure is not None:
+                await self._hook(msg, exc, outcome)
 
     async def _work_batches(self, slot: _Slot) -> None:
         """`_work` for a batch handler: one call per batch, the rest per row."""
@@ -290,13 +313,43 @@ class Executors:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return exc
 
+    async def _in_transaction(self, msg: Message) -> None:
+        """A transactional handler's call: its writes, and the row's deletion when it acks,
+        commit together; otherwise both roll back and the row's verdict is written as usual."""
+        spec = self.spec
+        func = cast(Callable[[Message, AsyncConnection], Awaitable[Any]], spec.func)
+
+        async def work(conn: AsyncConnection) -> bool:
+            await func(msg, conn)
+            return decision.completes(spec, msg)
+
+        completion = await self._complete(msg.id, msg.lease_token, work)
+        if completion is Completion.COMPLETED:
+            self._committed.add(msg.id)
+        elif completion is Completion.LEASE_LOST:
+            self.ledger.lose(msg.id, msg.lease_token, "ack")
+
+    def _written_in_transaction(self, msg: Message) -> bool:
+        """True for a row its transactional handler completed: settled here, counted as acked,
+        and nothing more to write."""
+        if not self._committed or msg.id not in self._committed:
+            return False
+        self._committed.discard(msg.id)
+        self.ledger.settle(msg.id, msg.lease_token)
+        self.observer.written("ack", self.spec.queue, 1)
+        return True
+
     def _interrupted(self, runs: list[tuple[Message, float]], began: float) -> None:
         """A stop cancelled the call at its deadline: the rows' outcomes, handed over without
         waiting (this task is being cancelled)."""
         duration = time.perf_counter() - began
         for msg, started in runs:
-            outcome = self._settle(msg, decision.interrupted(self.spec, msg, started, duration))
-            if outcome is not None:
+            if msg.id in self._committed:  # cancelled after its transaction committed
+                verdict = decision.decide(self.spec, msg, None, started, duration)
+            else:
+                verdict = decision.interrupted(self.spec, msg, started, duration)
+            outcome = self._settle(msg, verdict)
+            if outcome is not None and not self._written_in_transaction(msg):
                 self.completer.put_nowait(outcome)
 
     def _settle(self, msg: Message, verdict: Verdict) -> Outcome | None:

@@ -81,12 +81,14 @@ class Farm:
         batch: int | None = None,
         linger: float = 0.005,
         middleware: Sequence[Middleware] = (),
+        transactional: bool = False,
     ) -> Callable[[F], F]:
         """Register the decorated function (async or plain) as the handler of `queue`.
 
         See `HandlerSpec` for the options; `on_failure` replaces the farm's hook for this queue.
         `batch=N` makes it a batch handler, called with a list of up to N messages: an option
         rather than a decorator of its own, since every other option means the same for both.
+        `transactional=True` passes `(msg, conn)` and completes the row in that transaction.
         """
         if not isinstance(queue, str) or not queue or len(queue) > 255:
             raise ConfigurationError(f"queue must be a non-empty string of <= 255 chars: {queue!r}")
@@ -116,6 +118,7 @@ class Farm:
                 batch,
                 linger,
                 chain,
+                transactional,
             )
             return func
 

@@ -56,6 +56,12 @@ class HandlerSpec:
 
     `middleware` is the chain the handler is called through, outermost first (`Farm.handler`
     puts the farm's before the queue's own): see `middleware`.
+
+    `transactional=True`: the (async) handler is called as `handler(msg, conn)`, `conn` a
+    connection inside a transaction in which the row is also deleted, lease-guarded, after the
+    handler returns: the handler's writes and the row's completion commit together, or neither
+    does (a raise, a nack or reject, a lost lease). Not for batch handlers, which settle rows
+    one by one.
     """
 
     queue: str
@@ -72,10 +78,17 @@ class HandlerSpec:
     batch: int | None = None
     linger: float = 0.005
     middleware: tuple[Middleware, ...] = ()
+    transactional: bool = False
 
     def __post_init__(self) -> None:
         if not callable(self.func):
             raise ConfigurationError(f"handler for queue {self.queue!r} is not callable")
+        if self.transactional and (self.batch is not None or not self.is_async):
+            raise ConfigurationError(
+                f"queue {self.queue!r}: a transactional handler must be an `async def "
+                "handler(msg, conn)` for one row at a time (not a batch handler, not a plain "
+                "function): its transaction completes exactly the row it was given"
+            )
         for what in ("concurrency", "prefetch", "max_deliveries", "batch"):
             value = getattr(self, what)
             if value is None and what != "concurrency":

@@ -85,6 +85,15 @@ class Ledger:
         lease.state = State.WRITING
         return True
 
+    def lose(self, row_id: int, token: uuid.UUID, phase: str) -> None:
+        """The row's lease was found lost outside the heartbeat (a transactional handler's
+        completion matched nothing): its outcome will not be written."""
+        lease = self.rows.get(row_id)
+        if lease is None or not _same(lease.token, token) or lease.lost:
+            return
+        lease.lost = True
+        self.observer.lease_lost(phase, self.queue, row_id, None)
+
     # -- heartbeat -----------------------------------------------------------------------
 
     def active(self) -> tuple[list[int], list[uuid.UUID]]:

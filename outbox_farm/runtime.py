@@ -3,7 +3,9 @@
 Database connections do not grow with concurrency: one pool of at most (queues + 2)
 connections serves the claims, the completer and the vacuum loop, plus one LISTEN connection.
 A runtime that also refreshes the gauges (one per farm) gets one more, so a long VACUUM never
-makes a claim or a flush wait for a connection.
+makes a claim or a flush wait for a connection. Transactional handlers are the exception, by
+their nature: each one running holds a connection for its transaction, from a second pool of
+(the sum of those queues' `concurrency`) connections.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
+from functools import partial
 
 from . import gauges, observe, retention, vacuum
 from .completer import Completer
+from .db import transactions
 from .db.pool import Pool, open_pool, probe
 from .dsn import redact
 from .errors import ConfigurationError
-from .executor import Executors
+from .executor import Complete, Executors
 from .fetcher import Fetcher
 from .handler import HandlerSpec
 from .heartbeat import Heartbeat
@@ -91,6 +95,7 @@ class Runtime:
         # Closed last: everything below writes through it.
         self.pool = await open_pool(self.dsn, max_size=len(self.specs) + 1 + max(chores, 1))
         stack.push_async_callback(self.pool.close)
+        complete = await self._transactions_pool()
 
         if self.names.dlq is None:
             log.warning(
@@ -146,7 +151,9 @@ class Runtime:
                 on_starved=self.completer.flush_now,
             )
             self.ledgers[spec.queue] = fetcher.ledger
-            executors = Executors(spec, inbox, fetcher, self.completer, self.observer)
+            executors = Executors(
+                spec, inbox, fetcher, self.completer, self.observer, complete=complete
+            )
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
             executors.start()
             stack.push_async_callback(self._stop_executors, executors)
@@ -170,6 +177,17 @@ class Runtime:
             redact(self.dsn),
             extra={"event": "started"},
         )
+
+    async def _transactions_pool(self) -> Complete | None:
+        """A pool of its own for transactional handlers, one connection per handler that may
+        run at once, so their transactions never queue behind claims and outcome writes (nor
+        hold those up); None when no queue is transactional."""
+        size = sum(spec.concurrency for spec in self.specs if spec.transactional)
+        if not size:
+            return None
+        pool = await open_pool(self.dsn, max_size=size)
+        self._stack.push_async_callback(pool.close)
+        return partial(transactions.run_completing, pool, self.queries)
 
     async def stop(self, graceful_timeout: float | None = None) -> None:
         """Graceful stop, in this order: stop claiming; release rows not yet started and let

@@ -194,3 +194,11 @@ LISTEN {channel}
 -- Between waits for NOTIFY: a LISTEN connection that died quietly (a dropped network path) says
 -- so only when used, and until then no wake-up arrives.
 SELECT 1
+
+-- name: complete_in_transaction
+-- A transactional handler's ack, inside the handler's own transaction, after its writes: the
+-- row goes only while this runner's lease still holds, and it goes or stays with those writes.
+-- Nothing returned: the lease was lost, and the transaction is rolled back.
+DELETE FROM {outbox}
+WHERE id = %(id)s AND acquired_token = %(token)s
+RETURNING id

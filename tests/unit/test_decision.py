@@ -15,7 +15,7 @@ from outbox_farm import decision
 from outbox_farm.decision import Event, NoDecision, Notes, Verdict
 from outbox_farm.errors import DeadLetter, Retry
 from outbox_farm.handler import AckPolicy, HandlerSpec
-from outbox_farm.message import Message
+from outbox_farm.message import Decision, Message
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.retry import ConstantBackoff, NoRetry
 
@@ -354,3 +354,23 @@ def test_a_row_whose_lease_ran_short_is_handed_back_and_says_so() -> None:
 
 def test_a_row_unstarted_at_a_stop_is_released() -> None:
     assert is_row(decision.released(message()), Kind.RELEASE)
+
+
+@pytest.mark.parametrize(
+    ("policy", "decided", "completes"),
+    [
+        (AckPolicy.ACK_ON_SUCCESS, None, True),
+        (AckPolicy.REJECT_ON_ERROR, None, True),
+        (AckPolicy.MANUAL, None, False),
+        (AckPolicy.MANUAL, Decision.ACK, True),
+        (AckPolicy.ACK_ON_SUCCESS, Decision.NACK, False),
+        (AckPolicy.ACK_ON_SUCCESS, Decision.REJECT, False),
+    ],
+)
+def test_a_transactional_handler_completes_its_row_exactly_when_decide_would_ack(
+    policy: AckPolicy, decided: Decision | None, completes: bool
+) -> None:
+    policy_spec, msg = spec(ack=policy), message(decision=decided)
+    assert decision.completes(policy_spec, msg) is completes
+    outcome, _ = decide(policy_spec, msg)
+    assert (outcome.kind is Kind.ACK) is completes

@@ -1,0 +1,162 @@
+"""Transactional handlers (`transactional=True`) against a real Postgres: the handler's writes
+and its row's deletion commit together or not at all."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client import REGISTRY
+
+from outbox_farm import ConfigurationError, ConstantBackoff, Farm, Message
+from outbox_farm.metrics import metrics
+from outbox_farm.settings import RuntimeSettings
+
+metrics()  # register the collectors before the first sample is read
+SETTINGS = RuntimeSettings(poll_interval=0.05)
+AConn = psycopg.AsyncConnection[Any]
+
+
+def qname() -> str:
+    return f"tx_{uuid.uuid4().hex[:8]}"
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def drain(dsn: str, farm: Farm, done: Callable[[], bool], timeout: float = 30.0) -> None:
+    async def main() -> None:
+        async with farm.running(dsn, SETTINGS):
+            deadline = time.monotonic() + timeout
+            while not done():
+                assert time.monotonic() < deadline, "the farm did not finish in time"
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # the last outcome's write, if any, lands
+
+    asyncio.run(main())
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
+    conn.commit()
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+@pytest.fixture
+def effects(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    conn.execute("CREATE TABLE effects (msg_id bigint NOT NULL, attempt int NOT NULL)")
+    conn.commit()
+    return conn
+
+
+def test_the_handlers_writes_and_the_rows_deletion_commit_together(
+    dsn: str, effects: psycopg.Connection[Any]
+) -> None:
+    queue, farm = qname(), Farm()
+    ids = [farm.publish(effects, {"n": n}, queue=queue) for n in range(20)]
+    effects.commit()
+    acked_before = sample("outbox_farm_acked_total", queue=queue)
+    calls: list[int] = []
+
+    @farm.handler(queue, transactional=True, concurrency=4)
+    async def handle(msg: Message, conn: AConn) -> None:
+        await conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.id, msg.attempts_count))
+        calls.append(msg.id)
+
+    drain(dsn, farm, lambda: len(calls) == 20)
+    assert sorted(r[0] for r in effects.execute("SELECT msg_id FROM effects")) == sorted(ids)
+    assert scalar(effects, "SELECT count(*) FROM outbox") == 0
+    assert sample("outbox_farm_acked_total", queue=queue) - acked_before == 20  # once each
+
+
+def test_a_raise_rolls_back_the_writes_and_the_retry_runs_them_once(
+    dsn: str, effects: psycopg.Connection[Any]
+) -> None:
+    queue, farm = qname(), Farm()
+    ids = [farm.publish(effects, n, queue=queue) for n in range(5)]
+    effects.commit()
+    runs: list[int] = []
+
+    @farm.handler(queue, transactional=True, retry=ConstantBackoff(0.01))
+    async def handle(msg: Message, conn: AConn) -> None:
+        await conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.id, msg.attempts_count))
+        runs.append(msg.id)
+        if msg.attempts_count == 0:
+            raise RuntimeError("first attempt fails after writing")
+
+    drain(dsn, farm, lambda: len(runs) == 10)
+    rows = effects.execute("SELECT msg_id, attempt FROM effects ORDER BY msg_id").fetchall()
+    assert rows == [(i, 1) for i in sorted(ids)]  # only the second attempts' writes
+    assert scalar(effects, "SELECT count(*) FROM outbox") == 0
+
+
+def test_a_nack_rolls_back_and_a_row_failing_for_good_leaves_no_writes(
+    dsn: str, effects: psycopg.Connection[Any]
+) -> None:
+    queue, farm = qname(), Farm()
+    nacked = farm.publish(effects, "nack once", queue=queue)
+    poison = farm.publish(effects, "poison", queue=queue)
+    effects.commit()
+    runs: list[int] = []
+
+    @farm.handler(queue, transactional=True, max_deliveries=2, retry=ConstantBackoff(0.01))
+    async def handle(msg: Message, conn: AConn) -> None:
+        await conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.id, msg.attempts_count))
+        runs.append(msg.id)
+        if msg.id == poison:
+            raise RuntimeError("poison")
+        if msg.attempts_count == 0:
+            msg.nack(0.01)
+
+    drain(dsn, farm, lambda: runs.count(poison) == 2 and runs.count(nacked) == 2)
+    assert effects.execute("SELECT msg_id, attempt FROM effects").fetchall() == [(nacked, 1)]
+    reason = scalar(effects, "SELECT failure_reason FROM outbox_dlq WHERE original_id = %s", poison)
+    assert reason == "max_deliveries"
+    assert scalar(effects, "SELECT count(*) FROM outbox") == 0
+
+
+def test_a_handler_that_outlives_its_lease_writes_nothing(
+    dsn: str, effects: psycopg.Connection[Any]
+) -> None:
+    """Another runner took the row over while the handler ran (its lease had expired): the
+    completion matches nothing, so the handler's transaction rolls back and the row stays."""
+    queue, farm = qname(), Farm()
+    row_id = farm.publish(effects, "slow", queue=queue)
+    effects.commit()
+    thief = uuid.uuid4()
+    lost_before = sample("outbox_farm_lease_lost_total", queue=queue, phase="ack")
+    finished: list[int] = []
+
+    @farm.handler(queue, transactional=True, max_deliveries=1)
+    async def handle(msg: Message, conn: AConn) -> None:
+        await conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.id, msg.attempts_count))
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            await other.execute(
+                "UPDATE outbox SET acquired_token = %s WHERE id = %s", (thief, msg.id)
+            )
+        finished.append(msg.id)
+
+    drain(dsn, farm, lambda: bool(finished))
+    assert scalar(effects, "SELECT count(*) FROM effects") == 0
+    assert scalar(effects, "SELECT acquired_token FROM outbox WHERE id = %s", row_id) == thief
+    assert sample("outbox_farm_lease_lost_total", queue=queue, phase="ack") - lost_before == 1
+
+
+def test_transactional_needs_an_async_single_row_handler() -> None:
+    farm = Farm()
+    with pytest.raises(ConfigurationError, match="not a batch handler"):
+
+        @farm.handler("a", transactional=True, batch=10)
+        async def batch(msgs: list[Message], conn: AConn) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="not a plain function"):
+
+        @farm.handler("b", transactional=True)
+        def plain(msg: Message, conn: AConn) -> None: ...
