@@ -1,1 +1,0 @@
-"""Relays: outbox rows published to a broker in confirmed batches (see `base` for the contract)."""
