@@ -85,9 +85,11 @@ class TableNames:
         return f"outbox_{self.outbox.name}"
 
     def identifiers(self) -> dict[str, sql.Composable]:
-        """Placeholders for the SQL files and migrations."""
+        """Placeholders for the SQL files and migrations (`notify_channel`: the channel as a
+        string literal, for the runtime's own `pg_notify` calls)."""
         out = self.outbox
         ids: dict[str, sql.Composable] = {
+            "notify_channel": sql.Literal(self.channel),
             "outbox": out.identifier(),
             "pending_idx": out.sibling("_pending_idx", "pending index name"),
             "lease_idx": out.sibling("_lease_idx", "lease index name"),

@@ -56,21 +56,35 @@ RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count, o.cr
 -- Seconds (database clock) until this queue next has something to claim: the earliest pending
 -- row or the earliest lease to expire. NULL when the queue is empty. Both minima are index
 -- lookups on the partial indexes. (Leases from before migration 0004 carry no expiry and are
--- found by the poll.)
+-- found by the poll.) A keyed row held back by an older row of its key is not claimable
+-- however due it is: it does not count, or a fetcher would wake every millisecond for it; the
+-- deletion that frees it sends a NOTIFY instead (`ack`, `dlq_move`).
 SELECT extract(epoch FROM least(
-    (SELECT min(next_attempt_at) FROM {outbox}
-      WHERE queue = %(queue)s AND acquired_token IS NULL),
+    (SELECT min(c.next_attempt_at) FROM {outbox} AS c
+      WHERE c.queue = %(queue)s AND c.acquired_token IS NULL
+        AND (c.ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {outbox} AS older
+            WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key
+              AND older.id < c.id))),
     (SELECT min(lease_expires_at) FROM {outbox}
       WHERE queue = %(queue)s AND acquired_token IS NOT NULL)
 ) - now())::float8
 
 -- name: ack
 -- Success: delete the rows this runner still holds. Rows not returned were lost to a newer
--- lease (or are gone) and are reported as lease_lost.
-DELETE FROM {outbox} AS o
-USING unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
-WHERE o.id = t.id AND o.acquired_token = t.token
-RETURNING o.id, t.token
+-- lease (or are gone) and are reported as lease_lost. Deleting a keyed row may free the next
+-- row of its key, which no fetcher is waiting for: one NOTIFY per queue wakes them (sent at
+-- commit; unkeyed deletions send nothing).
+WITH gone AS (
+    DELETE FROM {outbox} AS o
+    USING unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
+    WHERE o.id = t.id AND o.acquired_token = t.token
+    RETURNING o.id, t.token, o.queue, o.ordering_key
+), wake AS (
+    SELECT pg_notify({notify_channel}, queue)
+    FROM (SELECT DISTINCT queue FROM gone WHERE ordering_key IS NOT NULL) AS freed
+)
+SELECT gone.id, gone.token FROM gone, (SELECT count(*) FROM wake) AS woken
 
 -- name: retry
 -- Handler ran and failed, try again later: count the attempt, set the next due time from the
@@ -103,7 +117,8 @@ RETURNING o.id, t.token
 -- name: dlq_move
 -- Terminal failure with a DLQ: the DELETE feeds the INSERT in one statement, so the row is
 -- either archived and gone, or (the INSERT failed) still here under its lease. A lost lease
--- deletes nothing and therefore archives nothing.
+-- deletes nothing and therefore archives nothing. A keyed row's move wakes the fetchers, as
+-- `ack` does: it may free the next row of its key.
 WITH t AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(reasons)b::text[],
                          %(exceptions)b::text[]) AS t(id, token, reason, exc)
@@ -112,15 +127,19 @@ WITH t AS (
     USING t
     WHERE o.id = t.id AND o.acquired_token = t.token
     RETURNING o.id, o.queue, o.payload, o.headers, o.deliveries_count, o.created_at,
-              o.timer_id, t.reason, t.exc, t.token
+              o.timer_id, t.reason, t.exc, t.token, o.ordering_key
 ), moved AS (
     INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
                        failure_reason, last_exception, timer_id)
     SELECT id, queue, payload, headers, deliveries_count, created_at, reason, exc, timer_id
     FROM gone
     RETURNING original_id
+), wake AS (
+    SELECT pg_notify({notify_channel}, queue)
+    FROM (SELECT DISTINCT queue FROM gone WHERE ordering_key IS NOT NULL) AS freed
 )
-SELECT gone.id, gone.token FROM gone JOIN moved ON moved.original_id = gone.id
+SELECT gone.id, gone.token
+FROM gone JOIN moved ON moved.original_id = gone.id, (SELECT count(*) FROM wake) AS woken
 
 -- name: gauges
 -- Database-derived gauges, one row per queue: backlog (rows not yet acked), age of the oldest
@@ -198,7 +217,13 @@ SELECT 1
 -- name: complete_in_transaction
 -- A transactional handler's ack, inside the handler's own transaction, after its writes: the
 -- row goes only while this runner's lease still holds, and it goes or stays with those writes.
--- Nothing returned: the lease was lost, and the transaction is rolled back.
-DELETE FROM {outbox}
-WHERE id = %(id)s AND acquired_token = %(token)s
-RETURNING id
+-- Nothing returned: the lease was lost, and the transaction is rolled back. A keyed row wakes
+-- the fetchers at commit, as `ack` does.
+WITH gone AS (
+    DELETE FROM {outbox}
+    WHERE id = %(id)s AND acquired_token = %(token)s
+    RETURNING id, queue, ordering_key
+), wake AS (
+    SELECT pg_notify({notify_channel}, queue) FROM gone WHERE ordering_key IS NOT NULL
+)
+SELECT gone.id FROM gone, (SELECT count(*) FROM wake) AS woken

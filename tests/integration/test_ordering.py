@@ -7,15 +7,20 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from outbox_farm import ConfigurationError, ConstantBackoff, Farm, Message, Retry
+from outbox_farm.metrics import metrics
 from outbox_farm.settings import RuntimeSettings
+
+metrics()  # register the collectors before the first sample is read
 
 SETTINGS = RuntimeSettings(poll_interval=0.05)
 
@@ -49,9 +54,15 @@ class Ledger:
         return out
 
 
-def drain(dsn: str, farm: Farm, done: Callable[[], bool], timeout: float = 60.0) -> None:
+def drain(
+    dsn: str,
+    farm: Farm,
+    done: Callable[[], bool],
+    timeout: float = 60.0,
+    settings: RuntimeSettings = SETTINGS,
+) -> None:
     async def main() -> None:
-        async with farm.running(dsn, SETTINGS):
+        async with farm.running(dsn, settings):
             deadline = time.monotonic() + timeout
             while not done():
                 assert time.monotonic() < deadline, "the farm did not finish in time"
@@ -216,3 +227,33 @@ def test_a_retry_of_a_keyed_row_keeps_its_place(dsn: str, conn: psycopg.Connecti
 
     drain(dsn, farm, lambda: seen.count(second) == 1)
     assert seen == [first, first, second]
+
+
+def test_a_key_held_back_by_a_retrying_head_does_not_make_fetchers_spin(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The held-back row is due but not claimable: the fetcher sleeps until the head is due
+    (its claims stay few), and the head's ack wakes it for the next row at once."""
+    farm = Farm()
+    queue = f"spin_{uuid.uuid4().hex[:8]}"
+    head = farm.publish(conn, "head", queue=queue, ordering_key="k")
+    second = farm.publish(conn, "second", queue=queue, ordering_key="k")
+    conn.commit()
+    ran: list[tuple[int, float]] = []
+    began = time.monotonic()
+
+    @farm.handler(queue, retry=ConstantBackoff(1.5))
+    async def handle(msg: Message) -> None:
+        ran.append((msg.id, time.monotonic() - began))
+        if msg.attempts_count == 0:
+            raise RuntimeError("the head fails once")
+
+    claims = REGISTRY.get_sample_value("outbox_farm_fetch_seconds_count", {"queue": queue}) or 0
+    drain(dsn, farm, lambda: len(ran) == 3, settings=RuntimeSettings(poll_interval=5.0))
+    claims = (
+        REGISTRY.get_sample_value("outbox_farm_fetch_seconds_count", {"queue": queue}) or 0
+    ) - claims
+    assert [row_id for row_id, _ in ran] == [head, head, second]
+    assert ran[1][1] >= 1.4
+    assert ran[2][1] - ran[1][1] < 0.5  # woken by the head's ack, not by the 5 s poll
+    assert claims < 20, f"{claims} claims in {ran[2][1]:.1f}s: the fetcher spun"

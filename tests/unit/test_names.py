@@ -27,6 +27,7 @@ def test_default_names_and_derived_identifiers() -> None:
     names = TableNames.build("outbox", "outbox_dlq")
     assert names.channel == "outbox_outbox"
     assert rendered(names) == {
+        "notify_channel": "'outbox_outbox'",
         "outbox": '"outbox"',
         "pending_idx": '"outbox_pending_idx"',
         "lease_idx": '"outbox_lease_idx"',
