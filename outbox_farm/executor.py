@@ -321,7 +321,10 @@ class Executors:
 
         async def work(conn: AsyncConnection) -> bool:
             await func(msg, conn)
-            return decision.completes(spec, msg)
+            if not decision.completes(spec, msg):
+                return False
+            self.ledger.writing(msg.id)  # a heartbeat racing the commit is not a lost lease
+            return True
 
         completion = await self._complete(msg.id, msg.lease_token, work)
         if completion is Completion.COMPLETED:

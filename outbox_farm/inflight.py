@@ -85,6 +85,13 @@ class Ledger:
         lease.state = State.WRITING
         return True
 
+    def writing(self, row_id: int) -> None:
+        """A transactional handler is about to complete its row in its own transaction: from
+        now on a heartbeat that misses the row may simply have come after that commit."""
+        lease = self.rows.get(row_id)
+        if lease is not None:
+            lease.state = State.WRITING
+
     def lose(self, row_id: int, token: uuid.UUID, phase: str) -> None:
         """The row's lease was found lost outside the heartbeat (a transactional handler's
         completion matched nothing): its outcome will not be written."""
