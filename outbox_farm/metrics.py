@@ -59,6 +59,7 @@ class Metrics:
     flush_batch_size: Histogram
     backlog: Gauge
     oldest_pending_age: Gauge
+    xmin_horizon_age: Gauge
     dlq_rows: Gauge
     vacuum_seconds: Histogram
     dlq_purged: Counter
@@ -128,6 +129,12 @@ def metrics() -> Metrics:
             "flush_batch_size", "Outcomes per completer flush.", (), BATCH_BUCKETS
         ),
         backlog=gauge("backlog", "Rows in the outbox table.", "mostrecent", "queue"),
+        xmin_horizon_age=gauge(
+            "xmin_horizon_age_seconds",
+            "How long the oldest open snapshot (or prepared transaction) of the database has "
+            "held back VACUUM; 0 when none does.",
+            "mostrecent",
+        ),
         oldest_pending_age=gauge(
             "oldest_pending_age_seconds",
             "Age of the oldest due row nobody holds.",

@@ -10,6 +10,7 @@ import psycopg
 from ..errors import SchemaError
 from ..queries import Queries
 from .boundary import boundary
+from .operator import XminHolder
 from .pool import Pool
 
 LOCK_NOT_AVAILABLE = "55P03"  # VACUUM (SKIP_LOCKED) warns with it when someone else holds it
@@ -54,6 +55,15 @@ async def backlog(pool: Pool, queries: Queries) -> list[QueueBacklog]:
         async with pool.connection() as conn:
             rows = await (await conn.execute(queries["gauges"])).fetchall()
     return [QueueBacklog(queue, int(count), float(age)) for queue, count, age in rows]
+
+
+async def xmin_holders(pool: Pool, queries: Queries) -> list[XminHolder]:
+    """The oldest session, prepared transaction or replication slot holding back this
+    database's xmin horizon (what `doctor` reports): one, or none."""
+    with boundary():
+        async with pool.connection() as conn:
+            rows = await (await conn.execute(queries["admin_xmin_holder"])).fetchall()
+    return [XminHolder(*row) for row in rows]
 
 
 async def dlq_counts(pool: Pool, queries: Queries) -> list[DlqCount]:
