@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ..errors import OutboxFarmError
+from .demo import demo
 from .dlq import dlq
 from .ops import doctor_command, stats
 from .options import EPILOG
@@ -33,5 +34,5 @@ def main() -> None:
     """outbox_farm: deliver every committed outbox row to its handler, at least once."""
 
 
-for command in (migrate_command, check, sql, start, stats, dlq, doctor_command):
+for command in (migrate_command, check, sql, start, demo, stats, dlq, doctor_command):
     main.add_command(command)
