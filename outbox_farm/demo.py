@@ -77,6 +77,12 @@ def _report(
     )
 
 
+def _failed(what: str, workdir: Path) -> OutboxFarmError:
+    """The error for a demo farm that failed, with the end of its log (its directory goes)."""
+    lines = (workdir / "farm.log").read_text(errors="replace").splitlines()[-20:]
+    return OutboxFarmError(f"{what}; the end of its log:\n" + "\n".join(lines))
+
+
 def _read(url: str) -> Scrape | None:
     try:
         return scrape(url, timeout=2.0)
@@ -107,9 +113,7 @@ def run_farm(
         while True:
             time.sleep(0.2)
             if proc.poll() is not None:
-                raise OutboxFarmError(
-                    f"the demo farm exited with status {proc.returncode}: see {workdir}/farm.log"
-                )
+                raise _failed(f"the demo farm exited with status {proc.returncode}", workdir)
             reading = _read(url)
             if reading is None:
                 continue
@@ -123,9 +127,10 @@ def run_farm(
             if finished:
                 break
             if time.monotonic() > deadline:
-                raise OutboxFarmError(
+                raise _failed(
                     f"the demo farm handled {done:,.0f} of {messages:,} messages in "
-                    f"{DRAIN_LIMIT:.0f}s; see {workdir}/farm.log"
+                    f"{DRAIN_LIMIT:.0f}s",
+                    workdir,
                 )
         lag = last.buckets.get(QUEUE, {})
         return Summary(

@@ -47,3 +47,18 @@ def test_demo_help_says_what_it_does() -> None:
     assert "outbox_demo" in shown
     assert "--messages" in shown
     assert "--procs" in shown
+
+
+def test_a_demo_that_cannot_reach_its_server_says_so(tmp_path: Path) -> None:
+    failed = subprocess.run(
+        [str(CLI), "demo", "--dsn", "host=127.0.0.1 port=1 dbname=nowhere", "--messages", "10"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert failed.returncode == 1
+    assert "cannot connect to" in failed.stderr
+    assert "Check --dsn" in failed.stderr
