@@ -173,7 +173,7 @@ class Producer:
         self.notify = notify
         self._publisher = Publisher(queries)
 
-    def _one(
+    def build_row(
         self,
         body: object,
         *,
@@ -187,6 +187,8 @@ class Producer:
         notify: bool | None = None,
         ordering_key: str | None = None,
     ) -> tuple[NewRow, bool]:
+        """One publish call checked and encoded, not written: the row `publish` inserts and
+        whether it notifies. Public for `outbox_farm.testing`, which keeps such rows in memory."""
         _check_name(queue, "queue")
         if timer_id is not None:
             _check_name(timer_id, "timer_id")
@@ -209,7 +211,7 @@ class Producer:
         )
         return row, self.notify if notify is None else notify
 
-    def _batch(
+    def build_batch(
         self,
         bodies: Sequence[object],
         *,
@@ -221,6 +223,7 @@ class Producer:
         ordering_key: str | None = None,
         ordering_keys: Sequence[str | None] | None = None,
     ) -> tuple[NewBatch, bool]:
+        """`build_row` for `publish_batch`."""
         _check_name(queue, "queue")
         if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
             raise ConfigurationError("publish_batch takes a sequence (list or tuple) of bodies")
@@ -245,14 +248,14 @@ class Producer:
         None means a timer with this `timer_id` already exists and was kept (`ignore`), or is
         running and could not be moved (`extend`). The caller commits or rolls back.
         """
-        row, notify = self._one(body, **options)
+        row, notify = self.build_row(body, **options)
         return self._publisher.insert(conn, row, notify=notify)
 
     async def apublish(
         self, conn: AsyncConnection, body: object, **options: Unpack[PublishOptions]
     ) -> int | None:
         """`publish` for an `AsyncConnection`."""
-        row, notify = self._one(body, **options)
+        row, notify = self.build_row(body, **options)
         return await self._publisher.ainsert(conn, row, notify=notify)
 
     def publish_batch(
@@ -262,14 +265,14 @@ class Producer:
 
         Each row gets its own correlation id. At most one NOTIFY is sent for the batch.
         """
-        batch, notify = self._batch(bodies, **options)
+        batch, notify = self.build_batch(bodies, **options)
         return self._publisher.insert_batch(conn, batch, notify=notify)
 
     async def apublish_batch(
         self, conn: AsyncConnection, bodies: Sequence[object], **options: Unpack[BatchOptions]
     ) -> list[int]:
         """`publish_batch` for an `AsyncConnection`."""
-        batch, notify = self._batch(bodies, **options)
+        batch, notify = self.build_batch(bodies, **options)
         return await self._publisher.ainsert_batch(conn, batch, notify=notify)
 
     def cancel_timer(self, conn: Connection, *, queue: str, timer_id: str) -> bool:
