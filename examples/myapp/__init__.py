@@ -1,0 +1,1 @@
+"""The app the README's "Testing your handlers" examples import (`myapp.outbox`)."""
