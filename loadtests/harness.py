@@ -18,7 +18,6 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,9 +26,9 @@ from typing import Any
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
+from outbox_farm.db import scratch
 from outbox_farm.dsn import redact
 from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
@@ -92,12 +91,6 @@ def admin_server(
         shutil.rmtree(data.parent, ignore_errors=True)
 
 
-def with_dbname(dsn: str, name: str) -> str:
-    params = conninfo_to_dict(dsn)
-    params["dbname"] = name
-    return make_conninfo(**params)  # type: ignore[arg-type]
-
-
 def dbname(dsn: str) -> str:
     return str(conninfo_to_dict(dsn)["dbname"])
 
@@ -113,22 +106,14 @@ def scratch_database(
 ) -> Iterator[str]:
     """A new database beside `admin`'s, migrated for `names` (then `prepare`d), dropped WITH
     (FORCE) on the way out unless `keep`: a run that died leaves no connection to wait for."""
-    name = f"{prefix}{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = with_dbname(admin, name)
-    try:
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
-            migrate(conn, names)
-            if prepare is not None:
-                prepare(conn)
+
+    def migrated(conn: psycopg.Connection[Any]) -> None:
+        migrate(conn, names)
+        if prepare is not None:
+            prepare(conn)
+
+    with scratch.scratch_database(admin, prefix, prepare=migrated, keep=keep) as dsn:
         yield dsn
-    finally:
-        if not keep:
-            with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
 
 
 # -- the farm under test ---------------------------------------------------------------------
