@@ -24,6 +24,11 @@ def redact(dsn: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
+def redact_url(url: str) -> str:
+    """A broker URL (amqp://, nats://, redis://) with any password replaced by `***`."""
+    return _URL_PASSWORD.sub(r"\1***@", url)
+
+
 def check_dsn(dsn: str) -> str:
     """Refuse a DSN that libpq cannot even parse, with the reason."""
     try:

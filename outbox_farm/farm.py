@@ -18,6 +18,8 @@ from .settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from .observe import Observer
+    from .relay.base import Target
+    from .relay.runner import Relay
     from .runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -123,6 +125,55 @@ class Farm:
             return func
 
         return register
+
+    def relay(
+        self,
+        queue: str,
+        *,
+        to: Target,
+        batch: int = 500,
+        concurrency: int = 1,
+        max_deliveries: int | None = None,
+        retry: RetryStrategy = DEFAULT_RETRY,
+        lease_ttl: float = 60.0,
+        prefetch: int | None = None,
+        linger: float = 0.005,
+        on_failure: FailureHook | None = None,
+    ) -> Relay:
+        """Relay the rows of `queue` to a broker: `to` is a target (`RabbitMQ`, `NatsJetStream`,
+        `RedisStream` from `outbox_farm.relay`, or your own `relay.Target`).
+
+        Up to `batch` claimed rows are published together and each is acked only once the
+        broker confirmed it; a refusal or a missing confirm is a failed run of that row (its
+        `retry` strategy, then the DLQ with what the broker said). While the broker cannot be
+        reached the relay holds its rows (leased, renewed) and reconnects; nothing is acked
+        and nothing dead-lettered for it. `concurrency=1` publishes one batch at a time, in
+        claim order; more batches in flight are faster and give up that order. No
+        `max_deliveries` by default: an outage's re-claims (a restarted process) must not
+        dead-letter rows the broker never refused.
+        """
+        from .relay.base import Target
+        from .relay.runner import RELAY_TIMEOUT, Relay
+
+        if not isinstance(to, Target):
+            raise ConfigurationError(
+                f"relay {queue!r}: to= must be a relay target (connect, publish, close, label), "
+                f"got {to!r}"
+            )
+        runner = Relay(to, str(self.names.outbox))
+        self.handler(
+            queue,
+            concurrency=concurrency,
+            max_deliveries=max_deliveries,
+            retry=retry,
+            lease_ttl=lease_ttl,
+            timeout=RELAY_TIMEOUT,
+            prefetch=prefetch,
+            on_failure=on_failure,
+            batch=batch,
+            linger=linger,
+        )(runner)
+        return runner
 
     @asynccontextmanager
     async def running(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
 
-GaugeMode = Literal["livesum", "mostrecent", "max"]
+GaugeMode = Literal["livesum", "mostrecent", "max", "livemin"]
 
 PREFIX = "outbox_farm_"
 LATENCY_BUCKETS = (
@@ -149,6 +149,58 @@ def metrics() -> Metrics:
         ),
         dlq_purged=counter(
             "dlq_purged", "DLQ rows deleted by the farm's retention (--dlq-retention).", "queue"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RelayMetrics:
+    published: Counter
+    confirmed: Counter
+    nacked: Counter
+    returned: Counter
+    unconfirmed: Counter
+    publish_seconds: Histogram
+    batch_size: Histogram
+    up: Gauge
+
+
+@cache
+def relay_metrics() -> RelayMetrics:
+    """The relays' metrics, by target label; made by the first relay batch of a process."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    def counter(name: str, doc: str) -> Counter:
+        return Counter(PREFIX + "relay_" + name, doc, ["target"])
+
+    return RelayMetrics(
+        published=counter("published", "Messages sent to the broker (re-sends included)."),
+        confirmed=counter("confirmed", "Messages the broker confirmed; their rows are acked."),
+        nacked=counter(
+            "nacked", "Messages the broker refused (nack, rejected entry, unresolvable route)."
+        ),
+        returned=counter("returned", "Messages the broker returned as unroutable."),
+        unconfirmed=counter(
+            "unconfirmed", "Messages whose confirm never came (connection lost, timeout)."
+        ),
+        publish_seconds=Histogram(
+            PREFIX + "relay_publish_seconds",
+            "From sending a batch to the last confirm of it.",
+            ["target"],
+            buckets=LATENCY_BUCKETS,
+        ),
+        batch_size=Histogram(
+            PREFIX + "relay_batch_size",
+            "Messages per published batch.",
+            ["target"],
+            buckets=BATCH_BUCKETS,
+        ),
+        up=Gauge(
+            PREFIX + "relay_up",
+            "1 while the relay is connected to its broker, 0 while it is not (the lowest of the "
+            "farm's processes).",
+            ["target"],
+            multiprocess_mode="livemin",
         ),
     )
 

@@ -33,6 +33,7 @@ from .message import Message
 from .observe import Observer
 from .problems import Problems
 from .queries import Queries
+from .relay.runner import Relay
 from .settings import RuntimeSettings
 
 log = logging.getLogger("outbox_farm.runtime")
@@ -76,6 +77,7 @@ class Runtime:
         self.completer: Completer | None = None
         self.ledgers: dict[str, Ledger] = {}
         self.heartbeats: list[Heartbeat] = []
+        self.relays: list[Relay] = []
         self.problems = Problems()
         self.observer = observe.observers(observers)
         self.listener: Listener | None = None
@@ -155,6 +157,9 @@ class Runtime:
                 spec, inbox, fetcher, self.completer, self.observer, complete=complete
             )
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
+            if isinstance(spec.func, Relay):  # its broker connection closes after the last batch
+                self.relays.append(spec.func)
+                stack.push_async_callback(spec.func.close)
             executors.start()
             stack.push_async_callback(self._stop_executors, executors)
             if spec.heartbeat:
@@ -209,8 +214,9 @@ class Runtime:
     @property
     def problem(self) -> str | None:
         """A one-line reason while a permanent database error (a missing privilege, table or
-        column) keeps an operation of this runtime failing; None once it succeeds again."""
-        return self.problems.current
+        column) keeps an operation of this runtime failing, or a relay cannot reach its broker;
+        None once that passes."""
+        return self.problems.current or next((r.problem for r in self.relays if r.problem), None)
 
     # -- wiring --------------------------------------------------------------------------
 

@@ -1,0 +1,182 @@
+"""The relay runner: the batch handler of a relay queue.
+
+It turns claimed rows into `Envelope`s, has the target publish them as one batch, and settles
+each row from its `Delivery`: `ack()` on CONFIRMED only; `nack(error=...)` otherwise, so the
+queue's retry strategy, `max_deliveries` and the DLQ apply as to any handler, with what the
+broker said as the error. While the broker is unreachable the runner holds its batch (the
+heartbeat keeps the leases) and reconnects with a jittered backoff; the rows stay in the outbox,
+in claim order, and nothing is acked. `outbox_farm_relay_up{target}` and `problem` (which
+`/healthz` reports) say so meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from ..message import Message
+from ..metrics import relay_metrics
+from ..producer import CONTENT_TYPE
+from .base import Delivery, Envelope, Outcome, Target, TargetUnavailable
+
+log = logging.getLogger("outbox_farm.relay")
+
+RECONNECT_FIRST = 0.2  # seconds before the first reconnect; doubled up to RECONNECT_CAP
+RECONNECT_CAP = 15.0
+# A relay call's timeout: it waits out a broker outage holding its rows (the heartbeat renews
+# their leases), so only a day without a broker abandons a batch; each publish is bounded by
+# its target's own confirm timeout.
+RELAY_TIMEOUT = 24 * 3600.0
+
+
+class BrokerRefused(Exception):
+    """The broker refused the message (a nack, a rejected entry, an unresolvable route)."""
+
+
+class Unroutable(BrokerRefused):
+    """The broker returned the message: no queue is bound for its routing key."""
+
+
+class Unconfirmed(Exception):
+    """No confirm arrived (the connection broke mid-batch, or the confirm timed out): the row
+    is published again; the broker may see it twice, with the same message id."""
+
+
+_ERRORS: dict[Outcome, type[Exception]] = {
+    Outcome.NACKED: BrokerRefused,
+    Outcome.RETURNED: Unroutable,
+    Outcome.UNCONFIRMED: Unconfirmed,
+}
+
+
+def message_id(table: str, msg: Message) -> str:
+    """Stable for the row across re-sends and processes; distinct across tables and across a
+    table recreated with its ids starting over (the creation time is part of it)."""
+    return f"{table}:{msg.id}:{int(msg.created_at.timestamp() * 1_000_000)}"
+
+
+def envelope(table: str, msg: Message) -> Envelope:
+    headers = {
+        key: value if isinstance(value, str) else orjson.dumps(value).decode()
+        for key, value in msg.headers.items()
+        if key not in (CONTENT_TYPE, "correlation_id")
+    }
+    return Envelope(
+        msg.id,
+        message_id(table, msg),
+        msg.queue,
+        msg.body,
+        headers,
+        msg.content_type,
+        msg.correlation_id,
+    )
+
+
+class Relay:
+    """The handler `Farm.relay` registers: called with a batch of claimed rows of its queue."""
+
+    def __init__(self, target: Target, table: str) -> None:
+        self.target = target
+        self.table = table
+        self.label = target.label
+        self.problem: str | None = None  # why the broker is unreachable, for /healthz
+        self._up = False
+        self._lock = asyncio.Lock()
+        self._metrics: Any = None
+
+    def __repr__(self) -> str:
+        return f"Relay(to={self.label})"
+
+    async def __call__(self, msgs: list[Message]) -> None:
+        m = self._bind()
+        batch = [envelope(self.table, msg) for msg in msgs]
+        while True:
+            await self._connected()
+            began = time.perf_counter()
+            try:
+                deliveries = await self.target.publish(batch)
+            except TargetUnavailable as exc:
+                self._down(exc)
+                deliveries = [Delivery(Outcome.UNCONFIRMED, str(exc))] * len(batch)
+            if len(deliveries) != len(batch):
+                raise RuntimeError(
+                    f"relay target {self.label} returned {len(deliveries)} deliveries for a "
+                    f"batch of {len(batch)}: a bug in the target"
+                )
+            m.publish_seconds.labels(self.label).observe(time.perf_counter() - began)
+            m.batch_size.labels(self.label).observe(len(batch))
+            m.published.labels(self.label).inc(len(batch))
+            break
+        self._settle(msgs, deliveries)
+
+    def _settle(self, msgs: Sequence[Message], deliveries: Sequence[Delivery]) -> None:
+        m = self._bind()
+        counts = dict.fromkeys(Outcome, 0)
+        for msg, delivery in zip(msgs, deliveries, strict=True):
+            counts[delivery.outcome] += 1
+            if delivery.outcome is Outcome.CONFIRMED:
+                msg.ack()
+            else:
+                error = _ERRORS[delivery.outcome](
+                    f"{self.label}: {delivery.reason or delivery.outcome.value}"
+                )
+                msg.nack(error=error)
+        if counts[Outcome.UNCONFIRMED]:
+            self._up = False  # maybe a broken connection: the next batch checks it first
+        for outcome, counter in (
+            (Outcome.CONFIRMED, m.confirmed),
+            (Outcome.NACKED, m.nacked),
+            (Outcome.RETURNED, m.returned),
+            (Outcome.UNCONFIRMED, m.unconfirmed),
+        ):
+            if counts[outcome]:
+                counter.labels(self.label).inc(counts[outcome])
+
+    async def _connected(self) -> None:
+        """Return once the target is connected: at once while it is; else reconnect with a
+        jittered, doubling backoff, however long that takes (the rows wait, leased)."""
+        if self._up:
+            return
+        async with self._lock:
+            delay = RECONNECT_FIRST
+            while not self._up:
+                try:
+                    await self.target.connect()
+                except TargetUnavailable as exc:
+                    self._down(exc)
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                    delay = min(delay * 2, RECONNECT_CAP)
+                    continue
+                self._up, self.problem = True, None
+                self._bind().up.labels(self.label).set(1)
+                log.info(
+                    "relay to %s connected",
+                    self.label,
+                    extra={"event": "relay_up", "target": self.label},
+                )
+
+    def _down(self, exc: BaseException) -> None:
+        reason = f"relay to {self.label} cannot reach its broker: {exc}"
+        if self._up or self.problem != reason:
+            log.warning(
+                "%s; holding its rows and reconnecting",
+                reason,
+                extra={"event": "relay_down", "target": self.label},
+            )
+        self._up, self.problem = False, reason
+        self._bind().up.labels(self.label).set(0)
+
+    def _bind(self) -> Any:
+        if self._metrics is None:
+            self._metrics = relay_metrics()
+        return self._metrics
+
+    async def close(self) -> None:
+        await self.target.close()
+        self._up = False

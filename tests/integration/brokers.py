@@ -1,0 +1,90 @@
+"""The real brokers the relay tests publish to, and a TCP proxy in front of them that a test
+can cut and restore: a broker outage, seen from the relay, without touching the shared broker.
+
+Each broker's URL comes from the environment (`OUTBOX_FARM_TEST_AMQP`, `..._NATS`,
+`..._REDIS`), else the local default; a test that needs one that does not answer is skipped,
+saying which and where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+AMQP = os.environ.get("OUTBOX_FARM_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+NATS = os.environ.get("OUTBOX_FARM_TEST_NATS", "nats://127.0.0.1:4222")
+REDIS = os.environ.get("OUTBOX_FARM_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def require(url: str) -> str:
+    """`url`, or skip the test when nothing listens at its host and port."""
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 2).close()
+    except OSError as exc:
+        pytest.skip(f"no broker at {parts.hostname}:{parts.port} ({exc}); set the URL variable")
+    return url
+
+
+class Proxy:
+    """Forwards a local port to the broker of `url`; `cut()` drops every connection and
+    refuses new ones until `restore()`. `url` is the broker's URL pointed at the proxy."""
+
+    def __init__(self, target: str) -> None:
+        self._target = urlsplit(target)
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.StreamWriter] = set()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        netloc = self._target.netloc.rsplit("@", 1)
+        host = f"127.0.0.1:{self.port}"
+        self.url = urlunsplit(
+            self._target._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host)
+        )
+        self.connections = 0
+
+    async def restore(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._pipes):
+            writer.transport.abort()
+        self._pipes.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(
+                self._target.hostname, self._target.port
+            )
+        except OSError:
+            writer.transport.abort()
+            return
+        self._pipes.update((writer, up_writer))
+        await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Proxy]:
+        await self.restore()
+        try:
+            yield self
+        finally:
+            await self.cut()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, asyncio.CancelledError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    writer.transport.abort()
