@@ -33,7 +33,7 @@ def drain(
     *,
     queues: Iterable[str] | None = None,
     within: float = 0.0,
-    limit: int = 10_000,
+    limit: int = 100_000,
     timeout: float = 60.0,
 ) -> Drained:
     """Run `farm`'s handlers against the database at `dsn` until its queues hold nothing due.
@@ -61,7 +61,7 @@ async def adrain(
     *,
     queues: Iterable[str] | None = None,
     within: float = 0.0,
-    limit: int = 10_000,
+    limit: int = 100_000,
     timeout: float = 60.0,
 ) -> Drained:
     """`drain` from a coroutine, on the running event loop."""

@@ -174,7 +174,7 @@ class Recorder:
     # -- running the handlers ------------------------------------------------------------
 
     def run(
-        self, *, queues: Iterable[str] | None = None, within: float = 0.0, limit: int = 10_000
+        self, *, queues: Iterable[str] | None = None, within: float = 0.0, limit: int = 100_000
     ) -> Drained:
         """Run the handlers on every due message, one at a time (a batch at a time for a batch
         handler), until none is due; `within` moves the clock to run what falls due in the next
@@ -183,7 +183,7 @@ class Recorder:
         return asyncio.run(self.arun(queues=queues, within=within, limit=limit))
 
     async def arun(
-        self, *, queues: Iterable[str] | None = None, within: float = 0.0, limit: int = 10_000
+        self, *, queues: Iterable[str] | None = None, within: float = 0.0, limit: int = 100_000
     ) -> Drained:
         specs = self._specs(queues)
         collector = Collector()
