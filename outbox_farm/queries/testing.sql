@@ -18,12 +18,12 @@ WHERE c.queue = ANY(%(queues)s)
 -- A test's clock moves forward by %(seconds)s: every row of its queues nobody holds becomes
 -- due that much sooner, and its past attempts happened that much earlier, so a retry strategy
 -- that looks at the time since the first attempt sees the time pass too. Rows someone holds
--- are left alone: their lease is real time.
+-- are left alone: their lease is real time. `created_at` stays: it is part of a relayed
+-- message's stable id, which must not change between a send and its re-send.
 UPDATE {outbox}
 SET next_attempt_at = next_attempt_at - make_interval(secs => %(seconds)s),
     first_attempt_at = first_attempt_at - make_interval(secs => %(seconds)s),
-    last_attempt_at = last_attempt_at - make_interval(secs => %(seconds)s),
-    created_at = created_at - make_interval(secs => %(seconds)s)
+    last_attempt_at = last_attempt_at - make_interval(secs => %(seconds)s)
 WHERE queue = ANY(%(queues)s) AND acquired_token IS NULL
 
 -- name: create_database

@@ -1,23 +1,28 @@
 """The NATS JetStream target (nats-py, `pip install 'outbox-farm[nats]'`).
 
-A batch goes out as JetStream async publishes, all in flight at once, each awaited for its
-`PubAck`. Every message carries `Nats-Msg-Id` = the row's stable message id, so a re-send
-within the stream's duplicate window is dropped by the server (the ack then says `duplicate`,
-which is still a confirm: the stream holds the message). The client's own reconnecting is off:
-a dropped connection must reach the relay runner, which reports it and reconnects.
+A batch goes out as JetStream publishes all in flight at once, each with a reply inbox of its
+own on one subscription, and each awaited for its ack. Every message carries `Nats-Msg-Id` =
+the row's stable message id, so a re-send within the stream's duplicate window is dropped by
+the server (its ack says `duplicate`: still a confirm, the stream holds the message).
+
+The acks are read here rather than through nats-py's `publish_async`, whose reply handler
+raises the stream's error instead of handing it to the waiting future (nats-py 2.16): a refused
+message would look like a lost one, be retried forever and never reach the DLQ with its reason.
+The client's reconnecting is off: a dropped connection must reach the relay runner, which
+reports it and reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Sequence
-from typing import Any
 
 import nats
 import nats.errors
-import nats.js.errors
+import orjson
 from nats.aio.client import Client
-from nats.js import JetStreamContext
+from nats.aio.msg import Msg
 
 from ..dsn import redact_url
 from .base import (
@@ -33,6 +38,7 @@ from .base import (
 from .base import routed as route_all
 
 MSG_ID = "Nats-Msg-Id"
+NO_RESPONDERS = "503"
 
 
 class NatsJetStream:
@@ -40,8 +46,7 @@ class NatsJetStream:
     `"audit.{headers[tenant]}"`) or a callable of it; a stream must listen on the subject.
 
     `confirm_timeout`: seconds a batch waits for its acks before the rest count as unconfirmed
-    (retried; the duplicate window makes the re-send harmless). `max_pending`: async publishes
-    in flight per connection, at least the relay's batch size.
+    (retried; the duplicate window makes the re-send harmless).
     """
 
     def __init__(
@@ -50,16 +55,16 @@ class NatsJetStream:
         *,
         subject: Route = "{queue}",
         confirm_timeout: float = 30.0,
-        max_pending: int = 4000,
         label: str | None = None,
     ) -> None:
         self.url = url
         self.subject = check_route(subject, "subject")
         self.confirm_timeout = confirm_timeout
-        self.max_pending = max_pending
         self.label = label or "nats"
         self._nc: Client | None = None
-        self._js: JetStreamContext | None = None
+        self._inbox = ""
+        self._tokens = itertools.count()
+        self._waiting: dict[str, asyncio.Future[Delivery]] = {}
 
     def __repr__(self) -> str:
         return f"NatsJetStream({redact_url(self.url)})"
@@ -69,22 +74,25 @@ class NatsJetStream:
             return
         await self.close()
         try:
-            self._nc = await nats.connect(
+            nc = await nats.connect(
                 self.url,
                 allow_reconnect=False,
                 connect_timeout=10,
                 error_cb=_ignore,  # the runner reports; nats-py would log each error itself
             )
+            self._inbox = nc.new_inbox() + "."
+            await nc.subscribe(self._inbox + "*", cb=self._acked)
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             raise TargetUnavailable(f"{redact_url(self.url)}: {exc!r}") from None
-        self._js = self._nc.jetstream(publish_async_max_pending=self.max_pending)
+        self._nc = nc
 
     async def publish(self, batch: Sequence[Envelope]) -> list[Delivery]:
-        js, nc = self._js, self._nc
-        if js is None or nc is None or not nc.is_connected:
+        nc = self._nc
+        if nc is None or not nc.is_connected:
             raise TargetUnavailable("not connected")
+        loop = asyncio.get_running_loop()
         routes = route_all(self.subject, batch)
-        results: list[Delivery | asyncio.Future[Any]] = []
+        results: list[Delivery | asyncio.Future[Delivery]] = []
         try:
             for envelope, route in zip(batch, routes, strict=True):
                 if isinstance(route, Delivery):
@@ -95,38 +103,64 @@ class NatsJetStream:
                     headers["Content-Type"] = envelope.content_type
                 if envelope.correlation_id:
                     headers["Correlation-Id"] = envelope.correlation_id
-                results.append(await js.publish_async(route, envelope.body, headers=headers))
+                reply = f"{self._inbox}{next(self._tokens)}"
+                self._waiting[reply] = future = loop.create_future()
+                results.append(future)
+                await nc.publish(route, envelope.body, reply=reply, headers=headers)
         except (OSError, nats.errors.Error) as exc:
-            # The rest of the batch never left: unconfirmed, as are the sent ones' acks.
+            # The rest of the batch never left; the acks of what did may never come.
             reason = f"connection lost while publishing: {exc!r}"
             results.extend([Delivery(Outcome.UNCONFIRMED, reason)] * (len(batch) - len(results)))
         futures = [r for r in results if isinstance(r, asyncio.Future)]
         if futures:
-            _, pending = await asyncio.wait(futures, timeout=self.confirm_timeout)
-            for future in pending:
-                future.cancel()
-        return [
-            r if isinstance(r, Delivery) else _delivery(r, self.confirm_timeout) for r in results
-        ]
+            await asyncio.wait(futures, timeout=self.confirm_timeout)
+        lost = Delivery(Outcome.UNCONFIRMED, f"no ack within {self.confirm_timeout:g}s")
+        out = []
+        for result in results:
+            if isinstance(result, asyncio.Future):
+                if not result.done():
+                    result.cancel()
+                result = result.result() if not result.cancelled() else lost
+            out.append(result)
+        for reply in [k for k, f in self._waiting.items() if f.done()]:
+            del self._waiting[reply]
+        return out
+
+    async def _acked(self, msg: Msg) -> None:
+        """The stream's answer to one publish: an ack, an error, or no stream at all."""
+        future = self._waiting.pop(msg.subject, None)
+        if future is None or future.done():
+            return
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
+            future.set_result(
+                Delivery(Outcome.NACKED, "no JetStream stream listens on the subject")
+            )
+            return
+        try:
+            answer = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            future.set_result(Delivery(Outcome.UNCONFIRMED, f"unreadable ack {msg.data[:200]!r}"))
+            return
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if error:
+            future.set_result(
+                Delivery(
+                    Outcome.NACKED,
+                    f"refused by the stream: {error.get('description')} "
+                    f"(code {error.get('code')}, err_code {error.get('err_code')})",
+                )
+            )
+        else:
+            future.set_result(CONFIRMED)
 
     async def close(self) -> None:
-        nc, self._nc, self._js = self._nc, None, None
+        nc, self._nc = self._nc, None
+        for future in self._waiting.values():
+            future.cancel()
+        self._waiting.clear()
         if nc is not None and not nc.is_closed:
             await quietly(nc.close())
 
 
 async def _ignore(exc: Exception) -> None:
     return None
-
-
-def _delivery(future: asyncio.Future[Any], timeout: float) -> Delivery:
-    if future.cancelled():
-        return Delivery(Outcome.UNCONFIRMED, f"no ack within {timeout:g}s")
-    exc = future.exception()
-    if exc is None:
-        return CONFIRMED
-    if isinstance(exc, nats.js.errors.NoStreamResponseError):
-        return Delivery(Outcome.NACKED, "no JetStream stream listens on the subject")
-    if isinstance(exc, nats.js.errors.APIError):
-        return Delivery(Outcome.NACKED, f"refused by the stream: {exc}")
-    return Delivery(Outcome.UNCONFIRMED, f"no ack: {exc!r}")
