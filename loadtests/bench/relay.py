@@ -1,0 +1,325 @@
+"""Relay benchmark: end to end, pre-loaded outbox rows relayed by `outbox-farm start --procs 2`
+to each broker, against two references measured in the same run.
+
+    python -m loadtests.bench.relay --dsn "host=127.0.0.1 user=postgres dbname=postgres"
+
+Per target (RabbitMQ, NATS JetStream, Redis Streams; a broker that does not answer is skipped
+and said so): the relay's drain of --rows rows (msg/s: rows acked per second, every one
+confirmed by the broker); the broker's ceiling, the same bodies published by the same client
+library alone, no database, with the same confirm mode and as many messages in flight as a
+relay batch (target: the relay reaches >= 60% of it); and the obvious relay, a plain handler
+publishing one message per run and awaiting its confirm, on --naive-rows rows (target: the
+relay is >= 10x faster). Each broker is checked to hold every message after the relay's run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtests.harness import note
+from outbox_farm import Farm
+
+from .common import add_dsn, scratch, server
+from .farm import drain_run
+from .report import print_measures, verdict
+
+CEILING_RATIO = 0.6
+NAIVE_FACTOR = 10.0
+BODY = b"{}"  # what `preload` writes in every row
+DEST = "of_bench"
+
+APP = """
+import os
+from outbox_farm import Farm
+from outbox_farm.relay import NatsJetStream, RabbitMQ, RedisStream
+
+farm = Farm(dlq_table="outbox_dlq")
+url, dest = os.environ["RELAY_URL"], os.environ["RELAY_DEST"]
+target = {
+    "rabbitmq": lambda: RabbitMQ(url, exchange=dest, routing_key="bench"),
+    "nats": lambda: NatsJetStream(url, subject=dest + ".bench"),
+    "redis": lambda: RedisStream(url, stream=dest),
+}[os.environ["RELAY_KIND"]]()
+farm.relay("bench", to=target, batch=int(os.environ["RELAY_BATCH"]))
+"""
+
+NAIVE_APP = """
+import os
+from outbox_farm import Farm
+
+farm = Farm(dlq_table="outbox_dlq")
+url, dest, kind = os.environ["RELAY_URL"], os.environ["RELAY_DEST"], os.environ["RELAY_KIND"]
+client = []
+
+
+async def connect():
+    if kind == "rabbitmq":
+        import aio_pika
+        conn = await aio_pika.connect(url)
+        channel = await conn.channel(publisher_confirms=True)
+        return await channel.get_exchange(dest)
+    if kind == "nats":
+        import nats
+        return (await nats.connect(url)).jetstream()
+    import redis.asyncio
+    return redis.asyncio.Redis.from_url(url)
+
+
+@farm.handler("bench")
+async def relay_one(msg):
+    # The obvious way: one message per handler run, awaiting its confirm.
+    if not client:
+        client.append(await connect())
+    if kind == "rabbitmq":
+        import aio_pika
+        await client[0].publish(aio_pika.Message(msg.body, message_id=str(msg.id)), "bench")
+    elif kind == "nats":
+        await client[0].publish(dest + ".bench", msg.body, headers={"Nats-Msg-Id": str(msg.id)})
+    else:
+        await client[0].xadd(dest, {"body": msg.body, "message_id": str(msg.id)})
+"""
+
+
+@dataclass
+class Broker:
+    """One target kind: its URL, how to make its destination empty, count what it holds, and
+    publish `count` bodies with confirms, `inflight` at a time (the ceiling)."""
+
+    kind: str
+    url: str
+    reset: Callable[[], Awaitable[None]]
+    held: Callable[[], Awaitable[int]]
+    ceiling: Callable[[int, int], Awaitable[None]]
+    drop: Callable[[], Awaitable[None]]
+
+
+def rabbitmq(url: str) -> Broker:
+    import aio_pika
+
+    async def reset() -> None:
+        conn = await aio_pika.connect(url)
+        async with conn:
+            channel = await conn.channel()
+            exchange = await channel.declare_exchange(DEST, aio_pika.ExchangeType.DIRECT)
+            queue = await channel.declare_queue(DEST)
+            await queue.bind(exchange, "bench")
+            await queue.purge()
+
+    async def held() -> int:
+        conn = await aio_pika.connect(url)
+        async with conn:
+            queue = await (await conn.channel()).declare_queue(DEST, passive=True)
+            return int(queue.declaration_result.message_count or 0)
+
+    async def ceiling(count: int, inflight: int) -> None:
+        conn = await aio_pika.connect(url)
+        async with conn:
+            channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+            exchange = await channel.get_exchange(DEST)
+            for start in range(0, count, inflight):
+                await asyncio.gather(
+                    *(
+                        exchange.publish(
+                            aio_pika.Message(BODY, message_id=f"c{i}"), "bench", mandatory=True
+                        )
+                        for i in range(start, min(start + inflight, count))
+                    )
+                )
+
+    async def drop() -> None:
+        conn = await aio_pika.connect(url)
+        async with conn:
+            channel = await conn.channel()
+            await channel.queue_delete(DEST)
+            await channel.exchange_delete(DEST)
+
+    return Broker("rabbitmq", url, reset, held, ceiling, drop)
+
+
+def nats_jetstream(url: str) -> Broker:
+    import nats
+
+    async def with_js(work: Callable[[Any], Awaitable[Any]]) -> Any:
+        nc = await nats.connect(url)
+        try:
+            return await work(nc.jetstream())
+        finally:
+            await nc.close()
+
+    async def reset() -> None:
+        async def go(js: Any) -> None:
+            try:
+                await js.delete_stream(DEST)
+            except Exception:  # not there yet
+                pass
+            await js.add_stream(name=DEST, subjects=[DEST + ".>"], duplicate_window=120)
+
+        await with_js(go)
+
+    async def held() -> int:
+        async def go(js: Any) -> int:
+            return int((await js.stream_info(DEST)).state.messages)
+
+        return int(await with_js(go))
+
+    async def ceiling(count: int, inflight: int) -> None:
+        async def go(js: Any) -> None:
+            for start in range(0, count, inflight):
+                futures = [
+                    await js.publish_async(
+                        DEST + ".bench", BODY, headers={"Nats-Msg-Id": f"c{time.time()}-{i}"}
+                    )
+                    for i in range(start, min(start + inflight, count))
+                ]
+                await asyncio.gather(*futures)
+
+        await with_js(go)
+
+    async def drop() -> None:
+        async def go(js: Any) -> None:
+            await js.delete_stream(DEST)
+
+        await with_js(go)
+
+    return Broker("nats", url, reset, held, ceiling, drop)
+
+
+def redis_stream(url: str) -> Broker:
+    import redis.asyncio
+
+    async def with_client(work: Callable[[Any], Awaitable[Any]]) -> Any:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            return await work(client)
+        finally:
+            await client.aclose()
+
+    async def reset() -> None:
+        await with_client(lambda c: c.delete(DEST))
+
+    async def held() -> int:
+        return int(await with_client(lambda c: c.xlen(DEST)))
+
+    async def ceiling(count: int, inflight: int) -> None:
+        async def go(client: Any) -> None:
+            for start in range(0, count, inflight):
+                pipe = client.pipeline(transaction=False)
+                for i in range(start, min(start + inflight, count)):
+                    pipe.xadd(DEST, {"body": BODY, "message_id": f"c{i}"})
+                await pipe.execute()
+
+        await with_client(go)
+
+    return Broker("redis", url, reset, held, ceiling, reset)
+
+
+BROKERS: dict[str, tuple[str, Callable[[str], Broker]]] = {
+    "rabbitmq": ("OUTBOX_FARM_BENCH_AMQP", rabbitmq),
+    "nats": ("OUTBOX_FARM_BENCH_NATS", nats_jetstream),
+    "redis": ("OUTBOX_FARM_BENCH_REDIS", redis_stream),
+}
+DEFAULT_URLS = {
+    "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/",
+    "nats": "nats://127.0.0.1:4222",
+    "redis": "redis://127.0.0.1:6379/0",
+}
+
+
+def measure(broker: Broker, dsn: str, appdir: Path, args: argparse.Namespace) -> dict[str, float]:
+    env = {
+        "RELAY_URL": broker.url,
+        "RELAY_DEST": DEST,
+        "RELAY_KIND": broker.kind,
+        "RELAY_BATCH": str(args.batch),
+    }
+    asyncio.run(broker.reset())
+    note(f"{broker.kind}: ceiling, {args.rows:,} bodies by the client library alone ...")
+    began = time.perf_counter()
+    asyncio.run(broker.ceiling(args.rows, args.batch))
+    ceiling = args.rows / (time.perf_counter() - began)
+    asyncio.run(broker.reset())
+    note(f"{broker.kind}: relaying {args.rows:,} rows, --procs 2 ...")
+    relay = drain_run(dsn, 2, args.rows, appdir, app="relayapp:farm", env=env)["rate"]
+    arrived = asyncio.run(broker.held())
+    if arrived < args.rows:
+        raise SystemExit(f"{broker.kind}: the broker holds {arrived} of {args.rows} messages")
+    asyncio.run(broker.reset())
+    note(f"{broker.kind}: the obvious relay, {args.naive_rows:,} rows, --procs 2 ...")
+    naive = drain_run(dsn, 2, args.naive_rows, appdir, app="naiveapp:farm", env=env)["rate"]
+    asyncio.run(broker.drop())
+    return {"ceiling": ceiling, "relay": relay, "naive": naive}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.relay", description=__doc__.split("\n\n")[0]
+    )
+    add_dsn(parser)
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--naive-rows", type=int, default=5_000)
+    parser.add_argument("--batch", type=int, default=500, help="relay batch (default 500)")
+    parser.add_argument(
+        "--targets", default="rabbitmq,nats,redis", help="comma-separated (default: all three)"
+    )
+    args = parser.parse_args(argv)
+    results: dict[str, dict[str, float]] = {}
+    with (
+        server(args.dsn) as admin,
+        scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn,
+        tempfile.TemporaryDirectory() as folder,
+    ):
+        appdir = Path(folder)
+        (appdir / "relayapp.py").write_text(APP)
+        (appdir / "naiveapp.py").write_text(NAIVE_APP)
+        for kind in args.targets.split(","):
+            variable, make = BROKERS[kind]
+            url = os.environ.get(variable, DEFAULT_URLS[kind])
+            try:
+                broker = make(url)
+                asyncio.run(broker.reset())
+            except Exception as exc:
+                note(f"{kind}: skipped, {url} does not answer ({exc!r}); set {variable}")
+                continue
+            results[kind] = measure(broker, dsn, appdir, args)
+    print()
+    rows, ok = [], True
+    for kind, r in results.items():
+        share, factor = r["relay"] / r["ceiling"], r["relay"] / r["naive"]
+        ok = ok and share >= CEILING_RATIO and factor >= NAIVE_FACTOR
+        rows += [
+            (f"{kind}: client library alone, the ceiling (msg/s)", f"{r['ceiling']:,.0f}", "-", ""),
+            (
+                f"{kind}: relay, {args.rows:,} rows, --procs 2 (msg/s)",
+                f"{r['relay']:,.0f}",
+                "-",
+                "",
+            ),
+            (
+                f"{kind}:   relay / ceiling",
+                f"{share:.2f}",
+                f">= {CEILING_RATIO}",
+                verdict(share >= CEILING_RATIO),
+            ),
+            (f"{kind}: one message per handler run (msg/s)", f"{r['naive']:,.0f}", "-", ""),
+            (
+                f"{kind}:   relay / one per run",
+                f"{factor:.1f}x",
+                f">= {NAIVE_FACTOR:g}x",
+                verdict(factor >= NAIVE_FACTOR),
+            ),
+        ]
+    print_measures(rows, widths=(56, 12, 8))
+    return 0 if ok and results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
