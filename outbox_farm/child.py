@@ -180,7 +180,7 @@ async def _main(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     # Immediate stop: no drain; claimed rows come back when their leases expire.
     loop.add_signal_handler(signal.SIGQUIT, os._exit, 0)
-    runtime = Runtime(list(farm.handlers.values()), farm.queries, dsn, settings)
+    runtime = Runtime(list(farm.handlers.values()), farm.queries, dsn, settings, farm.observers)
     try:
         await runtime.start()
     except OutboxFarmError as exc:

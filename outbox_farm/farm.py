@@ -38,6 +38,7 @@ class Farm:
     queue whose handler has no hook of its own (for error trackers such as Sentry); it may be
     async, runs on the event loop after the outcome was decided, and cannot change it.
     `middleware` wraps the handler of every queue, outside each handler's own: see `middleware`.
+    `tracing=True` adds OpenTelemetry spans and `traceparent` propagation (`observe.tracing`).
     """
 
     def __init__(
@@ -48,13 +49,14 @@ class Farm:
         notify: bool = True,
         on_failure: FailureHook | None = None,
         middleware: Sequence[Middleware] = (),
+        tracing: bool = False,
     ) -> None:
         self.names = TableNames.build(table, dlq_table)
         self.queries = Queries(self.names)
         # The farm has a producer rather than being one: the producer knows nothing of handlers,
         # and an application that only publishes can use `Producer` alone. Its calls are the
         # farm's own, so that `farm.publish(conn, body, queue=...)` reads as it should.
-        self.producer = producer = Producer(self.queries, notify=notify)
+        self.producer = producer = Producer(self.queries, notify=notify, trace=tracing)
         self.publish = producer.publish
         self.apublish = producer.apublish
         self.publish_batch = producer.publish_batch
@@ -65,6 +67,14 @@ class Farm:
             raise ConfigurationError(f"on_failure must be callable, got {on_failure!r}")
         self.on_failure = on_failure
         self.middleware = check(middleware, "the farm's")
+        # Observers every runtime of this farm reports to, besides metrics and logs.
+        self.observers: list[Observer] = []
+        if tracing:
+            from .observe.tracing import Tracing
+
+            tracer = Tracing(dlq=self.names.dlq is not None)
+            self.middleware = (tracer, *self.middleware)  # outermost: its span covers the rest
+            self.observers.append(tracer)
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(
@@ -195,7 +205,9 @@ class Farm:
 
         if options:
             settings = dataclasses.replace(settings or RuntimeSettings(), **options)
-        runtime = Runtime(list(self.handlers.values()), self.queries, dsn, settings, observers)
+        runtime = Runtime(
+            list(self.handlers.values()), self.queries, dsn, settings, [*self.observers, *observers]
+        )
         await runtime.start()
         try:
             yield runtime

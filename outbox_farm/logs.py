@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from .observe import tracing
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -30,6 +32,8 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value
         entry.setdefault("event", "log")
+        if ids := tracing.current_ids():
+            entry["trace_id"], entry["span_id"] = ids
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
@@ -42,7 +46,11 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         event = getattr(record, "event", None)
-        return f"{text} [event={event}]" if event else text
+        if event:
+            text = f"{text} [event={event}]"
+        if ids := tracing.current_ids():
+            text = f"{text} [trace_id={ids[0]} span_id={ids[1]}]"
+        return text
 
 
 def configure(fmt: str = "text", level: str = "INFO") -> None:

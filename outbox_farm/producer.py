@@ -19,6 +19,7 @@ import orjson
 from .db.connect import AsyncConnection, Connection
 from .db.publish import Due, NewBatch, NewRow, Publisher
 from .errors import ConfigurationError
+from .observe import tracing
 from .queries import Queries
 
 TimerConflict = Literal["ignore", "extend"]
@@ -78,13 +79,19 @@ def _delay_seconds(activate_in: float | timedelta | None) -> float:
 
 
 def encode_headers(
-    headers: Mapping[str, Any] | None, correlation_id: str | None, content_type: str
+    headers: Mapping[str, Any] | None,
+    correlation_id: str | None,
+    content_type: str,
+    trace: bool = False,
 ) -> str:
-    """The row's headers as JSON text: the caller's, with `content_type` and a correlation id
-    (the given one, else the caller's header, else a new random one)."""
+    """The row's headers as JSON text: the caller's, with `content_type`, a correlation id
+    (the given one, else the caller's header, else a new random one) and, with `trace`, the
+    current trace context (`traceparent`)."""
     if headers is not None and not isinstance(headers, Mapping):
         raise ConfigurationError(f"headers must be a mapping, got {type(headers).__name__}")
     merged: dict[str, Any] = {CONTENT_TYPE: content_type, **(headers or {})}
+    if trace:
+        tracing.inject(merged)
     if correlation_id is not None:
         merged["correlation_id"] = _check_name(correlation_id, "correlation_id")
     if "correlation_id" not in merged:
@@ -168,9 +175,10 @@ class PublishOptions(_RowOptions, total=False):
 class Producer:
     """Validates and encodes publish calls for one outbox table; `Publisher` runs them."""
 
-    def __init__(self, queries: Queries, *, notify: bool = True) -> None:
+    def __init__(self, queries: Queries, *, notify: bool = True, trace: bool = False) -> None:
         self.queries = queries
         self.notify = notify
+        self.trace = trace
         self._publisher = Publisher(queries)
 
     def build_row(
@@ -203,7 +211,7 @@ class Producer:
         row = NewRow(
             queue,
             payload,
-            encode_headers(headers, correlation_id, content_type),
+            encode_headers(headers, correlation_id, content_type, self.trace),
             due,
             timer_id,
             on_timer_conflict == "extend",
@@ -232,7 +240,7 @@ class Producer:
         for body in bodies:
             payload, content_type = encode_body(body)
             payloads.append(payload)
-            header_texts.append(encode_headers(headers, None, content_type))
+            header_texts.append(encode_headers(headers, None, content_type, self.trace))
         keys = _batch_keys(len(payloads), ordering_key, ordering_keys)
         batch = NewBatch(queue, payloads, header_texts, due, keys)
         return batch, self.notify if notify is None else notify

@@ -6,6 +6,8 @@
 contract a target implements; `runner` the broker-agnostic handler that settles each row.
 """
 
+import importlib
+
 from .base import CONFIRMED, Delivery, Envelope, Outcome, Route, Target, TargetUnavailable
 
 __all__ = [
@@ -22,18 +24,11 @@ __all__ = [
 ]
 
 
+_TARGETS = {"RabbitMQ": "rabbitmq", "NatsJetStream": "nats", "RedisStream": "redis_streams"}
+
+
 def __getattr__(name: str) -> object:
     """The targets, imported on first use: each pulls in its broker's client library."""
-    if name == "RabbitMQ":
-        from .rabbitmq import RabbitMQ
-
-        return RabbitMQ
-    if name == "NatsJetStream":
-        from .nats import NatsJetStream
-
-        return NatsJetStream
-    if name == "RedisStream":
-        from .redis_streams import RedisStream
-
-        return RedisStream
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _TARGETS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_TARGETS[name]}"), name)
