@@ -10,7 +10,8 @@ library alone, no database, with the same confirm mode and as many messages in f
 relay batch (target: the relay reaches >= 60% of it); and the obvious relay, a plain handler
 publishing one message per run and awaiting its confirm, on --naive-rows rows (target: the
 relay is >= 10x faster), at the farm's default concurrency (32) and at 1 (one confirm round
-trip at a time, on --naive-rows / 5 rows). Each broker is checked to hold every message after the relay's run.
+trip at a time, on --naive-rows / 5 rows). Each broker is checked to hold every message after
+the relay's run.
 """
 
 from __future__ import annotations
