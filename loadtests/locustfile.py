@@ -27,7 +27,6 @@ import os
 import random
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,10 @@ from locust.env import Environment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
 
-from loadtests import scenario
+from loadtests import expected, scenario
 from outbox_farm import Farm
 
 farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)  # the producer side only
-
-EXPECT = (
-    "INSERT INTO loadtest_expected (msg_id, queue, expect, fail_times, max_runs) "
-    "VALUES (%s, %s, %s, %s, %s)"
-)
 
 
 @events.init_command_line_parser.add_listener
@@ -121,23 +115,14 @@ class OutboxClient:
 
     def publish(self, queue: str, *, fail_times: int = 0, rollback: bool = False) -> None:
         """Publish one message of `queue` with its expectation, in one transaction."""
-        spec = scenario.QUEUES[queue]
-        msg_id = uuid.uuid4().hex
-        body = {
-            "id": msg_id,
-            "queue": queue,
-            "expect": spec.expect,
-            "fail_times": fail_times,
-            "sent_at": time.time(),
-        }
-        length = 0
+        length, msg_id = 0, None
         exception: BaseException | None = None
         started = time.perf_counter()
         try:
             conn = self._connection()
             with conn.transaction() as tx:
-                conn.execute(EXPECT, (msg_id, queue, spec.expect, fail_times, spec.max_runs))
-                farm.publish(conn, body, queue=queue, headers={"loadtest": "1"})
+                [body] = expected.publish(conn, farm, queue, fail_times=fail_times)
+                msg_id = body["id"]
                 length = len(orjson.dumps(body))
                 if rollback:
                     raise psycopg.Rollback(tx)

@@ -87,8 +87,8 @@ class State:
                     lines.append(f"{name}{{{text}}} {value}")
         return "\n".join(lines) + "\n"
 
-    def check(self) -> Any:
-        return checker.check(self.conn, checker.Metrics.parse(self.metrics_text()))
+    def check(self, killed: tuple[int, ...] = ()) -> Any:
+        return checker.check(self.conn, checker.Metrics.parse(self.metrics_text()), killed=killed)
 
 
 @pytest.fixture
@@ -241,7 +241,7 @@ def unconfirmed_ack_not_a_duplicate(st: dict[str, Any]) -> None:
 
 
 CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
-    (dup_without_lease_lost, "duplicates-within-lease-lost", "outcome_unconfirmed_total is 0"),
+    (dup_without_lease_lost, "duplicates-within-lease-lost", "runs in killed processes is 0"),
     (dup_on_other_queue, "duplicates-within-lease-lost", "queue 'ok'"),
     (never_succeeded, "success-at-least-once", "never succeeded"),
     (dlq_row_missing, "dlq-exactly-once", "missing from the DLQ"),
@@ -280,6 +280,16 @@ def test_unconfirmed_outcomes_explain_missing_acks_and_duplicates(state: dict[st
     report = s.check()
     assert report.ok, report.render()
     assert "unconfirmed" in report.table()
+
+
+def test_a_run_in_a_killed_process_explains_its_duplicate(state: dict[str, Any]) -> None:
+    """A worker SIGKILLed after its handler ran but before its ack: the row ran again
+    elsewhere. Only the pid of the killed process explains that duplicate, no other pid."""
+    dup_without_lease_lost(state)
+    s: State = state["s"]
+    assert not s.check(killed=(999,)).ok  # a kill elsewhere explains nothing
+    report = s.check(killed=(101,))  # slow's first run was in pid 101
+    assert report.ok, report.render()
 
 
 @pytest.mark.parametrize(
