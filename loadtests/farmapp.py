@@ -53,6 +53,8 @@ async def _ledger_pool() -> AsyncConnectionPool[Any]:
                     max_size=LEDGER_POOL_SIZE,
                     open=False,
                     name=f"loadtest-ledger-{pid}",
+                    # Told apart from the farm's own connections (the chaos suite counts those).
+                    kwargs={"application_name": "loadtest-ledger"},
                 )
                 await pool.open(wait=True, timeout=30)
                 box.append(pool)

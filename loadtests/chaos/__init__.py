@@ -1,0 +1,8 @@
+"""The chaos and scale suite: faults under load, each run ending with the delivery checker.
+
+    make chaos                      # every scenario, one table (about 15 minutes here)
+    make chaos SCENARIO=pg-restart  # one of them (comma-separated for several)
+
+See `scenarios.py` for what each does and asserts, `farms.py` for the farms and faults, and
+`load.py` for the publishers.
+"""

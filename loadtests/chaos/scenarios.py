@@ -1,0 +1,451 @@
+"""The scenarios: each runs a farm under steady load, does its fault, stops the load, waits
+for the drain and ends with the delivery checker plus the invariants of its own.
+
+Durations scale with `Context.scale` (1 for `make chaos`, less for the CI smoke run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from loadtests import checker, scenario
+from loadtests.harness import CLI, Metrics, scratch_database
+
+from .farms import FarmRun, Server, farm, farm_backends, merged, terminate
+from .load import Load
+
+NAMES = scenario.TABLE, scenario.DLQ_TABLE
+STEADY = {"ok": 70.0, "flaky": 15.0, "poison": 5.0, "reject": 5.0, "maxdel": 5.0}
+DRAIN_TIMEOUT = 120.0
+QUEUES_PER_APP = len(scenario.QUEUES)  # farmapp's queues: the connection formula's input
+POISON = {  # poisonapp's queues -> (expected fate, handler runs allowed)
+    "exit": ("max_deliveries", 2),
+    "kbint": ("retry_terminal", 1),
+    "hang": ("retry_terminal", 1),
+    "block": ("max_deliveries", 2),
+    "ok": (scenario.SUCCESS, None),
+}
+
+
+@dataclass
+class Context:
+    admin: str  # a server the suite may create databases on (never restarted)
+    work: Path
+    scale: float = 1.0
+
+    def seconds(self, full: float) -> float:
+        return max(full * self.scale, 3.0)
+
+
+@dataclass
+class Finding:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Result:
+    scenario: str
+    published: int = 0
+    handled: int = 0
+    duplicates: int = 0
+    explained: bool = True
+    lost: int = 0
+    recovery: float | None = None
+    findings: list[Finding] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if not f.ok]
+
+
+@contextlib.contextmanager
+def database(admin: str) -> Iterator[str]:
+    from outbox_farm.names import TableNames
+
+    with scratch_database(
+        admin, TableNames.build(*NAMES), prefix="outbox_farm_chaos_", prepare=checker.create_schema
+    ) as dsn:
+        yield dsn
+
+
+def settle(
+    result: Result,
+    dsn: str,
+    farms: list[FarmRun],
+    *,
+    earlier: Metrics | None = None,
+    killed: set[int] | None = None,
+    allowed: frozenset[str] = frozenset(),
+    fault_ended: float | None = None,
+) -> None:
+    """Wait for the drain, run the checker, and fill `result` from it. `earlier`: the
+    counters of farms no longer running; `allowed`: checker invariants this fault breaks on
+    purpose (the scenario checks what must hold instead)."""
+    with psycopg.connect(dsn, autocommit=True, application_name="chaos-check") as conn:
+        for run in farms:
+            drain = checker.wait_for_drain(conn, run.url + "/metrics", DRAIN_TIMEOUT)
+            if not drain.drained:
+                result.findings.append(
+                    Finding("drains", False, f"{drain.outbox_rows} rows left after the load")
+                )
+        if fault_ended is not None:
+            result.recovery = time.monotonic() - fault_ended
+        scrape = merged(*(r.scrape() for r in farms), *([earlier] if earlier else []))
+        dead = set(killed or ()).union(*(r.dead() for r in farms))
+        report = checker.check(conn, scrape, killed=dead)
+        counts = conn.execute(
+            """
+            SELECT (SELECT count(*) FROM loadtest_expected),
+                   (SELECT count(DISTINCT msg_id) FROM (
+                        SELECT msg_id FROM loadtest_ledger WHERE outcome = 'success'
+                        UNION SELECT convert_from(payload, 'UTF8')::jsonb ->> 'id'
+                        FROM outbox_dlq) AS done),
+                   (SELECT coalesce(sum(n - 1), 0) FROM (
+                        SELECT count(*) AS n FROM loadtest_ledger WHERE outcome = 'success'
+                        GROUP BY msg_id) AS d)
+            """
+        ).fetchone()
+    assert counts is not None
+    result.published, result.handled, result.duplicates = (int(c) for c in counts)
+    result.lost = result.published - result.handled
+    for check in report.checks:
+        if check.skipped:
+            continue
+        if check.name in allowed:
+            continue
+        detail = "; ".join(check.details[:2])
+        result.findings.append(Finding(check.name, check.ok, detail))
+        if check.name == "duplicates-within-lease-lost":
+            result.explained = check.ok
+
+
+def during(seconds: float, every: float, action: Callable[[], None]) -> None:
+    """Call `action` every `every` s (jittered) for `seconds`."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(random.uniform(0.5, 1.5) * every, max(end - time.monotonic(), 0)))
+        if time.monotonic() < end:
+            action()
+
+
+# -- the scenarios ---------------------------------------------------------------------------
+
+
+def worker_kill(ctx: Context) -> Result:
+    """SIGKILL a worker 10 times at random moments; then SIGKILL the arbiter with its workers
+    and start a new farm, as on a host that lost power and came back."""
+    result = Result("worker-kill")
+    with database(ctx.admin) as dsn:
+        load = Load(dsn, 300, STEADY).start()
+        with farm(dsn, 2, ctx.work, name="worker-kill-1") as first:
+            kills = ctx.seconds(40) / 10
+            for _ in range(10):
+                time.sleep(random.uniform(0.3, 1.7) * kills)
+                first.kill_worker()
+            time.sleep(2)
+            earlier, dead = first.scrape(), first.dead()
+            first.kill_all()
+            dead |= first.killed
+        began = time.monotonic()
+        with farm(dsn, 2, ctx.work, name="worker-kill-2") as second:
+            time.sleep(ctx.seconds(5))
+            load.stop()
+            settle(result, dsn, [second], earlier=earlier, killed=dead, fault_ended=began)
+        result.note = f"{len(dead)} workers died"
+    return result
+
+
+def pg_terminate(ctx: Context) -> Result:
+    """`pg_terminate_backend` on every farm connection, 5 times."""
+    result = Result("pg-terminate")
+    with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, name="pg-terminate") as run:
+        dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+        load = Load(dsn, 300, STEADY).start()
+        terminated = []
+        for _ in range(5):
+            time.sleep(ctx.seconds(30) / 5)
+            terminated.append(terminate(ctx.admin, farm_backends(ctx.admin, str(dbname))))
+        ended = time.monotonic()
+        time.sleep(ctx.seconds(5))
+        load.stop()
+        settle(result, dsn, [run], fault_ended=ended)
+        survived(result, run)
+        result.note = f"terminated {sum(terminated)} connections"
+    return result
+
+
+def pg_restart(ctx: Context) -> Result:
+    """Restart the server (`-m fast`, then `-m immediate`) mid-run: a server of the suite's
+    own, never the shared one."""
+    result = Result("pg-restart")
+    server = Server()
+    try:
+        with database(server.dsn) as dsn, farm(dsn, 2, ctx.work, name="pg-restart") as run:
+            load = Load(dsn, 300, STEADY).start()
+            took = []
+            for mode in ("fast", "immediate"):
+                time.sleep(ctx.seconds(15))
+                took.append(server.restart(mode))
+            ended = time.monotonic()
+            time.sleep(ctx.seconds(10))
+            load.stop()
+            settle(result, dsn, [run], fault_ended=ended)
+            survived(result, run)
+            result.note = "restarts took " + ", ".join(f"{t:.1f}s" for t in took)
+    finally:
+        server.close()
+    return result
+
+
+def dlq_drop(ctx: Context) -> Result:
+    """Drop the DLQ table while terminal failures flow, then repair it with `migrate`."""
+    result = Result("dlq-drop")
+    weights = {"ok": 60.0, "poison": 20.0, "reject": 20.0}
+    with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, name="dlq-drop") as run:
+        load = Load(dsn, 200, weights).start()
+        time.sleep(ctx.seconds(8))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP TABLE outbox_dlq")
+        said = wait_for(lambda: unhealthy_with(run, "outbox_dlq"), 20)
+        result.findings.append(
+            Finding("healthz-names-the-missing-dlq", said, "" if said else str(run.health()))
+        )
+        time.sleep(ctx.seconds(8))
+        subprocess.run([str(CLI), "migrate", "--dsn", dsn], check=True, capture_output=True)
+        ended = time.monotonic()
+        back = wait_for(lambda: (run.health() or (0, {}))[0] == 200, 30)
+        result.findings.append(Finding("healthz-recovers", back, str(run.health())))
+        time.sleep(ctx.seconds(5))
+        load.stop()
+        settle(result, dsn, [run], allowed=frozenset({"no-write-failures"}), fault_ended=ended)
+        failed = run.scrape().total("outbox_farm_write_failed_total", kind="terminal")
+        result.findings.append(
+            Finding("failed-dlq-moves-counted", failed > 0, f"write_failed_total {failed:g}")
+        )
+        result.note = f"{failed:g} DLQ moves failed while it was gone"
+    return result
+
+
+def overload(ctx: Context) -> Result:
+    """1.5x the measured drain rate, then normal load: the backlog peaks, drains, and the
+    lag comes back under a second; nothing lost."""
+    result = Result("overload")
+    with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, name="overload") as run:
+        rate = measure_drain(dsn, run, int(8000 * ctx.scale) or 2000)
+        peak, lag = [0], [0.0]
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_backlog, args=(dsn, peak, lag, stop))
+        sampler.start()
+        heavy = Load(dsn, 1.5 * rate, {"ok": 100.0}, threads=4).start()
+        time.sleep(ctx.seconds(90))
+        heavy_sent = heavy.stop()
+        ended = time.monotonic()
+        light = Load(dsn, 0.3 * rate, {"ok": 100.0}).start()
+        calm = wait_for(lambda: lag[0] < 1.0, ctx.seconds(120))
+        recovery = time.monotonic() - ended
+        time.sleep(ctx.seconds(10))
+        light.stop()
+        stop.set()
+        sampler.join()
+        achieved = heavy_sent / ctx.seconds(90)
+        result.findings.append(
+            Finding("lag-back-under-1s", calm, f"lag {lag[0]:.1f}s after {recovery:.0f}s")
+        )
+        result.findings.append(
+            Finding(
+                "overloaded",
+                peak[0] > rate,
+                f"published {achieved:.0f}/s vs drain {rate:.0f}/s; backlog peak {peak[0]}",
+            )
+        )
+        settle(result, dsn, [run])
+        result.recovery = recovery
+        result.note = f"drain {rate:.0f}/s, load {achieved:.0f}/s, backlog peak {peak[0]:,}"
+    return result
+
+
+def xmin_held(ctx: Context) -> Result:
+    """A transaction holds back the xmin horizon for minutes under steady load: the farm says
+    so (gauge and WARNING naming the backend) and recovers after the release."""
+    result = Result("xmin")
+    hold = ctx.seconds(75)  # the WARNING comes once the horizon is a minute old
+    with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, name="xmin") as run:
+        load = Load(dsn, 300, {"ok": 100.0}).start()
+        holder = psycopg.connect(dsn, application_name="chaos-xmin")
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM loadtest_expected")
+        pid = holder.info.backend_pid
+        age = [0.0]
+
+        def watch() -> None:
+            age[0] = max(age[0], run.scrape().total("outbox_farm_xmin_horizon_age_seconds"))
+
+        during(hold, 5, watch)
+        holder.rollback()
+        holder.close()
+        ended = time.monotonic()
+        named = any(
+            e.get("event") == "xmin_held" and f"pid {pid}" in str(e.get("message"))
+            for e in run.events()
+        )
+        gone = wait_for(lambda: run.scrape().total("outbox_farm_xmin_horizon_age_seconds") < 5, 60)
+        load.stop()
+        result.findings.append(
+            Finding(
+                "gauge-shows-the-held-horizon",
+                age[0] > hold / 2,
+                f"max {age[0]:.0f}s over a {hold:.0f}s hold",
+            )
+        )
+        result.findings.append(Finding("warning-names-the-backend", named, f"pid {pid}"))
+        result.findings.append(Finding("gauge-recovers", gone))
+        settle(result, dsn, [run], fault_ended=ended)
+        result.note = f"held {hold:.0f}s; gauge peaked at {age[0]:.0f}s"
+    return result
+
+
+def poison(ctx: Context) -> Result:
+    """Handlers that exit the process, raise KeyboardInterrupt, hang, or block the loop: the
+    farm keeps running and each message ends in the DLQ with the right reason."""
+    result = Result("poison")
+    expect = POISON
+    with database(ctx.admin) as dsn:
+        options = ["--heartbeat-timeout", "3"]
+        with farm(dsn, 2, ctx.work, app="poisonapp:farm", options=options, name="poison") as run:
+            load = Load(dsn, 100, {"ok": 100.0}, expect=expect).start()
+            bad = Load(dsn, 2, {q: 1.0 for q in expect if q != "ok"}, threads=1, expect=expect)
+            bad.start()
+            time.sleep(ctx.seconds(10))
+            bad.stop()
+            time.sleep(ctx.seconds(20))
+            load.stop()
+            ended = time.monotonic()
+            settle(result, dsn, [run], fault_ended=ended)
+            survived(result, run, restarts_allowed=True)
+            result.note = f"{len(run.dead())} workers died and were replaced"
+    return result
+
+
+def two_farms(ctx: Context) -> Result:
+    """Two independent farms (as on two hosts), --procs 2 each, on one database."""
+    return scale_out(ctx, "two-farms", farms=2, procs=2)
+
+
+def procs_8(ctx: Context) -> Result:
+    """One farm with --procs 8 on this 2-core machine."""
+    return scale_out(ctx, "procs-8", farms=1, procs=8)
+
+
+def scale_out(ctx: Context, name: str, *, farms: int, procs: int) -> Result:
+    result = Result(name)
+    with database(ctx.admin) as dsn, contextlib.ExitStack() as stack:
+        runs = [
+            stack.enter_context(farm(dsn, procs, ctx.work, name=f"{name}-{i}"))
+            for i in range(farms)
+        ]
+        dbname = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+        load = Load(dsn, 600, STEADY, threads=3).start()
+        began, most = time.monotonic(), [0]
+
+        def count() -> None:
+            most[0] = max(most[0], len(farm_backends(ctx.admin, dbname)))
+
+        during(ctx.seconds(40), 1, count)
+        load.stop()
+        settle(result, dsn, runs)
+        elapsed = time.monotonic() - began
+        limit = farms * (procs * (QUEUES_PER_APP + 2 + 1) + 1)
+        result.findings.append(
+            Finding("connections-within-formula", most[0] <= limit, f"{most[0]} of {limit}")
+        )
+        for run in runs:
+            survived(result, run)
+        result.note = f"{result.handled / elapsed:.0f} msg/s handled; {most[0]} connections"
+    return result
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def survived(result: Result, run: FarmRun, *, restarts_allowed: bool = False) -> None:
+    """The farm is up and healthy at the end, and (unless the fault kills workers on
+    purpose) replaced none of its workers."""
+    alive = run.proc.poll() is None and (run.health() or (0, {}))[0] == 200
+    result.findings.append(Finding("farm-keeps-running", alive, run.tail(3) if not alive else ""))
+    if not restarts_allowed:
+        restarts = run.scrape().total("outbox_farm_worker_restarts_total")
+        result.findings.append(
+            Finding("no-worker-restarts", restarts == 0, f"{restarts:g} restarts")
+        )
+
+
+def unhealthy_with(run: FarmRun, text: str) -> bool:
+    health = run.health()
+    return health is not None and health[0] == 503 and text in str(health[1])
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return condition()
+
+
+def measure_drain(dsn: str, run: FarmRun, rows: int) -> float:
+    """Messages per second the running farm drains from a pre-loaded backlog of `rows`."""
+    from loadtests import expected
+
+    from .load import PRODUCER
+
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction():
+            expected.publish(conn, PRODUCER, "ok", count=rows)
+        began = time.monotonic()
+        while True:
+            left = conn.execute("SELECT count(*) FROM outbox").fetchone()
+            conn.commit()
+            if left is None or left[0] == 0:
+                return rows / (time.monotonic() - began)
+            time.sleep(0.05)
+
+
+def sample_backlog(dsn: str, peak: list[int], lag: list[float], stop: threading.Event) -> None:
+    with psycopg.connect(dsn, autocommit=True, application_name="chaos-check") as conn:
+        while not stop.wait(0.5):
+            row: Any = conn.execute(
+                "SELECT count(*), coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0) "
+                "FROM outbox WHERE acquired_token IS NULL"
+            ).fetchone()
+            peak[0] = max(peak[0], int(row[0]))
+            lag[0] = float(row[1])
+
+
+SCENARIOS: dict[str, Callable[[Context], Result]] = {
+    "worker-kill": worker_kill,
+    "pg-terminate": pg_terminate,
+    "pg-restart": pg_restart,
+    "dlq-drop": dlq_drop,
+    "overload": overload,
+    "xmin": xmin_held,
+    "poison": poison,
+    "two-farms": two_farms,
+    "procs-8": procs_8,
+}
