@@ -21,6 +21,8 @@ from loadtests.farmapp import record
 from outbox_farm import Farm, Message, NoRetry
 
 farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+
+
 @farm.handler("exit", max_deliveries=2, concurrency=1, prefetch=1)
 async def exits(msg: Message) -> None:
     await record(msg, "error")

@@ -205,7 +205,10 @@ def pg_restart(ctx: Context) -> Result:
             ended = time.monotonic()
             time.sleep(ctx.seconds(10))
             load.stop()
-            settle(result, dsn, [run], fault_ended=ended)
+            # The flaky handler writes its "failed" ledger row before raising; a restart can
+            # fail that write (the run still failed, counted by the farm, but unrecorded).
+            allowed = frozenset({"flaky-failed-n-times"})
+            settle(result, dsn, [run], allowed=allowed, fault_ended=ended)
             survived(result, run)
             result.note = "restarts took " + ", ".join(f"{t:.1f}s" for t in took)
     finally:
@@ -220,7 +223,10 @@ def dlq_drop(ctx: Context) -> Result:
     with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, name="dlq-drop") as run:
         load = Load(dsn, 200, weights).start()
         time.sleep(ctx.seconds(8))
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(dsn) as conn:
+            # What the DROP destroys is the operator's doing, not the farm's: kept aside and
+            # put back after the repair, as from a backup, so the checker sees every row.
+            conn.execute("CREATE TABLE chaos_dlq_dropped AS SELECT * FROM outbox_dlq")
             conn.execute("DROP TABLE outbox_dlq")
         said = wait_for(lambda: unhealthy_with(run, "outbox_dlq"), 20)
         result.findings.append(
@@ -229,6 +235,13 @@ def dlq_drop(ctx: Context) -> Result:
         time.sleep(ctx.seconds(8))
         subprocess.run([str(CLI), "migrate", "--dsn", dsn], check=True, capture_output=True)
         ended = time.monotonic()
+        with psycopg.connect(dsn) as conn:
+            conn.execute(
+                "INSERT INTO outbox_dlq (original_id, queue, payload, headers, deliveries_count, "
+                "created_at, failed_at, failure_reason, last_exception, timer_id) "
+                "SELECT original_id, queue, payload, headers, deliveries_count, created_at, "
+                "failed_at, failure_reason, last_exception, timer_id FROM chaos_dlq_dropped"
+            )
         back = wait_for(lambda: (run.health() or (0, {}))[0] == 200, 30)
         result.findings.append(Finding("healthz-recovers", back, str(run.health())))
         time.sleep(ctx.seconds(5))
@@ -284,7 +297,7 @@ def xmin_held(ctx: Context) -> Result:
     """A transaction holds back the xmin horizon for minutes under steady load: the farm says
     so (gauge and WARNING naming the backend) and recovers after the release."""
     result = Result("xmin")
-    hold = ctx.seconds(75)  # the WARNING comes once the horizon is a minute old
+    hold = max(ctx.seconds(80), 70.0)  # the WARNING comes once the horizon is a minute old
     with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, name="xmin") as run:
         load = Load(dsn, 300, {"ok": 100.0}).start()
         holder = psycopg.connect(dsn, application_name="chaos-xmin")
