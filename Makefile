@@ -6,6 +6,7 @@ PY ?= .venv/bin/python
 # the role needs CREATEDB. Override on the command line: make test-local LOCAL_DSN="host=..."
 LOCAL_DSN ?= host=127.0.0.1 port=5432 user=postgres dbname=postgres
 LOADTEST_ARGS ?=
+SCENARIO ?=
 
 .PHONY: help
 help: ## List the targets, and the variables they use with their current values
@@ -15,6 +16,7 @@ help: ## List the targets, and the variables they use with their current values
 	@echo "  PY            = $(PY)"
 	@echo "  LOCAL_DSN     = $(LOCAL_DSN)"
 	@echo "  LOADTEST_ARGS = $(LOADTEST_ARGS)"
+	@echo "  SCENARIO      = $(SCENARIO)"
 
 .venv:
 	python3 -m venv .venv
@@ -59,6 +61,10 @@ loadtest: ## Load test: 60 s of Locust against a --procs 2 farm, drain, check in
 .PHONY: loadtest-ui
 loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C: drain + check)
 	$(PY) loadtests/run_loadtest.py --ui $(LOADTEST_ARGS)
+
+.PHONY: chaos
+chaos: ## Chaos and scale suite against LOCAL_DSN (all scenarios, ~15 min; or SCENARIO=a,b)
+	$(PY) -m loadtests.chaos --dsn "$(LOCAL_DSN)" $(if $(SCENARIO),--scenario $(SCENARIO),)
 
 .PHONY: ci
 ci: ## What CI runs: the README's commands on a clean copy of the tree, lint, both servers

@@ -128,6 +128,7 @@ def farm(
     app: str = "farmapp:farm",
     options: Sequence[str] = (),
     name: str = "farm",
+    ledger_pool: int = 4,
 ) -> Iterator[FarmRun]:
     """`outbox-farm start` of the load test's app (or `app`, from loadtests/chaos) on `dsn`."""
     port = free_port()
@@ -137,6 +138,7 @@ def farm(
         if not k.startswith("OUTBOX_FARM_") and k != "PROMETHEUS_MULTIPROC_DIR"
     }
     env.update(LOADTEST_DSN=dsn, TMPDIR=str(work), PYTHONPATH=str(LOADTESTS.parent))
+    env["LOADTEST_LEDGER_POOL"] = str(ledger_pool)  # the test app's own connections, per worker
     every = ["--metrics-bind", f"127.0.0.1:{port}", "--metrics-dir", str(work / f"{name}-m")]
     every += ["--graceful-timeout", str(GRACEFUL), "--log-format", "json", *options]
     cwd = LOADTESTS if app.startswith("farmapp") else LOADTESTS / "chaos"

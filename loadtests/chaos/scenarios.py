@@ -369,7 +369,9 @@ def scale_out(ctx: Context, name: str, *, farms: int, procs: int) -> Result:
     result = Result(name)
     with database(ctx.admin) as dsn, contextlib.ExitStack() as stack:
         runs = [
-            stack.enter_context(farm(dsn, procs, ctx.work, name=f"{name}-{i}"))
+            # The test app's ledger pool is not the farm's: kept small, so that 8 workers fit
+            # a default max_connections of 100 beside the farm's own connections.
+            stack.enter_context(farm(dsn, procs, ctx.work, name=f"{name}-{i}", ledger_pool=1))
             for i in range(farms)
         ]
         dbname = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
