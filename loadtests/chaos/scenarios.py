@@ -159,6 +159,7 @@ def worker_kill(ctx: Context) -> Result:
                 time.sleep(random.uniform(0.3, 1.7) * kills)
                 first.kill_worker()
             time.sleep(2)
+            survived(result, first, restarts_allowed=True)  # replaced every killed worker
             earlier, dead = first.scrape(), first.dead()
             first.kill_all()
             dead |= first.killed
