@@ -58,6 +58,10 @@ bench-sustained: ## Five minutes at 10,000 msg/s into --procs 2: throughput per 
 loadtest: ## Load test: 60 s of Locust against a --procs 2 farm, drain, check invariants
 	$(PY) loadtests/run_loadtest.py --duration 60 $(LOADTEST_ARGS)
 
+.PHONY: loadtest-relay
+loadtest-relay: ## Load test in relay mode: Locust -> farm -> RabbitMQ -> a consumer, checked
+	$(PY) loadtests/run_loadtest.py --duration 60 --relay rabbitmq $(LOADTEST_ARGS)
+
 .PHONY: loadtest-ui
 loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C: drain + check)
 	$(PY) loadtests/run_loadtest.py --ui $(LOADTEST_ARGS)

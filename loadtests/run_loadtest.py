@@ -3,6 +3,7 @@
     python loadtests/run_loadtest.py                      # 60 s of load, then drain and check
     python loadtests/run_loadtest.py --smoke              # the same in well under a minute
     python loadtests/run_loadtest.py --ui                 # Locust's web UI on 127.0.0.1:8089
+    python loadtests/run_loadtest.py --relay rabbitmq     # the farm relays to RabbitMQ
 
 Steps, each bounded in time: pick the server (--dsn, else OUTBOX_FARM_DSN, else the local
 "host=127.0.0.1 user=postgres dbname=postgres", else an embedded Postgres); create a scratch
@@ -11,6 +12,13 @@ farmapp:farm --procs N` with its own /metrics port; run Locust (`locustfile.py`)
 subprocess; wait for the farm to drain; run the checker (`checker.py`) against the database
 and /metrics; SIGTERM the farm; drop the scratch database; print the summary. The exit status
 is 0 only when every invariant held (1 otherwise; 2 when the run itself could not be set up).
+
+With --relay rabbitmq the farm is `relayapp:farm`, which relays queue `ok` to an exchange of
+its own on the broker (--amqp) and queue `poison` to a routing key nothing is bound to; a
+consumer (`relay_consumer.py`) records every message that arrives in the ledger, so the same
+checker verifies that every committed `ok` row reached the broker at least once, that no row
+was acked more often than messages arrived, that every duplicate is explained, and that every
+unroutable `poison` row ended in the DLQ, never received.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,11 +57,13 @@ from loadtests.harness import (
     start_farm,
     stop_farm,
 )
-from outbox_farm.dsn import redact
+from outbox_farm.dsn import redact, redact_url
 from outbox_farm.names import TableNames
 
 HERE = Path(__file__).resolve().parent
 LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=postgres"
+LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
+RELAY_WEIGHTS = "ok=90,poison=10"  # relayapp's queues: delivered, and unroutable
 NAMES = TableNames.build(scenario.TABLE, scenario.DLQ_TABLE)
 GRACEFUL = 10.0  # the farm's --graceful-timeout
 BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
@@ -93,7 +104,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=scenario.DEFAULT_PUBLISH_RATE,
         help=f"transactions/s per user (default {scenario.DEFAULT_PUBLISH_RATE:g})",
     )
-    parser.add_argument("--queue-weights", default=scenario.DEFAULT_WEIGHTS)
+    parser.add_argument(
+        "--queue-weights",
+        help=f"share of each queue (default {scenario.DEFAULT_WEIGHTS}; with --relay "
+        f"{RELAY_WEIGHTS})",
+    )
+    parser.add_argument(
+        "--relay",
+        choices=("rabbitmq",),
+        help="relay mode: the farm relays to the broker and a consumer checks what arrived",
+    )
+    parser.add_argument(
+        "--amqp",
+        default=os.environ.get("LOADTEST_AMQP", LOCAL_AMQP),
+        help="the RabbitMQ of --relay rabbitmq (default: LOADTEST_AMQP, then the local one)",
+    )
     parser.add_argument("--flaky-failures", type=int, default=scenario.DEFAULT_FLAKY_FAILURES)
     parser.add_argument("--rollback-ratio", type=float, default=scenario.DEFAULT_ROLLBACK_RATIO)
     parser.add_argument(
@@ -126,8 +151,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, value)
     if args.spawn_rate is None:
         args.spawn_rate = float(args.users)
+    if args.queue_weights is None:
+        args.queue_weights = RELAY_WEIGHTS if args.relay else scenario.DEFAULT_WEIGHTS
     try:
         args.weights = scenario.parse_weights(args.queue_weights)
+        if args.relay:
+            check_relayed(args.weights)
         scenario.check_flaky_failures(args.flaky_failures)
         scenario.check_rollback_ratio(args.rollback_ratio)
     except ValueError as exc:
@@ -135,6 +164,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.duration < 1 or args.users < 1 or args.procs < 1 or args.publish_rate <= 0:
         parser.error("--duration, --users, --procs and --publish-rate must be positive")
     return args
+
+
+def check_relayed(weights: dict[str, float]) -> None:
+    """Relay mode publishes only to the queues relayapp relays; others would never drain."""
+    relayed = (*scenario.RELAYED, *scenario.UNROUTABLE)
+    stray = [q for q, w in weights.items() if w > 0 and q not in relayed]
+    if stray:
+        raise ValueError(
+            f"--relay relays only {', '.join(relayed)}; give the others weight 0 (not "
+            f"{', '.join(stray)})"
+        )
 
 
 # -- the farm --------------------------------------------------------------------------------
@@ -195,23 +235,96 @@ class FarmProcess:
 
 
 @contextlib.contextmanager
-def farm_process(dsn: str, procs: int, work: Path) -> Iterator[FarmProcess]:
+def farm_process(
+    dsn: str, procs: int, work: Path, app: str = "farmapp:farm", **extra_env: str
+) -> Iterator[FarmProcess]:
     port = free_port()
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("OUTBOX_FARM_") and k != "PROMETHEUS_MULTIPROC_DIR"
     }
-    env.update(LOADTEST_DSN=dsn, TMPDIR=str(work))
+    env.update(LOADTEST_DSN=dsn, TMPDIR=str(work), **extra_env)
     options = ["--metrics-bind", f"127.0.0.1:{port}", "--metrics-dir", str(work / "metrics")]
     options += ["--graceful-timeout", str(GRACEFUL), "--log-format", "json"]
     log_path = work / "farm.log"
-    proc = start_farm("farmapp:farm", dsn, procs, cwd=HERE, log=log_path, options=options, env=env)
+    proc = start_farm(app, dsn, procs, cwd=HERE, log=log_path, options=options, env=env)
     try:
         yield FarmProcess(proc, port, log_path, procs)
     finally:
         if proc.poll() is None:
             kill_farm(proc)
+
+
+# -- relay mode: the broker's side ------------------------------------------------------------
+
+
+@dataclass
+class Consumer:
+    """The relay consumer's process; `summary` is filled when it has stopped."""
+
+    proc: subprocess.Popen[str]
+    exchange: str
+    summary: dict[str, int] | None = None
+    stopped: bool = False
+
+    def stop(self) -> None:
+        """SIGTERM: it empties its queue (at most a minute), then prints its summary."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            out, _ = self.proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        lines = [line for line in (out or "").splitlines() if line.startswith("{")]
+        if self.proc.returncode == 0 and lines:
+            self.summary = json.loads(lines[-1])
+
+
+@contextlib.contextmanager
+def relay_consumer(args: argparse.Namespace, dsn: str, work: Path) -> Iterator[Consumer]:
+    """Declare the exchange and a bound queue, start consuming; stop and clean up after."""
+    name = f"loadtest_relay_{uuid.uuid4().hex[:10]}"
+    command = [sys.executable, str(HERE / "relay_consumer.py"), "--amqp", args.amqp]
+    command += ["--exchange", name, "--queue", name, "--dsn", dsn]
+    for queue in scenario.RELAYED:
+        command += ["--bind", queue]
+    with (work / "consumer.log").open("w") as log:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    consumer = Consumer(proc, name)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()  # "ready" once bound; EOF when it failed
+        if first != "ready":
+            proc.wait(timeout=30)
+            tail = (work / "consumer.log").read_text(errors="replace")[-1500:]
+            raise SetupError(
+                f"the relay consumer could not start on {redact_url(args.amqp)} (is RabbitMQ "
+                f"running? set --amqp or LOADTEST_AMQP):\n{tail}"
+            )
+        yield consumer
+    finally:
+        consumer.stop()
+
+
+@contextlib.contextmanager
+def the_farm(
+    args: argparse.Namespace, dsn: str, work: Path
+) -> Iterator[tuple[FarmProcess, Consumer | None]]:
+    """The load test's farm; in relay mode with the consumer it publishes to, started first."""
+    if not args.relay:
+        with farm_process(dsn, args.procs, work) as farm:
+            yield farm, None
+        return
+    with relay_consumer(args, dsn, work) as consumer:
+        say(f"relay mode: RabbitMQ {redact_url(args.amqp)}, exchange {consumer.exchange}")
+        env = {"LOADTEST_AMQP": args.amqp, "LOADTEST_EXCHANGE": consumer.exchange}
+        with farm_process(dsn, args.procs, work, "relayapp:farm", **env) as farm:
+            yield farm, consumer
 
 
 # -- Locust ----------------------------------------------------------------------------------
@@ -390,7 +503,7 @@ def run(args: argparse.Namespace) -> int:
                 f"scratch database {redact(dsn)}"
                 + (" (--keep: not dropped at the end)" if args.keep else "")
             )
-            with farm_process(dsn, args.procs, work) as farm:
+            with the_farm(args, dsn, work) as (farm, consumer):
                 farm.wait_healthy(BOOT_TIMEOUT)
                 say(f"farm up: --procs {args.procs}, metrics on {farm.metrics_url}")
                 if args.ui:
@@ -407,6 +520,9 @@ def run(args: argparse.Namespace) -> int:
                         f"{'drained' if drain.drained else 'NOT drained'} in "
                         f"{drain.seconds:.1f}s; checking"
                     )
+                    if consumer is not None:
+                        consumer.stop()  # after it emptied its queue: all arrived is recorded
+                        say(f"relay consumer: {consumer.summary or 'failed (see consumer.log)'}")
                     scraped = checker.Metrics.scrape(farm.metrics_url)
                     report = checker.check(conn, scraped or checker.Metrics([]))
                 code, stop_seconds = farm.stop()
@@ -425,6 +541,17 @@ def run(args: argparse.Namespace) -> int:
                 else "no answer from /metrics: the counter invariants above are meaningless",
             ),
         )
+        if consumer is not None:
+            checks.append(
+                RunCheck(
+                    "relay-consumer-finished",
+                    consumer.summary is not None,
+                    f"received {consumer.summary['received']} message(s), "
+                    f"{consumer.summary['distinct']} distinct, then emptied its queue"
+                    if consumer.summary
+                    else "the consumer did not finish: what arrived is unknown",
+                )
+            )
         ok = report.ok and all(c.ok for c in checks)
         keep_work = keep_work or not ok
         print_summary(

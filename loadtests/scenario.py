@@ -61,6 +61,10 @@ QUEUES: dict[str, QueueSpec] = {
         QueueSpec("maxdel", "max_deliveries", 10, max_runs=1),
     )
 }
+# The load test's relay mode (`relayapp.py`): queues relayed to the consumer's queue, and
+# queues relayed to a routing key nothing is bound to (returned, then dead-lettered).
+RELAYED = ("ok",)
+UNROUTABLE = ("poison",)
 DEFAULT_WEIGHTS = ",".join(f"{q.name}={q.weight:g}" for q in QUEUES.values())
 DEFAULT_FLAKY_FAILURES = 2
 DEFAULT_ROLLBACK_RATIO = 0.05  # share of publish transactions rolled back

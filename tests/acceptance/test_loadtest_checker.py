@@ -9,12 +9,15 @@ warnings stay out of pytest); the smoke test runs the whole load test as a subpr
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import psycopg
@@ -405,3 +408,37 @@ def test_smoke_load_test_passes_end_to_end(server_dsn: str) -> None:
     assert "RESULT: PASS" in result.stdout, output
     assert "checker: all invariants hold" in result.stdout, output
     print(result.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_smoke_load_test_in_relay_mode_passes_end_to_end(server_dsn: str) -> None:
+    """Locust -> farm -> RabbitMQ -> consumer: every `ok` row arrived, every `poison` row was
+    returned by the broker and dead-lettered, and the same invariants hold."""
+    amqp = os.environ.get("OUTBOX_FARM_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+    parts = urlsplit(amqp)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5672), 2).close()
+    except OSError as exc:
+        where = f"{parts.hostname}:{parts.port}"
+        pytest.skip(f"no RabbitMQ at {where} ({exc}); set OUTBOX_FARM_TEST_AMQP")
+    command = [sys.executable, str(LOADTESTS / "run_loadtest.py"), "--smoke", "--dsn", server_dsn]
+    result = subprocess.run(
+        [*command, "--relay", "rabbitmq", "--amqp", amqp],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "RESULT: PASS" in result.stdout, output
+    assert "[PASS] relay-consumer-finished: received" in result.stdout, output
+    per_queue = {
+        line.split()[0]: line.split()
+        for line in result.stdout.splitlines()
+        if line.startswith(("ok ", "poison "))
+    }
+    published, runs, succeeded = (int(v) for v in per_queue["ok"][2:5])
+    assert published == runs == succeeded > 0, per_queue["ok"]  # each arrived, once
+    assert int(per_queue["poison"][2]) == int(per_queue["poison"][6]) > 0, per_queue["poison"]

@@ -1,0 +1,126 @@
+"""The far side of the load test's relay mode: a RabbitMQ consumer that records every message
+the relay published, so the checker can tell whether each committed row reached the broker.
+
+    python -m loadtests.relay_consumer --amqp URL --exchange X --queue Q --dsn DSN
+
+It declares a durable queue bound to the exchange for every routing key the load test expects
+to arrive (`--bind`, the relayed queues that must succeed), consumes with manual acks, and
+writes one `loadtest_ledger` row per delivery (`outcome` 'success', the routing key as the
+queue) before acking it: a message is acked to RabbitMQ only once its ledger row committed, so
+the ledger holds every message the broker took, at least once. A repeated delivery is a
+repeated ledger row, which the checker counts as a duplicate that must be explained.
+
+SIGTERM ends it after the queue is empty and nothing arrived for a second (at most `--linger`
+seconds); it deletes its queue and exchange and prints one JSON line: received, distinct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import orjson
+import psycopg
+from aio_pika.abc import AbstractIncomingMessage
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
+
+LEDGER = "INSERT INTO loadtest_ledger (msg_id, queue, outcome, pid) VALUES (%s, %s, 'success', %s)"
+FLUSH_EVERY = 0.1  # seconds between ledger writes
+QUIET = 1.0  # seconds without a delivery that, with an empty queue, mean "all arrived"
+
+
+class Recorder:
+    """Collects deliveries and writes them to the ledger in batches, acking after the commit."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+        self.pending: list[AbstractIncomingMessage] = []
+        self.received = 0
+        self.ids: set[str] = set()
+        self.last_delivery = time.monotonic()
+
+    async def take(self, message: AbstractIncomingMessage) -> None:
+        self.pending.append(message)
+        self.last_delivery = time.monotonic()
+
+    async def flush(self) -> None:
+        batch, self.pending = self.pending, []
+        if not batch:
+            return
+        rows = []
+        for message in batch:
+            msg_id = str(orjson.loads(message.body)["id"])
+            rows.append((msg_id, message.routing_key or "", os.getpid()))
+            self.ids.add(msg_id)
+        async with self.conn.transaction(), self.conn.cursor() as cur:
+            await cur.executemany(LEDGER, rows)
+        await batch[-1].ack(multiple=True)
+        self.received += len(batch)
+
+
+async def consume(args: argparse.Namespace) -> dict[str, int]:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    connection = await aio_pika.connect(args.amqp, timeout=10)
+    async with (
+        connection,
+        await psycopg.AsyncConnection.connect(args.dsn, autocommit=True) as conn,
+    ):
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=2_000)
+        exchange = await channel.declare_exchange(
+            args.exchange, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+        queue = await channel.declare_queue(args.queue, durable=True)
+        for key in args.bind:
+            await queue.bind(exchange, routing_key=key)
+        recorder = Recorder(conn)
+        tag = await queue.consume(recorder.take)
+        print("ready", flush=True)  # the load test starts the farm after this line
+        while not stop.is_set():
+            await recorder.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), FLUSH_EVERY)
+        deadline = time.monotonic() + args.linger
+        while time.monotonic() < deadline:
+            await recorder.flush()
+            waiting = (await channel.declare_queue(args.queue, passive=True)).declaration_result
+            quiet = time.monotonic() - recorder.last_delivery >= QUIET
+            if quiet and not waiting.message_count and not recorder.pending:
+                break
+            await asyncio.sleep(FLUSH_EVERY)
+        await queue.cancel(tag)
+        await recorder.flush()
+        with contextlib.suppress(Exception):
+            await queue.delete(if_unused=False, if_empty=False)
+            await exchange.delete()
+        return {"received": recorder.received, "distinct": len(recorder.ids)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--amqp", required=True, help="the broker's URL")
+    parser.add_argument("--exchange", required=True, help="the exchange the relay publishes to")
+    parser.add_argument("--queue", required=True, help="the queue to declare, bind and consume")
+    parser.add_argument("--bind", action="append", default=[], help="a routing key to bind")
+    parser.add_argument("--dsn", required=True, help="the load test's database (the ledger)")
+    parser.add_argument("--linger", type=float, default=60.0, help="seconds to empty the queue")
+    args = parser.parse_args(argv)
+    summary = asyncio.run(consume(args))
+    print(orjson.dumps(summary).decode(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

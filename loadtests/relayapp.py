@@ -1,0 +1,35 @@
+"""The farm under the load test's relay mode: `outbox-farm start relayapp:farm` from this folder.
+
+    cd loadtests && LOADTEST_AMQP=amqp://... LOADTEST_EXCHANGE=x outbox-farm start relayapp:farm
+
+Two queues, both relayed to RabbitMQ with the routing key `{queue}`:
+
+- `ok`: bound by the load test's consumer (`relay_consumer.py`), which records every message
+  it receives; each must arrive at least once, and none may be acked without its confirm;
+- `poison`: bound by nothing, so every message comes back unroutable (`basic.return`); with
+  `NoRetry` each ends in the DLQ as `retry_terminal`, never acked, never received.
+
+Each relay's metrics label is its queue's name, so the checker can put an unconfirmed publish
+(a message that may have reached the broker) against the queue whose duplicates it explains.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
+
+from loadtests import scenario
+from outbox_farm import Farm, NoRetry
+from outbox_farm.relay import RabbitMQ
+
+AMQP = os.environ.get("LOADTEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+EXCHANGE = os.environ.get("LOADTEST_EXCHANGE", "loadtest_relay")
+farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+
+for queue in scenario.RELAYED:
+    farm.relay(queue, to=RabbitMQ(AMQP, exchange=EXCHANGE, label=queue), concurrency=2)
+for queue in scenario.UNROUTABLE:
+    farm.relay(queue, to=RabbitMQ(AMQP, exchange=EXCHANGE, label=queue), retry=NoRetry())
