@@ -28,13 +28,17 @@ NAMES = scenario.TABLE, scenario.DLQ_TABLE
 STEADY = {"ok": 70.0, "flaky": 15.0, "poison": 5.0, "reject": 5.0, "maxdel": 5.0}
 DRAIN_TIMEOUT = 120.0
 QUEUES_PER_APP = len(scenario.QUEUES)  # farmapp's queues: the connection formula's input
-POISON = {  # poisonapp's queues -> (expected fate, handler runs allowed)
+# poisonapp's queues -> (expected fate, handler runs allowed by their max_deliveries). kbint
+# and hang have no max_deliveries: the farm bounds their runs only by "again only after the
+# process of the previous run died", which `ran_once_unless_killed` checks.
+POISON = {
     "exit": ("max_deliveries", 2),
-    "kbint": ("retry_terminal", 1),
-    "hang": ("retry_terminal", 1),
+    "kbint": ("retry_terminal", None),
+    "hang": ("retry_terminal", None),
     "block": ("max_deliveries", 2),
     "ok": (scenario.SUCCESS, None),
 }
+ONCE_UNLESS_KILLED = ("kbint", "hang")
 
 
 @dataclass
@@ -352,8 +356,28 @@ def poison(ctx: Context) -> Result:
             ended = time.monotonic()
             settle(result, dsn, [run], fault_ended=ended)
             survived(result, run, restarts_allowed=True)
+            ran_once_unless_killed(result, dsn, run.dead())
             result.note = f"{len(run.dead())} workers died and were replaced"
     return result
+
+
+def ran_once_unless_killed(result: Result, dsn: str, dead: set[int]) -> None:
+    """A message of a queue without max_deliveries runs once, and again only when the process
+    of an earlier run died (a poison message elsewhere in that worker took it down)."""
+    with psycopg.connect(dsn, autocommit=True, application_name="chaos-check") as conn:
+        over = conn.execute(
+            "SELECT msg_id, queue, array_agg(pid) FROM loadtest_ledger WHERE queue = ANY(%s) "
+            "GROUP BY msg_id, queue HAVING count(*) FILTER (WHERE pid <> ALL(%s)) > 1 "
+            "ORDER BY msg_id LIMIT 5",
+            [list(ONCE_UNLESS_KILLED), sorted(dead)],
+        ).fetchall()
+    result.findings.append(
+        Finding(
+            "ran-once-unless-killed",
+            not over,
+            "; ".join(f"{m} ({q}) ran in pids {p}, none killed" for m, q, p in over),
+        )
+    )
 
 
 def two_farms(ctx: Context) -> Result:
