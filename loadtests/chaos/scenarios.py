@@ -11,6 +11,7 @@ import random
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +19,11 @@ from typing import Any
 
 import psycopg
 
-from loadtests import checker, scenario
+from loadtests import checker, expected, scenario
 from loadtests.harness import CLI, Metrics, scratch_database
 
 from .farms import FarmRun, Server, farm, farm_backends, merged, terminate
-from .load import Load
+from .load import PRODUCER, Load
 
 NAMES = scenario.TABLE, scenario.DLQ_TABLE
 STEADY = {"ok": 70.0, "flaky": 15.0, "poison": 5.0, "reject": 5.0, "maxdel": 5.0}
@@ -39,6 +40,7 @@ POISON = {
     "ok": (scenario.SUCCESS, None),
 }
 ONCE_UNLESS_KILLED = ("kbint", "hang")
+STALL = {"long": (scenario.SUCCESS, None), "stall": (scenario.SUCCESS, None)}  # stallapp's
 
 
 @dataclass
@@ -173,6 +175,53 @@ def worker_kill(ctx: Context) -> Result:
             load.stop()
             settle(result, dsn, [second], earlier=earlier, killed=dead, fault_ended=began)
         result.note = f"{len(dead)} workers died"
+    return result
+
+
+def stall(ctx: Context) -> Result:
+    """A worker stalls (its event loop blocked for 2.5 leases) while it holds rows, 3 times:
+    the other worker takes those rows over, and the stalled worker's late ack must find them
+    taken (the lease token guards every write). So a lease may be lost only by the worker
+    that stalled; one reported by the other means a stale write removed its row under it."""
+    result = Result("stall")
+    app = "stallapp:farm"
+    with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, app=app, name="stall") as run:
+        load = Load(dsn, 40, {"long": 1.0}, expect=STALL).start()
+        for _ in range(3):
+            time.sleep(max(ctx.seconds(10), 4.0))  # a run's length: every worker is busy
+            with psycopg.connect(dsn) as conn:  # some reach the staller, some the other
+                expected.publish(conn, PRODUCER, "stall", count=4, expect=scenario.SUCCESS)
+        time.sleep(max(ctx.seconds(5), 8.0))  # the last stalls and their take-overs end
+        ended = time.monotonic()
+        load.stop()
+        settle(result, dsn, [run], fault_ended=ended)
+        survived(result, run)  # a stall shorter than the heartbeat timeout kills nothing
+        events = run.events()
+        stalled = {int(e.get("pid", 0)) for e in events if e.get("event") == "stalled"}
+        lost = [e for e in events if e.get("event") == "lease_lost"]
+        refused = sum(1 for e in lost if e.get("phase") != "heartbeat" and e.get("pid") in stalled)
+        strangers = sorted({int(e.get("pid", 0)) for e in lost} - stalled)
+        result.findings.append(
+            Finding(
+                "leases-lost-only-by-stalled-workers",
+                not strangers,
+                f"lost leases reported by pids that never stalled: {strangers}; stalled: "
+                f"{sorted(stalled)}"
+                if strangers
+                else "",
+            )
+        )
+        result.findings.append(
+            Finding(
+                "stale-writes-tried",
+                refused > 0,
+                f"{len(stalled)} stalled worker(s), {refused} stale write(s) refused"
+                if refused
+                else "no stalled worker wrote late: the scenario proved nothing",
+            )
+        )
+        phases = ", ".join(f"{n} {p}" for p, n in Counter(e.get("phase") for e in lost).items())
+        result.note = f"leases lost: {phases or 0}; {refused} stale writes refused"
     return result
 
 
@@ -451,10 +500,6 @@ def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
 
 def measure_drain(dsn: str, run: FarmRun, rows: int) -> float:
     """Messages per second the running farm drains from a pre-loaded backlog of `rows`."""
-    from loadtests import expected
-
-    from .load import PRODUCER
-
     with psycopg.connect(dsn) as conn:
         with conn.transaction():
             expected.publish(conn, PRODUCER, "ok", count=rows)
@@ -480,6 +525,7 @@ def sample_backlog(dsn: str, peak: list[int], lag: list[float], stop: threading.
 
 SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "worker-kill": worker_kill,
+    "stall": stall,
     "pg-terminate": pg_terminate,
     "pg-restart": pg_restart,
     "dlq-drop": dlq_drop,
