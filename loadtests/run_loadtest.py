@@ -36,7 +36,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,13 +56,13 @@ from loadtests.harness import (
     start_farm,
     stop_farm,
 )
+from loadtests.relaymode import RELAY_WEIGHTS, Consumer, check_relayed, relay_consumer
 from outbox_farm.dsn import redact, redact_url
 from outbox_farm.names import TableNames
 
 HERE = Path(__file__).resolve().parent
 LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=postgres"
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
-RELAY_WEIGHTS = "ok=90,poison=10"  # relayapp's queues: delivered, and unroutable
 NAMES = TableNames.build(scenario.TABLE, scenario.DLQ_TABLE)
 GRACEFUL = 10.0  # the farm's --graceful-timeout
 BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
@@ -166,17 +165,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def check_relayed(weights: dict[str, float]) -> None:
-    """Relay mode publishes only to the queues relayapp relays; others would never drain."""
-    relayed = (*scenario.RELAYED, *scenario.UNROUTABLE)
-    stray = [q for q, w in weights.items() if w > 0 and q not in relayed]
-    if stray:
-        raise ValueError(
-            f"--relay relays only {', '.join(relayed)}; give the others weight 0 (not "
-            f"{', '.join(stray)})"
-        )
-
-
 # -- the farm --------------------------------------------------------------------------------
 
 
@@ -254,61 +242,6 @@ def farm_process(
     finally:
         if proc.poll() is None:
             kill_farm(proc)
-
-
-# -- relay mode: the broker's side ------------------------------------------------------------
-
-
-@dataclass
-class Consumer:
-    """The relay consumer's process; `summary` is filled when it has stopped."""
-
-    proc: subprocess.Popen[str]
-    exchange: str
-    summary: dict[str, int] | None = None
-    stopped: bool = False
-
-    def stop(self) -> None:
-        """SIGTERM: it empties its queue (at most a minute), then prints its summary."""
-        if self.stopped:
-            return
-        self.stopped = True
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            out, _ = self.proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-        lines = [line for line in (out or "").splitlines() if line.startswith("{")]
-        if self.proc.returncode == 0 and lines:
-            self.summary = json.loads(lines[-1])
-
-
-@contextlib.contextmanager
-def relay_consumer(args: argparse.Namespace, dsn: str, work: Path) -> Iterator[Consumer]:
-    """Declare the exchange and a bound queue, start consuming; stop and clean up after."""
-    name = f"loadtest_relay_{uuid.uuid4().hex[:10]}"
-    command = [sys.executable, str(HERE / "relay_consumer.py"), "--amqp", args.amqp]
-    command += ["--exchange", name, "--queue", name, "--dsn", dsn]
-    for queue in scenario.RELAYED:
-        command += ["--bind", queue]
-    with (work / "consumer.log").open("w") as log:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
-    consumer = Consumer(proc, name)
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline().strip()  # "ready" once bound; EOF when it failed
-        if first != "ready":
-            proc.wait(timeout=30)
-            tail = (work / "consumer.log").read_text(errors="replace")[-1500:]
-            raise SetupError(
-                f"the relay consumer could not start on {redact_url(args.amqp)} (is RabbitMQ "
-                f"running? set --amqp or LOADTEST_AMQP):\n{tail}"
-            )
-        yield consumer
-    finally:
-        consumer.stop()
 
 
 @contextlib.contextmanager
