@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq.exceptions
 import orjson
 import psycopg
 from aio_pika.abc import AbstractIncomingMessage
@@ -117,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", required=True, help="the load test's database (the ledger)")
     parser.add_argument("--linger", type=float, default=60.0, help="seconds to empty the queue")
     args = parser.parse_args(argv)
-    summary = asyncio.run(consume(args))
+    try:
+        summary = asyncio.run(consume(args))
+    except (OSError, aiormq.exceptions.AMQPError, psycopg.Error) as exc:
+        # One line for the load test to show: the broker or the database could not be used.
+        print(f"relay consumer: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
     print(orjson.dumps(summary).decode(), flush=True)
     return 0
 

@@ -442,3 +442,23 @@ def test_smoke_load_test_in_relay_mode_passes_end_to_end(server_dsn: str) -> Non
     published, runs, succeeded = (int(v) for v in per_queue["ok"][2:5])
     assert published == runs == succeeded > 0, per_queue["ok"]  # each arrived, once
     assert int(per_queue["poison"][2]) == int(per_queue["poison"][6]) > 0, per_queue["poison"]
+
+
+@pytest.mark.timeout(120)
+def test_relay_mode_without_a_broker_stops_at_setup_saying_what_to_do(server_dsn: str) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, str(LOADTESTS / "run_loadtest.py"), "--smoke", "--dsn", server_dsn]
+    result = subprocess.run(
+        [*command, "--relay", "rabbitmq", "--amqp", f"amqp://guest:secret@127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "the relay consumer could not start" in result.stderr, result.stderr
+    assert "is RabbitMQ running? set --amqp or LOADTEST_AMQP" in result.stderr, result.stderr
+    assert "relay consumer: AMQPConnectionError" in result.stderr, result.stderr
+    assert "secret" not in result.stderr  # the URL's password is redacted
