@@ -23,7 +23,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -31,8 +30,6 @@ import aiormq.exceptions
 import orjson
 import psycopg
 from aio_pika.abc import AbstractIncomingMessage
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
 
 LEDGER = "INSERT INTO loadtest_ledger (msg_id, queue, outcome, pid) VALUES (%s, %s, 'success', %s)"
 FLUSH_EVERY = 0.1  # seconds between ledger writes

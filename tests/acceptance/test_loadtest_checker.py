@@ -9,7 +9,6 @@ warnings stay out of pytest); the smoke test runs the whole load test as a subpr
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -17,13 +16,13 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import psycopg
 import pytest
 
 from loadtests import checker
+from tests.integration.brokers import AMQP, require
 
 LOADTESTS = Path(checker.__file__).resolve().parent
 
@@ -415,13 +414,7 @@ def test_smoke_load_test_passes_end_to_end(server_dsn: str) -> None:
 def test_smoke_load_test_in_relay_mode_passes_end_to_end(server_dsn: str) -> None:
     """Locust -> farm -> RabbitMQ -> consumer: every `ok` row arrived, every `poison` row was
     returned by the broker and dead-lettered, and the same invariants hold."""
-    amqp = os.environ.get("OUTBOX_FARM_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
-    parts = urlsplit(amqp)
-    try:
-        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5672), 2).close()
-    except OSError as exc:
-        where = f"{parts.hostname}:{parts.port}"
-        pytest.skip(f"no RabbitMQ at {where} ({exc}); set OUTBOX_FARM_TEST_AMQP")
+    amqp = require(AMQP)
     command = [sys.executable, str(LOADTESTS / "run_loadtest.py"), "--smoke", "--dsn", server_dsn]
     result = subprocess.run(
         [*command, "--relay", "rabbitmq", "--amqp", amqp],

@@ -34,7 +34,9 @@ def require(url: str) -> str:
 
 class Proxy:
     """Forwards a local port to the broker of `url`; `cut()` drops every connection and
-    refuses new ones until `restore()`. `url` is the broker's URL pointed at the proxy."""
+    refuses new ones until `restore()`; `cut_after_lines(n)` lets the broker's next `n` lines
+    (CRLF-terminated) through to the client, then cuts, so a client loses a connection in the
+    middle of a batch's replies. `url` is the broker's URL pointed at the proxy."""
 
     def __init__(self, target: str) -> None:
         self._target = urlsplit(target)
@@ -49,6 +51,10 @@ class Proxy:
             self._target._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host)
         )
         self.connections = 0
+        self._lines_left: int | None = None
+
+    def cut_after_lines(self, lines: int) -> None:
+        self._lines_left = lines
 
     async def restore(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -71,7 +77,24 @@ class Proxy:
             writer.transport.abort()
             return
         self._pipes.update((writer, up_writer))
-        await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        await asyncio.gather(_pump(reader, up_writer), self._replies(up_reader, writer))
+
+    async def _replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            while data := await reader.read(65536):
+                if self._lines_left is not None:
+                    end = 0
+                    while self._lines_left and (found := data.find(b"\r\n", end)) >= 0:
+                        end, self._lines_left = found + 2, self._lines_left - 1
+                    if self._lines_left == 0:
+                        writer.write(data[:end])
+                        await writer.drain()
+                        self._lines_left = None
+                        await self.cut()
+                        return
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Proxy]:

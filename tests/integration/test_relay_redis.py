@@ -16,6 +16,7 @@ from brokers import REDIS, Proxy, require
 
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import RedisStream
+from outbox_farm.relay.base import Envelope, Outcome, TargetUnavailable
 from outbox_farm.testing import adrain
 
 redis_asyncio = pytest.importorskip("redis.asyncio")
@@ -143,6 +144,39 @@ def test_an_outage_holds_rows_until_redis_is_back(dsn: str, url: str) -> None:
             assert len(result.acked) == 300
             assert await admin.xlen(key) == 300
         finally:
+            await proxy.cut()
+            await admin.delete(key)
+            await admin.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_lost_mid_batch_confirms_only_the_replies_read(url: str) -> None:
+    async def scenario() -> None:
+        key = f"of_test_{uuid.uuid4().hex[:8]}"
+        admin = redis_asyncio.Redis.from_url(url)
+        proxy = Proxy(url)
+        target = RedisStream(proxy.url, stream=key)
+        batch = [Envelope(i, f"m{i}", "events", b"%d" % i, {}, None, None) for i in range(10)]
+        try:
+            await proxy.restore()
+            await target.connect()
+            proxy.cut_after_lines(3 * 2)  # an XADD's reply is two lines: "$<length>", the id
+            deliveries = await target.publish(batch)
+            outcomes = [d.outcome for d in deliveries]
+            assert outcomes == [Outcome.CONFIRMED] * 3 + [Outcome.UNCONFIRMED] * 7
+            assert "connection lost while publishing" in str(deliveries[3].reason)
+            held = {fields[b"message_id"] for fields in await entries(admin, key)}
+            assert {b"m0", b"m1", b"m2"} <= held
+            with pytest.raises(TargetUnavailable):  # the proxy refuses until restored
+                await target.connect()
+            await proxy.restore()
+            await target.connect()
+            assert {d.outcome for d in await target.publish(batch[3:])} == {Outcome.CONFIRMED}
+            held = {fields[b"message_id"] for fields in await entries(admin, key)}
+            assert held == {b"m%d" % i for i in range(10)}
+        finally:
+            await target.close()
             await proxy.cut()
             await admin.delete(key)
             await admin.aclose()
