@@ -173,6 +173,16 @@ def farm_metrics(tmp_path: Path, dsn: str, conn: psycopg.Connection[Any]) -> dic
     wanted = named_metrics()
     with farm_process(tmp_path, dsn, "--dlq-retention", "1d", app="dashapp:farm", procs=2) as farm:
         wait_for(lambda: farm.healthy(2), 30, "a healthy farm", farm)
+        # Killed before any row exists: killed later, it could take unwritten outcomes (a
+        # retry, a DLQ move) with it, and the counters they feed would never be written.
+        victim = sorted(farm.children())[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: len(kids := farm.children()) == 2 and victim not in kids and farm.healthy(2),
+            30,
+            "a replaced worker",
+            farm,
+        )
         for queue in ("ok", "flaky", "bad", "broken", "slow"):
             conn.execute(
                 "INSERT INTO outbox (queue, payload) SELECT %s, 'x' FROM generate_series(1, 3)",
@@ -188,14 +198,18 @@ def farm_metrics(tmp_path: Path, dsn: str, conn: psycopg.Connection[Any]) -> dic
             farm,
         )
         assert taken
-        victim = sorted(farm.children())[0]
-        os.kill(victim, signal.SIGKILL)
-        return wait_for(
-            lambda: (found := scrape(farm)) and wanted <= set(found) and found,
-            60,
-            f"every metric the dashboards name: {sorted(wanted)}",
-            farm,
-        )
+        missing: set[str] = set()
+
+        def complete() -> dict[str, set[frozenset[str]]]:
+            found = scrape(farm)
+            missing.clear()
+            missing.update(wanted - set(found) if found else {"(no /metrics answer)"})
+            return {} if missing else found
+
+        try:
+            return wait_for(complete, 60, "every metric the dashboards name", farm)
+        except pytest.fail.Exception as exc:
+            raise pytest.fail.Exception(f"still missing {sorted(missing)}: {exc}") from None
 
 
 @pytest.mark.slow
