@@ -4,6 +4,11 @@ refreshed by one process.
 Only one process of a farm runs this, so N processes do not run N identical aggregate queries.
 Each query is refreshed on its own: a missing DLQ table must not freeze the backlog.
 
+The DLQ is the one table here that can grow without bound (no retention set, nobody replaying),
+and counting it reads all of it. So it is counted again only when the server's statistics say
+its rows may have changed, and never more often than keeps the count under a small share of the
+housekeeper's time: a DLQ of millions that nobody touches costs one catalog lookup per refresh.
+
 The xmin horizon matters to an outbox more than to most tables: every delivered row is deleted,
 and while an open snapshot holds the horizon back, VACUUM can remove none of those dead rows, so
 claims slow down as they step over them. The farm cannot end such a transaction; it says so, with
@@ -19,7 +24,14 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from .db.housekeeping import DlqCount, QueueBacklog, backlog, dlq_counts, xmin_holders
+from .db.housekeeping import (
+    DlqCount,
+    QueueBacklog,
+    backlog,
+    dlq_counts,
+    dlq_signature,
+    xmin_holders,
+)
 from .db.operator import XminHolder
 from .db.pool import Pool
 from .errors import DatabaseError
@@ -33,6 +45,8 @@ log = logging.getLogger("outbox_farm.gauges")
 T = TypeVar("T")
 XMIN_WARN_AFTER = 60.0  # seconds a snapshot may hold the horizon back before the farm warns
 XMIN_WARN_EVERY = 60.0  # seconds between two warnings while it lasts
+DLQ_RECOUNT_AFTER = 300.0  # seconds after which the DLQ is counted again, changed or not
+DLQ_PAUSE = 20.0  # a DLQ count is followed by at least this many times its own duration
 
 
 def _set_outbox(queues: list[str], rows: list[QueueBacklog]) -> None:
@@ -56,15 +70,19 @@ def _set_dlq(queues: list[str], rows: list[DlqCount]) -> None:
         m.dlq_rows.labels(queue, reason).set(count)
 
 
-async def _read(operation: str, read: Awaitable[T], problems: Problems) -> T | None:
-    """The result of `read`, or None (logged, or reported as a problem) when it failed."""
+async def _read(
+    operation: str, read: Awaitable[T], problems: Problems, *, solves: bool = True
+) -> T | None:
+    """The result of `read`, or None (logged, or reported as a problem) when it failed.
+    `solves`: its success ends the operation's problem (not so for a read that cannot see it)."""
     try:
         result = await read
     except DatabaseError as exc:
         if not problems.report(operation, exc, log):
             log.warning("%s refresh failed: %s", operation, exc, extra={"event": "gauges_failed"})
         return None
-    problems.solved(operation)
+    if solves:
+        problems.solved(operation)
     return result
 
 
@@ -97,14 +115,67 @@ class XminWatch:
         )
 
 
+class DlqWatch:
+    """Decides when the DLQ is worth counting again.
+
+    A count is due when the table's signature (its file, and the statistics' row changes)
+    moved since the last count, when there is no signature to go by, or when the last count is
+    `recount_after` seconds old (statistics can be reset or lag); but never sooner than the
+    last count's own duration times `pause` after it: a count that took 2 s waits 40 s, so
+    counting takes at most a twentieth of a connection's time.
+    """
+
+    def __init__(self, recount_after: float = DLQ_RECOUNT_AFTER, pause: float = DLQ_PAUSE) -> None:
+        self.recount_after = recount_after
+        self.pause = pause
+        self.counts = 0  # how many counts were run: what the tests observe
+        self._signature: tuple[int, int] | None = None
+        self._counted_at = -math.inf
+        self._took = 0.0
+
+    def due(self, signature: tuple[int, int] | None, now: float) -> bool:
+        since = now - self._counted_at
+        if since < self._took * self.pause:
+            return False
+        return signature is None or signature != self._signature or since >= self.recount_after
+
+    def counted(self, signature: tuple[int, int] | None, began: float, ended: float) -> None:
+        """A count that started at `began`, after `signature` was read, succeeded."""
+        self.counts += 1
+        self._signature, self._counted_at, self._took = signature, began, ended - began
+
+    def failed(self) -> None:
+        """The count failed: the next refresh tries again, whatever the signature says."""
+        self._signature = None
+
+
+async def _refresh_dlq(
+    pool: Pool, queries: Queries, queues: list[str], problems: Problems, watch: DlqWatch
+) -> None:
+    # The signature is read before the count: a change committed after the count then moves
+    # a signature read later, and is counted at the next refresh.
+    signature = await _read("DLQ gauges", dlq_signature(pool, queries), problems, solves=False)
+    began = time.monotonic()
+    if not watch.due(signature, began):
+        return
+    counts = await _read("DLQ gauges", dlq_counts(pool, queries), problems)
+    if counts is None:
+        watch.failed()
+        return
+    _set_dlq(queues, counts)
+    watch.counted(signature, began, time.monotonic())
+
+
 async def refresh(
     pool: Pool,
     queries: Queries,
     queues: list[str],
     problems: Problems,
     xmin: XminWatch | None = None,
+    dlq: DlqWatch | None = None,
 ) -> None:
-    """One refresh of every gauge; a failing query leaves only its own gauges unchanged."""
+    """One refresh of every gauge; a failing query leaves only its own gauges unchanged.
+    Without a `dlq` watch (one refresh, no history), the DLQ is counted."""
     rows = await _read("backlog gauges", backlog(pool, queries), problems)
     if rows is not None:
         _set_outbox(queues, rows)
@@ -113,9 +184,7 @@ async def refresh(
         if holders is not None:
             xmin.saw(holders[0] if holders else None)
     if queries.names.dlq is not None:
-        counts = await _read("DLQ gauges", dlq_counts(pool, queries), problems)
-        if counts is not None:
-            _set_dlq(queues, counts)
+        await _refresh_dlq(pool, queries, queues, problems, dlq or DlqWatch())
 
 
 async def run(
@@ -125,7 +194,7 @@ async def run(
     interval: float,
     problems: Problems,
 ) -> None:
-    xmin = XminWatch()
+    xmin, dlq = XminWatch(), DlqWatch()
     while True:
-        await refresh(pool, queries, queues, problems, xmin)
+        await refresh(pool, queries, queues, problems, xmin, dlq)
         await asyncio.sleep(interval)

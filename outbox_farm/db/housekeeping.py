@@ -74,6 +74,20 @@ async def dlq_counts(pool: Pool, queries: Queries) -> list[DlqCount]:
     return [DlqCount(queue, reason, int(count)) for queue, reason, count in rows]
 
 
+async def dlq_signature(pool: Pool, queries: Queries) -> tuple[int, int] | None:
+    """What changes whenever the DLQ's rows may have (`dlq_signature` in the SQL); None when
+    it cannot tell: no statistics kept, or no table (the count then says what is wrong)."""
+    assert queries.names.dlq is not None
+    table = queries.names.dlq.identifier().as_string(None)
+    with boundary():
+        async with pool.connection() as conn:
+            cursor = await conn.execute(queries["dlq_signature"], {"table": table})
+            row = await cursor.fetchone()
+    if row is None or row[1] is None:
+        return None
+    return int(row[0]), int(row[1])
+
+
 async def vacuum_state(pool: Pool, queries: Queries) -> VacuumState:
     """What the statistics say about the outbox table; SchemaError when there is none."""
     table = queries.names.outbox.identifier().as_string(None)

@@ -155,6 +155,18 @@ GROUP BY queue
 -- DLQ rows per queue and failure reason (the dashboards split DLQ volume by reason).
 SELECT queue, failure_reason, count(*)::bigint FROM {dlq} GROUP BY queue, failure_reason
 
+-- name: dlq_signature
+-- What moves whenever the DLQ's rows may have changed, read without touching them: the file
+-- the table lives in (TRUNCATE and VACUUM FULL give it a new one) and the statistics' count of
+-- rows inserted, updated and deleted (aborted ones included: a needless recount, never a
+-- missed one). NULL counts when the server keeps none (track_counts off). No row: no table.
+SELECT c.relfilenode::bigint,
+       CASE WHEN current_setting('track_counts')::bool
+            THEN s.n_tup_ins + s.n_tup_upd + s.n_tup_del END::bigint
+FROM pg_class AS c
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(%(table)s)
+
 -- name: vacuum_state
 -- Whether this role may vacuum the outbox table (owner, or MAINTAIN from PostgreSQL 17 on;
 -- VACUUM itself only warns and skips otherwise), how many dead row versions the statistics
