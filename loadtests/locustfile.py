@@ -4,7 +4,7 @@
     locust -f loadtests/locustfile.py --web-host 127.0.0.1 --host "$DSN"       # web UI
 
 `--host` is the libpq DSN (or postgresql:// URL) of a database migrated by `outbox-farm
-migrate` that also holds the load test's tables (`checker.create_schema`); `run_loadtest.py`
+migrate` that also holds the load test's tables (`ledger.create_schema`); `run_loadtest.py`
 prepares all of that, runs the farm and checks the result afterwards.
 
 Each task is one real transaction on the user's own psycopg 3 connection: an INSERT into

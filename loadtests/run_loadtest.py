@@ -19,25 +19,20 @@ consumer (`relay_consumer.py`) records every message that arrives in the ledger,
 checker verifies that every committed `ok` row reached the broker at least once, that no row
 was acked more often than messages arrived, that every duplicate is explained, and that every
 unroutable `poison` row ended in the DLQ, never received.
+
+The farm's subprocess is run by `farmproc.py`, Locust's by `locust_run.py`; this file puts the
+steps in order and judges the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,27 +41,20 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
 
 from loadtests import checker, scenario
-from loadtests.harness import (
-    SetupError,
-    admin_server,
-    align,
-    free_port,
-    kill_farm,
-    scratch_database,
-    start_farm,
-    stop_farm,
-)
-from loadtests.relaymode import RELAY_WEIGHTS, Consumer, check_relayed, relay_consumer
-from outbox_farm.dsn import redact, redact_url
+from loadtests.drain import Drain, wait_for_drain
+from loadtests.farmproc import the_farm
+from loadtests.harness import Metrics, SetupError, admin_server, scratch_database
+from loadtests.invariants import Report
+from loadtests.ledger import create_schema
+from loadtests.locust_run import locust_table, run_locust
+from loadtests.relaymode import RELAY_WEIGHTS, check_relayed
+from outbox_farm.dsn import redact
 from outbox_farm.names import TableNames
 
-HERE = Path(__file__).resolve().parent
 LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=postgres"
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 NAMES = TableNames.build(scenario.TABLE, scenario.DLQ_TABLE)
-GRACEFUL = 10.0  # the farm's --graceful-timeout
 BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
-STOP_GRACE = 5  # Locust's --stop-timeout: a user finishes its transaction
 # Farm log events that mean something broke in the farm itself.
 BAD_EVENTS = (
     "worker_crashed",
@@ -165,239 +153,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-# -- the farm --------------------------------------------------------------------------------
-
-
-def get(url: str) -> tuple[int, bytes] | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read()
-    except OSError:
-        return None
-
-
-@dataclass
-class FarmProcess:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-    procs: int
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def events(self) -> Counter[str]:
-        found: Counter[str] = Counter()
-        if not self.log_path.exists():
-            return found
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, AttributeError):
-                found[str(json.loads(line).get("event", "-"))] += 1
-        return found
-
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SetupError(f"the farm exited ({self.proc.returncode}):\n{self.log_tail()}")
-            got = get(f"http://127.0.0.1:{self.port}/healthz")
-            if got is not None and got[0] == 200:
-                health = json.loads(got[1])
-                if health.get("procs") == health.get("alive") == self.procs:
-                    return
-            time.sleep(0.2)
-        raise SetupError(f"the farm was not healthy within {timeout:g}s:\n{self.log_tail()}")
-
-    def stop(self) -> tuple[int | None, float]:
-        """SIGTERM and wait; (exit status or None if it had to be killed, seconds)."""
-        began = time.monotonic()
-        return stop_farm(self.proc, GRACEFUL + 20), time.monotonic() - began
-
-
-@contextlib.contextmanager
-def farm_process(
-    dsn: str, procs: int, work: Path, app: str = "farmapp:farm", **extra_env: str
-) -> Iterator[FarmProcess]:
-    port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("OUTBOX_FARM_") and k != "PROMETHEUS_MULTIPROC_DIR"
-    }
-    env.update(LOADTEST_DSN=dsn, TMPDIR=str(work), **extra_env)
-    options = ["--metrics-bind", f"127.0.0.1:{port}", "--metrics-dir", str(work / "metrics")]
-    options += ["--graceful-timeout", str(GRACEFUL), "--log-format", "json"]
-    log_path = work / "farm.log"
-    proc = start_farm(app, dsn, procs, cwd=HERE, log=log_path, options=options, env=env)
-    try:
-        yield FarmProcess(proc, port, log_path, procs)
-    finally:
-        if proc.poll() is None:
-            kill_farm(proc)
-
-
-@contextlib.contextmanager
-def the_farm(
-    args: argparse.Namespace, dsn: str, work: Path
-) -> Iterator[tuple[FarmProcess, Consumer | None]]:
-    """The load test's farm; in relay mode with the consumer it publishes to, started first."""
-    if not args.relay:
-        with farm_process(dsn, args.procs, work) as farm:
-            yield farm, None
-        return
-    with relay_consumer(args, dsn, work) as consumer:
-        say(f"relay mode: RabbitMQ {redact_url(args.amqp)}, exchange {consumer.exchange}")
-        env = {"LOADTEST_AMQP": args.amqp, "LOADTEST_EXCHANGE": consumer.exchange}
-        with farm_process(dsn, args.procs, work, "relayapp:farm", **env) as farm:
-            yield farm, consumer
-
-
-# -- Locust ----------------------------------------------------------------------------------
-
-
-def locust_command(args: argparse.Namespace, dsn: str, csv_prefix: Path) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(HERE / "locustfile.py"),
-        "--host",
-        dsn,
-        "--users",
-        str(args.users),
-        "--spawn-rate",
-        f"{args.spawn_rate:g}",
-        "--queue-weights",
-        args.queue_weights,
-        "--flaky-failures",
-        str(args.flaky_failures),
-        "--rollback-ratio",
-        f"{args.rollback_ratio:g}",
-        "--publish-rate",
-        f"{args.publish_rate:g}",
-        "--stop-timeout",
-        str(STOP_GRACE),
-        "--csv",
-        str(csv_prefix),
-    ]
-    if args.ui:
-        return [*command, "--web-host", "127.0.0.1", "--web-port", str(args.web_port)]
-    return [*command, "--headless", "--run-time", f"{args.duration}s", "--only-summary"]
-
-
-def run_locust(args: argparse.Namespace, dsn: str, work: Path) -> int | None:
-    """Run Locust to its end; its exit status (None: a headless run had to be stopped).
-
-    Locust runs in a session of its own, so a Ctrl-C reaches only this script (gevent's hub
-    can swallow a KeyboardInterrupt and leave Locust running); this script then stops Locust
-    with SIGTERM, which Locust handles cleanly, writing its statistics. In --ui mode a Ctrl-C
-    ends the test and goes on to drain and check; in a headless run it aborts the run.
-    """
-    command = locust_command(args, dsn, work / "locust")
-    env = {**os.environ, "LOADTEST_DSN": dsn}  # if the web UI's host field is emptied
-    limit = args.ui_timeout if args.ui else args.duration + STOP_GRACE + 60
-    if args.ui:
-        say(f"Locust web UI: http://127.0.0.1:{args.web_port} (Ctrl-C here when done)")
-        proc = subprocess.Popen(command, cwd=work, env=env, start_new_session=True)
-    else:  # its own summary repeats ours; kept in the work folder
-        with (work / "locust.log").open("wb") as log:
-            proc = subprocess.Popen(
-                command,
-                cwd=work,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-    interrupted: list[int] = []
-    previous = signal.getsignal(signal.SIGINT)
-    if args.ui:
-        signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
-    try:
-        deadline = time.monotonic() + limit
-        for _ in range(int(limit / 0.5) + 2):
-            if proc.poll() is not None or interrupted or time.monotonic() >= deadline:
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.5)
-        if proc.poll() is None:
-            why = "Ctrl-C" if interrupted else f"still running after {limit:g}s"
-            say(f"stopping Locust ({why})")
-            code = stop_locust(proc)
-            return code if args.ui else None  # a headless run must end by itself
-        return proc.returncode
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if proc.poll() is None:  # this script was interrupted (headless Ctrl-C)
-            stop_locust(proc)
-
-
-def stop_locust(proc: subprocess.Popen[bytes]) -> int | None:
-    """SIGTERM, then SIGKILL after 30 s; the exit status (None if it had to be killed)."""
-    proc.terminate()
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
-        return None
-
-
-def locust_table(csv_prefix: Path) -> tuple[str, int]:
-    """Locust's per-queue publish statistics as a table, and its failure count."""
-    path = Path(f"{csv_prefix}_stats.csv")
-    if not path.exists():
-        return "(no Locust statistics were written)", 0
-    with path.open(newline="") as file:
-        rows = list(csv.DictReader(file))
-    head = (
-        "type",
-        "queue",
-        "requests",
-        "failures",
-        "req/s",
-        "p50 ms",
-        "p95 ms",
-        "p99 ms",
-        "max ms",
-    )
-    table = [head]
-    failures = 0
-    for r in rows:
-        name = r["Name"] if r["Type"] else "TOTAL"
-        if not r["Type"]:
-            failures = int(r["Failure Count"])
-        table.append(
-            (
-                r["Type"],
-                name,
-                r["Request Count"],
-                r["Failure Count"],
-                f"{float(r['Requests/s']):.1f}",
-                r["50%"],
-                r["95%"],
-                r["99%"],
-                f"{float(r['Max Response Time']):.0f}",
-            )
-        )
-    lines = align(table)
-    failures_path = Path(f"{csv_prefix}_failures.csv")
-    if failures and failures_path.exists():
-        with failures_path.open(newline="") as file:
-            for r in list(csv.DictReader(file))[:10]:
-                lines.append(f"  failure x{r['Occurrences']}: {r['Name']}: {r['Error'][:200]}")
-    return "\n".join(lines), failures
-
-
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -428,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 admin,
                 NAMES,
                 prefix="outbox_farm_load_",
-                prepare=checker.create_schema,
+                prepare=create_schema,
                 keep=args.keep,
             ) as dsn,
         ):
@@ -436,19 +191,17 @@ def run(args: argparse.Namespace) -> int:
                 f"scratch database {redact(dsn)}"
                 + (" (--keep: not dropped at the end)" if args.keep else "")
             )
-            with the_farm(args, dsn, work) as (farm, consumer):
+            with the_farm(args, dsn, work, say) as (farm, consumer):
                 farm.wait_healthy(BOOT_TIMEOUT)
                 say(f"farm up: --procs {args.procs}, metrics on {farm.metrics_url}")
                 if args.ui:
                     say("load: Locust web UI")
                 else:
                     say(f"load: {args.duration}s, {args.users} users x {args.publish_rate:g} tx/s")
-                locust_code = run_locust(args, dsn, work)
+                locust_code = run_locust(args, dsn, work, say)
                 load_done = time.monotonic()
                 with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-                    drain = checker.wait_for_drain(
-                        conn, farm.metrics_url, args.drain_timeout, say=say
-                    )
+                    drain = wait_for_drain(conn, farm.metrics_url, args.drain_timeout, say=say)
                     say(
                         f"{'drained' if drain.drained else 'NOT drained'} in "
                         f"{drain.seconds:.1f}s; checking"
@@ -456,8 +209,8 @@ def run(args: argparse.Namespace) -> int:
                     if consumer is not None:
                         consumer.stop()  # after it emptied its queue: all arrived is recorded
                         say(f"relay consumer: {consumer.summary or 'failed (see consumer.log)'}")
-                    scraped = checker.Metrics.scrape(farm.metrics_url)
-                    report = checker.check(conn, scraped or checker.Metrics([]))
+                    scraped = Metrics.scrape(farm.metrics_url)
+                    report = checker.check(conn, scraped or Metrics([]))
                 code, stop_seconds = farm.stop()
                 events = farm.events()
                 log_tail = farm.log_tail()
@@ -509,10 +262,10 @@ def run_checks(
     locust_code: int | None,
     failures: int,
     published: dict[str, int],
-    drain: checker.Drain,
+    drain: Drain,
     farm_code: int | None,
     events: Counter[str],
-    report: checker.Report,
+    report: Report,
 ) -> list[RunCheck]:
     wanted = [q for q, w in args.weights.items() if w > 0]
     unloaded = [q for q in wanted if not published.get(q)]
@@ -555,10 +308,10 @@ def run_checks(
 def print_summary(
     args: argparse.Namespace,
     table: str,
-    report: checker.Report,
+    report: Report,
     checks: list[RunCheck],
     events: Counter[str],
-    drain: checker.Drain,
+    drain: Drain,
     stop_seconds: float,
     until_load_done: float,
     began: float,

@@ -1,10 +1,11 @@
 """The farms under test and the faults done to them: processes, connections, the server.
 
-A `FarmRun` is one `outbox-farm start` (its own session, /metrics port and JSON log): its
-workers can be killed one by one, the whole session at once, and every pid that died (killed
-here, or replaced by the arbiter) is collected, since the checker needs them to explain
-duplicates. `Server` is a Postgres of the suite's own (the embedded one), for the faults that
-must never touch a shared server: restarts.
+A `FarmRun` is one `outbox-farm start` (its own session, /metrics port and JSON log, started
+as the load test's farm is, by `loadtests/farmproc.py`): its workers can be killed one by one,
+the whole session at once, and every pid that died (killed here, or replaced by the arbiter)
+is collected, since the checker needs them to explain duplicates. `Server` is a Postgres of
+the suite's own (the embedded one), for the faults that must never touch a shared server:
+restarts.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from typing import Any
 import psutil
 import psycopg
 
-from loadtests.harness import Metrics, free_port, kill_farm, start_farm, stop_farm
+from loadtests.farmproc import GRACEFUL, farm_subprocess, log_tail
+from loadtests.harness import Metrics, kill_farm, stop_farm
 
 LOADTESTS = Path(__file__).resolve().parents[1]
-GRACEFUL = 10.0
 _DIED = re.compile(r"worker (\d+) ")
 
 
@@ -115,8 +116,7 @@ class FarmRun:
         return dead
 
     def tail(self, lines: int = 30) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log, lines)
 
 
 @contextlib.contextmanager
@@ -131,26 +131,17 @@ def farm(
     ledger_pool: int = 4,
 ) -> Iterator[FarmRun]:
     """`outbox-farm start` of the load test's app (or `app`, from loadtests/chaos) on `dsn`."""
-    port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("OUTBOX_FARM_") and k != "PROMETHEUS_MULTIPROC_DIR"
-    }
-    env.update(LOADTEST_DSN=dsn, TMPDIR=str(work), PYTHONPATH=str(LOADTESTS.parent))
+    env = {"PYTHONPATH": str(LOADTESTS.parent)}
     env["LOADTEST_LEDGER_POOL"] = str(ledger_pool)  # the test app's own connections, per worker
-    every = ["--metrics-bind", f"127.0.0.1:{port}", "--metrics-dir", str(work / f"{name}-m")]
-    every += ["--graceful-timeout", str(GRACEFUL), "--log-format", "json", *options]
     cwd = LOADTESTS if app.startswith("farmapp") else LOADTESTS / "chaos"
     log = work / f"{name}.log"
-    proc = start_farm(app, dsn, procs, cwd=cwd, log=log, options=every, env=env)
-    run = FarmRun(proc, port, log, procs)
-    try:
+    metrics_dir = work / f"{name}-m"
+    with farm_subprocess(
+        app, dsn, procs, work, cwd=cwd, log=log, metrics_dir=metrics_dir, options=options, env=env
+    ) as (proc, port):
+        run = FarmRun(proc, port, log, procs)
         run.wait_ready()
         yield run
-    finally:
-        if proc.poll() is None:
-            kill_farm(proc)
 
 
 def merged(*scrapes: Metrics) -> Metrics:

@@ -20,7 +20,9 @@ from typing import Any
 import psycopg
 
 from loadtests import checker, expected, scenario
+from loadtests.drain import wait_for_drain
 from loadtests.harness import CLI, Metrics, scratch_database
+from loadtests.ledger import create_schema
 
 from .farms import FarmRun, Server, farm, farm_backends, merged, terminate
 from .load import PRODUCER, Load
@@ -85,7 +87,7 @@ def database(admin: str) -> Iterator[str]:
     from outbox_farm.names import TableNames
 
     with scratch_database(
-        admin, TableNames.build(*NAMES), prefix="outbox_farm_chaos_", prepare=checker.create_schema
+        admin, TableNames.build(*NAMES), prefix="outbox_farm_chaos_", prepare=create_schema
     ) as dsn:
         yield dsn
 
@@ -105,7 +107,7 @@ def settle(
     purpose (the scenario checks what must hold instead)."""
     with psycopg.connect(dsn, autocommit=True, application_name="chaos-check") as conn:
         for run in farms:
-            drain = checker.wait_for_drain(conn, run.url + "/metrics", DRAIN_TIMEOUT)
+            drain = wait_for_drain(conn, run.url + "/metrics", DRAIN_TIMEOUT)
             if not drain.drained:
                 result.findings.append(
                     Finding("drains", False, f"{drain.outbox_rows} rows left after the load")

@@ -22,6 +22,9 @@ import psycopg
 import pytest
 
 from loadtests import checker
+from loadtests.harness import Metrics
+from loadtests.invariants import INVARIANTS
+from loadtests.ledger import create_schema
 from tests.integration.brokers import AMQP, require
 
 LOADTESTS = Path(checker.__file__).resolve().parent
@@ -32,7 +35,7 @@ class State:
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
-        checker.create_schema(conn)
+        create_schema(conn)
         self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
 
     def publish(
@@ -90,7 +93,7 @@ class State:
         return "\n".join(lines) + "\n"
 
     def check(self, killed: tuple[int, ...] = ()) -> Any:
-        return checker.check(self.conn, checker.Metrics.parse(self.metrics_text()), killed=killed)
+        return checker.check(self.conn, Metrics.parse(self.metrics_text()), killed=killed)
 
 
 @pytest.fixture
@@ -130,7 +133,7 @@ def state(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 def test_a_consistent_run_passes(state: dict[str, Any]) -> None:
     report = state["s"].check()
     assert report.ok, report.render()
-    assert {c.name for c in report.checks} == set(checker.INVARIANTS)
+    assert {c.name for c in report.checks} == set(INVARIANTS)
     assert "checker: all invariants hold" in report.render()
 
 
@@ -314,7 +317,7 @@ def test_the_checker_fails_naming_the_broken_invariant(
 
 
 def test_all_invariants_are_exercised() -> None:
-    assert {invariant for _, invariant, _ in CASES} == set(checker.INVARIANTS)
+    assert {invariant for _, invariant, _ in CASES} == set(INVARIANTS)
 
 
 def test_violations_quote_the_message_ids(state: dict[str, Any]) -> None:
@@ -368,7 +371,7 @@ def test_the_checker_command_exits_1_naming_the_invariant(
 
 
 def test_a_missing_metrics_endpoint_is_exit_2(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    checker.create_schema(conn)
+    create_schema(conn)
     result = subprocess.run(
         [
             sys.executable,
