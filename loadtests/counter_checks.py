@@ -105,23 +105,10 @@ def metric_pairs(metrics: Metrics, dlq: DlqState, restarts: float) -> list[Check
     checks.append(Check("no-write-failures", not failures, failures))
     if restarts:
         # A killed worker may die between its DLQ commit and its counter: counts may differ.
-        checks.append(
-            Check(
-                "dlq-rows-equal-dlq-written",
-                True,
-                [f"skipped: {restarts:g} worker restart(s) during the run"],
-                skipped=True,
-            )
-        )
+        checks.append(skipped_after_restarts("dlq-rows-equal-dlq-written", restarts))
         return checks
     # A DLQ move whose reply was lost archived its row uncounted (outcome_unconfirmed).
-    unconfirmed = {
-        q: v
-        for (q, phase), v in metrics.by(
-            "outbox_farm_outcome_unconfirmed_total", "queue", "phase"
-        ).items()
-        if phase == "terminal"
-    }
+    unconfirmed = unconfirmed_by_queue(metrics, "terminal")
     extra: dict[str, float] = defaultdict(float)
     for q, r in set(dlq.by_key) | set(written):
         extra[q] += dlq.by_key.get((q, r), 0) - written.get((q, r), 0)
@@ -143,12 +130,7 @@ def acks(db: Db, metrics: Metrics, restarts: float) -> Check:
     """A row is deleted once, so each message that succeeded is acked once; only an ack whose
     reply was lost (unconfirmed) may be missing from acked_total."""
     if restarts:  # a killed worker may die between its ack's commit and its counter
-        return Check(
-            "acks-equal-successes",
-            True,
-            [f"skipped: {restarts:g} worker restart(s) during the run"],
-            skipped=True,
-        )
+        return skipped_after_restarts("acks-equal-successes", restarts)
     succeeded = {
         str(q): int(n)
         for q, n in db.rows(
@@ -157,13 +139,7 @@ def acks(db: Db, metrics: Metrics, restarts: float) -> Check:
         )
     }
     acked = {k[0]: v for k, v in metrics.by("outbox_farm_acked_total", "queue").items()}
-    unconfirmed = {
-        q: v
-        for (q, phase), v in metrics.by(
-            "outbox_farm_outcome_unconfirmed_total", "queue", "phase"
-        ).items()
-        if phase == "ack"
-    }
+    unconfirmed = unconfirmed_by_queue(metrics, "ack")
     details = [
         f"queue {q!r}: acked_total {acked.get(q, 0):g} but {succeeded.get(q, 0)} message(s) "
         "succeeded" + (f" ({unconfirmed[q]:g} ack(s) unconfirmed)" if unconfirmed.get(q) else "")
@@ -171,3 +147,23 @@ def acks(db: Db, metrics: Metrics, restarts: float) -> Check:
         if not acked.get(q, 0) <= succeeded.get(q, 0) <= acked.get(q, 0) + unconfirmed.get(q, 0)
     ]
     return Check("acks-equal-successes", not details, details)
+
+
+def skipped_after_restarts(name: str, restarts: float) -> Check:
+    """A counter check that a worker restart makes meaningless: a killed worker may die
+    between its commit and its counter."""
+    return Check(
+        name, True, [f"skipped: {restarts:g} worker restart(s) during the run"], skipped=True
+    )
+
+
+def unconfirmed_by_queue(metrics: Metrics, phase: str) -> dict[str, float]:
+    """Outcomes of `phase` re-sent after a lost reply that found their row already gone: the
+    first attempt most likely committed, uncounted."""
+    return {
+        q: v
+        for (q, p), v in metrics.by(
+            "outbox_farm_outcome_unconfirmed_total", "queue", "phase"
+        ).items()
+        if p == phase
+    }

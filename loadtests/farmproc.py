@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import subprocess
@@ -82,7 +83,7 @@ def get(url: str) -> tuple[int, bytes] | None:
     except urllib.error.HTTPError as exc:
         with exc:
             return exc.code, exc.read()
-    except OSError:
+    except (OSError, http.client.HTTPException):  # refused, reset, or cut off mid-reply
         return None
 
 

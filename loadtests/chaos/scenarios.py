@@ -353,7 +353,7 @@ def xmin_held(ctx: Context) -> Result:
     """A transaction holds back the xmin horizon for minutes under steady load: the farm says
     so (gauge and WARNING naming the backend) and recovers after the release."""
     result = Result("xmin")
-    hold = max(ctx.seconds(80), 70.0)  # the WARNING comes once the horizon is a minute old
+    hold = max(ctx.seconds(120), 70.0)  # the WARNING comes once the horizon is a minute old
     with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, name="xmin") as run:
         load = Load(dsn, 300, {"ok": 100.0}).start()
         holder = psycopg.connect(dsn, application_name="chaos-xmin")

@@ -11,7 +11,6 @@ deliveries are counted. Every wait is a deadline-bounded poll.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import signal
@@ -19,8 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +28,8 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from loadtests.farmproc import get
 
 pytestmark = pytest.mark.slow
 
@@ -133,15 +132,7 @@ class RunningFarm:
 
     def get(self, path: str) -> tuple[int, bytes] | None:
         """(status, body), or None while nothing answers."""
-        url = f"http://127.0.0.1:{self.port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as reply:
-                return reply.status, reply.read()
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return exc.code, exc.read()
-        except (OSError, http.client.HTTPException):
-            return None
+        return get(f"http://127.0.0.1:{self.port}{path}")
 
     def health(self) -> tuple[int, dict[str, Any]] | None:
         got = self.get("/healthz")
