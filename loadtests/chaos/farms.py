@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import psycopg
 
-from loadtests.farmproc import GRACEFUL, farm_subprocess, log_tail
+from loadtests.farmproc import GRACEFUL, farm_subprocess, get, log_tail
 from loadtests.harness import Metrics, kill_farm, stop_farm
 
 LOADTESTS = Path(__file__).resolve().parents[1]
@@ -63,16 +63,12 @@ class FarmRun:
         raise RuntimeError(f"the farm was not ready within {timeout:g}s:\n{self.tail()}")
 
     def health(self) -> tuple[int, dict[str, Any]] | None:
-        import urllib.error
-        import urllib.request
-
+        got = get(self.url + "/healthz")
+        if got is None:
+            return None
         try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=5) as reply:
-                return reply.status, json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return exc.code, json.loads(exc.read() or b"{}")
-        except (OSError, ValueError):
+            return got[0], json.loads(got[1] or b"{}")
+        except ValueError:
             return None
 
     def scrape(self) -> Metrics:
