@@ -7,6 +7,9 @@ PY ?= .venv/bin/python
 LOCAL_DSN ?= host=127.0.0.1 port=5432 user=postgres dbname=postgres
 LOADTEST_ARGS ?=
 SCENARIO ?=
+# test-under-load: how many runs of the suite, and how many cores stress-ng keeps busy meanwhile.
+LOAD_RUNS ?= 3
+LOAD_CPUS ?= 2
 
 .PHONY: help
 help: ## List the targets, and the variables they use with their current values
@@ -17,6 +20,8 @@ help: ## List the targets, and the variables they use with their current values
 	@echo "  LOCAL_DSN     = $(LOCAL_DSN)"
 	@echo "  LOADTEST_ARGS = $(LOADTEST_ARGS)"
 	@echo "  SCENARIO      = $(SCENARIO)"
+	@echo "  LOAD_RUNS     = $(LOAD_RUNS)"
+	@echo "  LOAD_CPUS     = $(LOAD_CPUS)"
 
 .venv:
 	python3 -m venv .venv
@@ -28,6 +33,27 @@ install: .venv ## Install the package with test and load-test extras into .venv
 .PHONY: test
 test: ## Run the whole suite (embedded Postgres unless OUTBOX_FARM_TEST_DSN is set)
 	$(PY) -m pytest
+
+.PHONY: test-under-load
+test-under-load: SHELL := /bin/bash
+test-under-load: ## Run the suite LOAD_RUNS times while stress-ng keeps LOAD_CPUS cores busy
+	@command -v stress-ng >/dev/null || { echo "stress-ng is not installed (apt-get install stress-ng)" >&2; exit 2; }; \
+	logs=$$(mktemp -d "$${TMPDIR:-/tmp}/outbox-farm-under-load.XXXXXX"); \
+	stress-ng --cpu $(LOAD_CPUS) --timeout 6h --quiet & stress=$$!; \
+	trap 'kill $$stress 2>/dev/null; wait $$stress 2>/dev/null' EXIT; \
+	trap 'exit 130' INT TERM; \
+	echo "stress-ng --cpu $(LOAD_CPUS) (pid $$stress); pytest logs in $$logs"; \
+	failed=0; summary=""; \
+	for run in $$(seq 1 $(LOAD_RUNS)); do \
+	  began=$$(date +%s); \
+	  $(PY) -m pytest 2>&1 | tee "$$logs/run-$$run.log"; status=$${PIPESTATUS[0]}; \
+	  took=$$(( $$(date +%s) - began )); \
+	  counts=$$(tail -n 1 "$$logs/run-$$run.log" | grep -Eo '[0-9]+ (passed|failed|errors?|skipped|xfailed|xpassed)' | paste -sd, - | sed 's/,/, /g'); \
+	  [ $$status -eq 0 ] && verdict=ok || { verdict="FAILED (exit $$status)"; failed=$$((failed + 1)); }; \
+	  summary="$$summary$$(printf 'run %d/%d: %s: %s in %ds' $$run $(LOAD_RUNS) "$$verdict" "$${counts:-no summary}" $$took)\n"; \
+	done; \
+	echo; echo "under load (stress-ng --cpu $(LOAD_CPUS)), logs in $$logs:"; printf "$$summary"; \
+	[ $$failed -eq 0 ]
 
 .PHONY: test-local
 test-local: ## Run the suite against the server at LOCAL_DSN

@@ -29,6 +29,7 @@ from .observe import Observer, observers
 from .outcome import Kind, Outcome
 from .problems import Problems
 from .queries import Queries
+from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.completer")
 
@@ -102,8 +103,8 @@ class Completer:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="outbox-farm-completer")
+    def start(self, supervisor: Supervisor) -> None:
+        self._task = supervisor.spawn("completer", self._run)
 
     @property
     def alive(self) -> bool:
@@ -134,22 +135,7 @@ class Completer:
             self._failed(self._pending)
 
     async def _run(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            if len(self._pending) < self.flush_size and not self._closing:
-                try:
-                    async with asyncio.timeout(self.flush_interval):
-                        await self._full.wait()
-                except TimeoutError:
-                    pass
-            batch, self._pending = self._pending, []
-            self._full.clear()
-            self._room.set()
+        while (batch := await self._collect()) is not None:
             try:
                 await self.write(batch)
             except Exception:  # a bug here must not stop every later write of the process
@@ -160,6 +146,25 @@ class Completer:
                     extra={"event": "flush_failed"},
                 )
                 self._failed(batch)
+
+    async def _collect(self) -> list[Outcome] | None:
+        """The next batch, once it is due (full, or `flush_interval` after its first outcome);
+        None at close, once nothing is left."""
+        while not self._pending:
+            if self._closing:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        if len(self._pending) < self.flush_size and not self._closing:
+            try:
+                async with asyncio.timeout(self.flush_interval):
+                    await self._full.wait()
+            except TimeoutError:
+                pass
+        batch, self._pending = self._pending, []
+        self._full.clear()
+        self._room.set()
+        return batch
 
     def _failed(self, outcomes: list[Outcome]) -> None:
         """Count outcomes given up on without a write (each one is logged by its caller)."""

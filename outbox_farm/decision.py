@@ -8,6 +8,7 @@ logs, counts or reads a clock: the single and batch paths of the executor (and r
 set of rules, each of which a unit test can pin down without a database or an event loop.
 
 The rules, in order:
+- a row the fetcher could not load is terminal (`invalid_row`, or `max_deliveries` past it) unrun;
 - a row claimed more than `max_deliveries` times is terminal (`max_deliveries`) unrun;
 - a decision the handler recorded (`ack()`, `nack(delay)`, `reject()`) wins over its return or
   exception;
@@ -70,8 +71,10 @@ QUIET: Notes = ()
 
 
 def before_run(spec: HandlerSpec, msg: Message) -> Verdict | None:
-    """The verdict on a row that must not run (claimed more than `max_deliveries` times), or
-    None: run it."""
+    """The verdict on a row that must not run (one the fetcher could not load, or claimed more
+    than `max_deliveries` times), or None: run it."""
+    if msg.invalid is not None:
+        return _invalid(spec, msg, msg.invalid)
     limit = spec.max_deliveries
     if limit is None or msg.deliveries_count <= limit:
         return None
@@ -84,6 +87,26 @@ def before_run(spec: HandlerSpec, msg: Message) -> Verdict | None:
         "running the handler",
         (msg.id, msg.queue, msg.deliveries_count, limit),
         {"reason": str(Reason.MAX_DELIVERIES)},
+    )
+    return outcome, (note,)
+
+
+def _invalid(spec: HandlerSpec, msg: Message, why: str) -> Verdict:
+    """A row whose values cannot be loaded: terminal unrun, `invalid_row` with `why` (which
+    value, and what is wrong with it) as its `last_exception`. Past `max_deliveries` it is
+    `max_deliveries`, so that limit holds for every row, loadable or not."""
+    limit = spec.max_deliveries
+    reason = Reason.INVALID_ROW
+    if limit is not None and msg.deliveries_count > limit:
+        reason = Reason.MAX_DELIVERIES
+    outcome = _outcome(msg, Kind.TERMINAL)
+    outcome.reason, outcome.last_exception = reason, why
+    note = Note(
+        Event.TERMINAL,
+        ERROR,
+        "row %s of queue %s cannot be loaded (%s); giving up without running the handler (%s)",
+        (msg.id, msg.queue, why, reason),
+        {"reason": str(reason)},
     )
     return outcome, (note,)
 

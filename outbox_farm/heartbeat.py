@@ -20,6 +20,7 @@ from .handler import HandlerSpec
 from .inflight import Ledger
 from .problems import Problems
 from .queries import Queries
+from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.heartbeat")
 
@@ -41,10 +42,8 @@ class Heartbeat:
         self.operation = f"lease heartbeat of queue {spec.queue}"
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            self._run(), name=f"outbox-farm-heartbeat-{self.spec.queue}"
-        )
+    def start(self, supervisor: Supervisor) -> None:
+        self._task = supervisor.spawn(f"lease heartbeat of queue {self.spec.queue}", self._run)
 
     async def stop(self) -> None:
         if self._task is not None:

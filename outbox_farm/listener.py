@@ -14,6 +14,7 @@ from collections.abc import Callable
 from .backoff import Backoff
 from .db.listen import listen
 from .errors import DatabaseError
+from .supervised import Policy, Supervisor
 
 log = logging.getLogger("outbox_farm.listener")
 
@@ -36,8 +37,9 @@ class Listener:
         self.connected = asyncio.Event()  # set while LISTEN is active; read by tests/health
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="outbox-farm-listener")
+    def start(self, supervisor: Supervisor) -> None:
+        """Restarted for ever if it fails: fetchers poll meanwhile (see `supervised`)."""
+        self._task = supervisor.spawn("listener", self._run, Policy.RESTART)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -67,8 +69,10 @@ class Listener:
                     self.on_connect()
                     while True:
                         await session.relay(self.on_notify, self.health_interval)
-            except DatabaseError as exc:
+            except BaseException as exc:
                 self.connected.clear()
+                if not isinstance(exc, DatabaseError):
+                    raise  # a stop, or a bug: the supervisor's
                 delay = backoff.next()
                 if not warned:
                     log.warning(

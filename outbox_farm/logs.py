@@ -2,7 +2,8 @@
 
 Structured fields passed with `extra=` (event, phase, row_id, queue, ...) become JSON keys, so a
 log pipeline can alert on `event=lease_lost` without parsing messages. DSNs are logged only
-through `dsn.redact`, never with their password.
+through `dsn.redact`, and every line is scrubbed once more of the secrets `dsn.remember` was
+given: a driver or pool logs its own errors, quoting what it failed to parse, out of our reach.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from .dsn import scrub
 from .observe import tracing
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -26,16 +28,16 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "pid": record.process,
-            "message": record.getMessage(),
+            "message": scrub(record.getMessage()),
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
+                entry[key] = scrub(value) if isinstance(value, str) else value
         entry.setdefault("event", "log")
         if ids := tracing.current_ids():
             entry["trace_id"], entry["span_id"] = ids
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = scrub(self.formatException(record.exc_info))
         return orjson.dumps(entry, default=str).decode()
 
 
@@ -50,7 +52,7 @@ class TextFormatter(logging.Formatter):
             text = f"{text} [event={event}]"
         if ids := tracing.current_ids():
             text = f"{text} [trace_id={ids[0]} span_id={ids[1]}]"
-        return text
+        return scrub(text)
 
 
 def configure(fmt: str = "text", level: str = "INFO") -> None:

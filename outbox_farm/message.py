@@ -54,6 +54,11 @@ class Message:
     start_by: float = field(default=float("inf"), repr=False)
     claimed_epoch: float = field(default=0.0, repr=False)
     due_epoch: float = field(default=0.0, repr=False)
+    # Written by the fetcher for a row it could not load (a timestamp no client can represent,
+    # headers that are not a JSON object): which value and why. Such a row never reaches a
+    # handler: the executor dead-letters it as `invalid_row` (`decision.before_run`), and the
+    # fields that could not be loaded hold stand-ins (the claim's time, no headers).
+    invalid: str | None = field(default=None, repr=False)
 
     @property
     def correlation_id(self) -> str | None:

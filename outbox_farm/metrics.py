@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
 
-GaugeMode = Literal["livesum", "mostrecent", "max", "livemin"]
+GaugeMode = Literal["livesum", "mostrecent", "max", "livemax", "livemin"]
 
 PREFIX = "outbox_farm_"
 LATENCY_BUCKETS = (
@@ -63,6 +63,9 @@ class Metrics:
     dlq_rows: Gauge
     vacuum_seconds: Histogram
     dlq_purged: Counter
+    claim_errors: Counter
+    queue_stalled: Gauge
+    set_aside: Counter
 
 
 @cache
@@ -150,6 +153,26 @@ def metrics() -> Metrics:
         dlq_purged=counter(
             "dlq_purged", "DLQ rows deleted by the farm's retention (--dlq-retention).", "queue"
         ),
+        claim_errors=counter(
+            "claim_errors",
+            "Claims that failed, by kind: connection_lost, permanent, refused (any other "
+            "database error), internal (an error of outbox_farm itself).",
+            "queue",
+            "kind",
+        ),
+        queue_stalled=gauge(
+            "queue_stalled",
+            "1 while a worker finds the queue stalled (its claims keep failing, or its oldest "
+            "ready row ages while the worker is idle), else 0; the highest of the live workers.",
+            "livemax",
+            "queue",
+        ),
+        set_aside=counter(
+            "set_aside",
+            "Rows that could be neither loaded nor dead-lettered (no DLQ), parked under the "
+            "set-aside token and reported by id (log event row_set_aside).",
+            "queue",
+        ),
     )
 
 
@@ -221,8 +244,8 @@ def supervisor_metrics() -> SupervisorMetrics:
         processes=Gauge(PREFIX + "processes", "Worker processes running.", multiprocess_mode="max"),
         worker_restarts=Counter(
             PREFIX + "worker_restarts",
-            "Worker processes replaced, by why the old one ended: crash (died after booting), "
-            "heartbeat (killed for a blocked event loop), boot (died before booting).",
+            "Worker processes replaced, by why the old one ended: crash (died or was killed), "
+            "heartbeat (killed for a blocked event loop), boot (could not boot: exit status 3).",
             ["reason"],
         ),
     )

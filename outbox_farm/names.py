@@ -2,7 +2,9 @@
 
 Table names are user input. They are only ever used through `psycopg.sql.Identifier`, and the
 names Postgres would silently truncate (indexes, the NOTIFY channel) are refused instead: a
-truncated index name breaks the schema check and a truncated channel breaks wake-ups.
+truncated index name breaks the schema check and a truncated channel breaks wake-ups. Every
+entry point (`Farm(table=...)`, the CLI's `--table`/`--dlq-table`) builds `TableNames`, which
+refuses the characters the driver cannot carry, with one message naming what is allowed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from psycopg import sql
 from .errors import IdentifierError
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1 in a stock Postgres build
+ALLOWED = "any character but '%' and NUL"
+REFUSED = "%"
+# Identifiers are quoted (`psycopg.sql.Identifier`), so quotes, spaces and the like are carried
+# safely; but composed statements go through the driver, which reads a '%' as a placeholder
+# ("positional and named placeholders cannot be mixed"), failing every claim. Doubling it would
+# hold only where the text is later parsed for placeholders, so it is refused up front instead.
 
 
 def _check_identifier(name: str, what: str) -> str:
@@ -21,6 +29,11 @@ def _check_identifier(name: str, what: str) -> str:
         raise IdentifierError(f"{what} is empty")
     if "\x00" in name:
         raise IdentifierError(f"{what} {name!r} contains a NUL byte")
+    if REFUSED in name:
+        raise IdentifierError(
+            f"{what} {name!r} contains '%', which the SQL driver reads as a placeholder: a "
+            f"table name may hold {ALLOWED} (a '.' separates schema and table)"
+        )
     size = len(name.encode("utf-8"))
     if size > MAX_IDENTIFIER_BYTES:
         raise IdentifierError(
@@ -96,6 +109,8 @@ class TableNames:
             "timer_idx": out.sibling("_timer_id_uq", "timer index name"),
             "ordering_idx": out.sibling("_order_idx", "ordering index name"),
             "lease_ck": out.sibling("_lease_ck", "lease check name"),
+            "counts_ck": out.sibling("_counts_ck", "counters check name"),
+            "values_ck": out.sibling("_values_ck", "values check name"),
         }
         if self.dlq is not None:
             ids["dlq"] = self.dlq.identifier()

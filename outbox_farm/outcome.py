@@ -26,6 +26,7 @@ class Reason(enum.StrEnum):
     MAX_DELIVERIES = "max_deliveries"
     RETRY_TERMINAL = "retry_terminal"
     REJECTED = "rejected"
+    INVALID_ROW = "invalid_row"  # a value another writer stored that the farm cannot load
 
 
 @dataclass(slots=True)

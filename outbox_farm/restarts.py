@@ -1,10 +1,12 @@
 """When a slot may have a worker again after one died, and when the farm gives up.
 
-A worker that booted and then died (a crash, or killed for a silent heartbeat) is replaced at
-once; its slot backs off only when its workers keep dying faster than `QUICK_CRASH` apart, so
-one poison message cannot make the arbiter fork in a tight loop. Only workers that never
-finished booting count toward giving up: `MAX_BOOT_FAILURES` in a row mean the farm cannot
-start (bad DSN, missing schema, an app that no longer imports), whatever slot they were in.
+A worker that crashed (it died, or was killed for a silent heartbeat, by the OOM killer or by
+an operator, booted or not yet) is replaced at once; its slot backs off only when its workers
+keep dying faster than `QUICK_CRASH` apart, so one poison message cannot make the arbiter fork
+in a tight loop. Only workers that reported a boot failure no retry can fix count toward giving
+up: `MAX_BOOT_FAILURES` in a row mean the farm cannot start (an app that no longer imports, bad
+settings, missing schema), whatever slot they were in. A database outage is none of these: the
+workers wait for it. Times are monotonic, so a step of the wall clock moves no deadline.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class RestartBackoff:
     Times are `time.monotonic()` readings, passed in by the caller.
     """
 
-    boot_failures: int = 0  # workers in a row that died before booting
+    boot_failures: int = 0  # workers in a row that could not boot (exit status 3)
     _next_spawn_at: float = 0.0  # after a boot failure: for every slot
     _crashes: dict[int, tuple[int, float]] = field(default_factory=dict)  # slot: quick ones, last
     _slot_wait: dict[int, float] = field(default_factory=dict)  # slot: no spawn before this
@@ -33,7 +35,7 @@ class RestartBackoff:
         return self.boot_failures >= MAX_BOOT_FAILURES
 
     def crashed(self, slot: int, now: float) -> float:
-        """A booted worker of `slot` died: the seconds its replacement waits (0: none)."""
+        """A worker of `slot` crashed: the seconds its replacement waits (0: none)."""
         self.boot_failures = 0
         crashes, last = self._crashes.get(slot, (0, -QUICK_CRASH))
         crashes = crashes + 1 if now - last < QUICK_CRASH else 0
@@ -43,7 +45,7 @@ class RestartBackoff:
         return delay
 
     def boot_failed(self, now: float) -> float:
-        """A worker died before booting: the seconds every slot waits before the next fork."""
+        """A worker could not boot: the seconds every slot waits before the next fork."""
         self.boot_failures += 1
         delay = min(0.5 * 2.0 ** (self.boot_failures - 1), MAX_DELAY)
         self._next_spawn_at = now + delay

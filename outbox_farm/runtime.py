@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Iterable, Sequence
 from functools import partial
 
 from . import gauges, observe, retention, vacuum
@@ -35,19 +34,21 @@ from .problems import Problems
 from .queries import Queries
 from .relay.runner import Relay
 from .settings import RuntimeSettings
+from .supervised import Policy, Supervisor
 
 log = logging.getLogger("outbox_farm.runtime")
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
 
 
 class Runtime:
     """Runs handlers on the current event loop: `specs` (one per queue), over the tables of
     `queries`, against `dsn`, as `settings` say (see `RuntimeSettings`). What happens is
-    reported to the metrics and log observers, and to the user's `observers` after them."""
+    reported to the metrics and log observers, and to the user's `observers` after them.
+
+    Every long-running task runs under `supervisor` (see `outbox_farm.supervised`). When one
+    of them keeps failing the runtime is broken: `fatal` is set and `fatal_reason` says why;
+    whoever runs the runtime then stops it (a worker process exits non-zero so the arbiter
+    replaces it).
+    """
 
     def __init__(
         self,
@@ -82,21 +83,24 @@ class Runtime:
         self.observer = observe.observers(observers)
         self.listener: Listener | None = None
         self.pool: Pool | None = None
-        self._stack = AsyncExitStack()
-        self._stopped = asyncio.Event()
-        self._deadline = 0.0
+        self.fatal = asyncio.Event()  # set once a component failed too often (see supervised)
+        self.fatal_reason: str | None = None
+        self.supervisor = Supervisor(self._broken)
+        self._pools: list[Pool] = []  # closed last, all of them
+        self._chores: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     async def start(self) -> None:
+        """Open the pools and start every component; the stop undoes whatever of this ran
+        (see `stop`), so a start that failed midway is cleaned up by `stop` too."""
         await probe(self.dsn)
-        stack = self._stack
         chores = (
             bool(self.settings.gauges_interval)
             + bool(self.settings.vacuum_interval)
             + bool(self.dlq_retention)
         )
-        # Closed last: everything below writes through it.
         self.pool = await open_pool(self.dsn, max_size=len(self.specs) + 1 + max(chores, 1))
-        stack.push_async_callback(self.pool.close)
+        self._pools.append(self.pool)
         complete = await self._transactions_pool()
 
         if self.names.dlq is None:
@@ -105,22 +109,7 @@ class Runtime:
                 "deleted, with nothing kept of them",
                 extra={"event": "no_dlq"},
             )
-        if self.settings.gauges_interval:
-            queues = [s.queue for s in self.specs]
-            task = asyncio.create_task(
-                gauges.run(
-                    self.pool, self.queries, queues, self.settings.gauges_interval, self.problems
-                )
-            )
-            stack.push_async_callback(_cancel, task)
-        if self.settings.vacuum_interval:
-            task = asyncio.create_task(
-                vacuum.run(self.pool, self.queries, self.settings.vacuum_interval)
-            )
-            stack.push_async_callback(_cancel, task)
-        if self.dlq_retention:
-            task = asyncio.create_task(retention.run(self.pool, self.queries, self.dlq_retention))
-            stack.push_async_callback(_cancel, task)
+        self._start_chores(self.pool)
 
         self.completer = Completer(
             self.pool,
@@ -132,11 +121,7 @@ class Runtime:
             problems=self.problems,
             observer=self.observer,
         )
-        self.completer.start()
-        # Stopped after the final flush: leases are extended until their outcomes are written.
-        stack.push_async_callback(self._stop_heartbeats)
-        # Closed after the executors: their last outcomes must reach the final flush.
-        stack.push_async_callback(self._close_completer)
+        self.completer.start(self.supervisor)
 
         self.observer.serving([spec.queue for spec in self.specs])
         for spec in self.specs:
@@ -157,31 +142,42 @@ class Runtime:
                 spec, inbox, fetcher, self.completer, self.observer, complete=complete
             )
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
-            if isinstance(spec.func, Relay):  # its broker connection closes after the last batch
+            if isinstance(spec.func, Relay):
                 self.relays.append(spec.func)
-                stack.push_async_callback(spec.func.close)
-            executors.start()
-            stack.push_async_callback(self._stop_executors, executors)
+            executors.start(self.supervisor)
             if spec.heartbeat:
                 heartbeat = Heartbeat(spec, fetcher.ledger, self.pool, self.queries, self.problems)
                 self.heartbeats.append(heartbeat)
-                heartbeat.start()
+                heartbeat.start(self.supervisor)
 
         if self.settings.listen:
             self.listener = Listener(self.dsn, self.names.channel, self._on_notify, self._wake_all)
-            self.listener.start()
-            stack.push_async_callback(self.listener.close)
+            self.listener.start(self.supervisor)
 
         for fetcher in self.fetchers.values():
-            fetcher.start()
-        # Stopped first: no new claims once the stop began.
-        stack.push_async_callback(self._stop_fetchers)
+            fetcher.start(self.supervisor)
         log.info(
             "outbox_farm running queues %s on %s",
             ", ".join(s.queue for s in self.specs),
             redact(self.dsn),
             extra={"event": "started"},
         )
+
+    def _start_chores(self, pool: Pool) -> None:
+        """The housekeeping loops; restarted for ever if they fail (see `supervised`)."""
+        spawn = self.supervisor.spawn
+        if self.settings.gauges_interval:
+            queues = [s.queue for s in self.specs]
+            run = partial(
+                gauges.run, pool, self.queries, queues, self.settings.gauges_interval, self.problems
+            )
+            self._chores.append(spawn("gauges", run, Policy.RESTART))
+        if self.settings.vacuum_interval:
+            run = partial(vacuum.run, pool, self.queries, self.settings.vacuum_interval)
+            self._chores.append(spawn("vacuum", run, Policy.RESTART))
+        if self.dlq_retention:
+            run = partial(retention.run, pool, self.queries, self.dlq_retention)
+            self._chores.append(spawn("DLQ retention", run, Policy.RESTART))
 
     async def _transactions_pool(self) -> Complete | None:
         """A pool of its own for transactional handlers, one connection per handler that may
@@ -191,32 +187,79 @@ class Runtime:
         if not size:
             return None
         pool = await open_pool(self.dsn, max_size=size)
-        self._stack.push_async_callback(pool.close)
+        self._pools.append(pool)
         return partial(transactions.run_completing, pool, self.queries)
 
     async def stop(self, graceful_timeout: float | None = None) -> None:
-        """Graceful stop, in this order: stop claiming; release rows not yet started and let
-        running handlers finish until the deadline; final completer flush; close the listener
-        and the pool. Safe to call twice."""
-        if self._stopped.is_set():
-            return
-        timeout = self.settings.graceful_timeout if graceful_timeout is None else graceful_timeout
-        self._deadline = time.monotonic() + timeout
-        try:
-            await self._stack.aclose()
-        finally:
-            self._stopped.set()
-            log.info("outbox_farm stopped", extra={"event": "stopped"})
+        """Graceful stop, written once, in this order:
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
+        1. no handler starts any more, in any queue, and no fetcher claims again (a claim
+           already sent finishes, so its rows are known);
+        2. every queue at once: rows not yet started are released (their leases cleared, so
+           another process takes them at once), running handlers finish until the deadline;
+        3. relays close their broker connections (no batch runs any more);
+        4. the completer's final flush, until the deadline (plus time for the write itself);
+        5. lease heartbeats stop: they extended the running rows' leases until their
+           outcomes were written;
+        6. the listener, then the chores (gauges, vacuum, retention);
+        7. the pools: everything above wrote through them.
+
+        A step that fails is logged and the next one still runs. Safe to call twice (the
+        second call returns at once), and after a start that failed midway.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        timeout = self.settings.graceful_timeout if graceful_timeout is None else graceful_timeout
+        deadline = time.monotonic() + timeout
+        for executors in self.executors.values():
+            executors.close()
+        await self._step("stop claiming", *(f.stop() for f in self.fetchers.values()))
+        await self._step("drain", *(e.stop(deadline) for e in self.executors.values()))
+        await self._step("close relays", *(relay.close() for relay in self.relays))
+        if self.completer is not None:
+            flush = self.completer.close(timeout=max(deadline - time.monotonic(), 0) + 10.0)
+            await self._step("final flush", flush)
+        await self._step("stop heartbeats", *(h.stop() for h in self.heartbeats))
+        if self.listener is not None:
+            await self._step("close the listener", self.listener.close())
+        await self._step("stop chores", *(_cancel(task) for task in self._chores))
+        await self._step("close pools", *(pool.close() for pool in self._pools))
+        log.info("outbox_farm stopped", extra={"event": "stopped"})
+
+    async def _step(self, what: str, *steps: Awaitable[None]) -> None:
+        """Run `steps` concurrently; log (with its traceback) whatever one of them raised."""
+        results = await asyncio.gather(*steps, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.error(
+                    "stop: %s failed",
+                    what,
+                    exc_info=result,
+                    extra={"event": "stop_failed", "step": what},
+                )
 
     @property
     def problem(self) -> str | None:
-        """A one-line reason while a permanent database error (a missing privilege, table or
-        column) keeps an operation of this runtime failing, or a relay cannot reach its broker;
-        None once that passes."""
-        return self.problems.current or next((r.problem for r in self.relays if r.problem), None)
+        """A one-line reason while something keeps this runtime from working as it should, the
+        gravest first: it is broken (`fatal_reason`); a component failed and is restarting; a
+        permanent database error (a missing privilege, table or column) keeps an operation
+        failing (a queue's claims among them: its stall is that error); a queue is stalled; a
+        relay cannot reach its broker. None once all that passes."""
+        if self.fatal_reason is not None:
+            return f"worker broken: {self.fatal_reason}"
+        return (
+            self.supervisor.problem
+            or self.problems.current
+            or next((f.stall.reason for f in self.fetchers.values() if f.stall.reason), None)
+            or next((r.problem for r in self.relays if r.problem), None)
+        )
+
+    def _broken(self, reason: str) -> None:
+        """A component failed too often (the supervisor's verdict): the runtime is broken."""
+        if self.fatal_reason is None:
+            self.fatal_reason = reason
+        self.fatal.set()
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -234,15 +277,7 @@ class Runtime:
         if fetcher is not None:
             fetcher.note_due(delay)
 
-    async def _stop_fetchers(self) -> None:
-        await asyncio.gather(*(f.stop() for f in self.fetchers.values()))
 
-    async def _stop_heartbeats(self) -> None:
-        await asyncio.gather(*(h.stop() for h in self.heartbeats))
-
-    async def _stop_executors(self, executors: Executors) -> None:
-        await executors.stop(self._deadline)
-
-    async def _close_completer(self) -> None:
-        assert self.completer is not None
-        await self.completer.close(timeout=max(self._deadline - time.monotonic(), 0) + 10.0)
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -99,6 +99,66 @@ def _lease_check_ok(definition: str) -> bool:
     }
 
 
+@dataclass(frozen=True)
+class ExpectedCheck:
+    """A CHECK matched by what it mentions (normalised, as pg_get_constraintdef renders it):
+    its constants come out in the session's time zone, so the whole text cannot be compared."""
+
+    role: str
+    mentions: tuple[str, ...]
+    columns: tuple[str, ...]  # one missing or of another type is reported as such, alone
+
+    def found_in(self, definitions: list[str]) -> bool:
+        return any(
+            all(part in (_normalise(definition) or "") for part in self.mentions)
+            for definition in definitions
+        )
+
+
+OUTBOX_CHECKS = (
+    ExpectedCheck(
+        "counters CHECK (0 <= deliveries_count, attempts_count < bigint max; migration 0006)",
+        (
+            "deliveries_count >= 0",
+            "deliveries_count < '9223372036854775807'::bigint",
+            "attempts_count >= 0",
+            "attempts_count < '9223372036854775807'::bigint",
+        ),
+        ("deliveries_count", "attempts_count"),
+    ),
+    ExpectedCheck(
+        "values CHECK (finite timestamps within the years 1 to 9999, headers an object; "
+        "migration 0006)",
+        (
+            "acquired_token is not null or",
+            "created_at >=",
+            "created_at <=",
+            "next_attempt_at >=",
+            "next_attempt_at <=",
+            "first_attempt_at is null or",
+            "last_attempt_at is null or",
+            "headers is null or jsonb_typeof headers = 'object'::text",
+        ),
+        (
+            "acquired_token",
+            "created_at",
+            "next_attempt_at",
+            "first_attempt_at",
+            "last_attempt_at",
+            "headers",
+        ),
+    ),
+)
+
+
+def _column_ok(
+    live: dict[str, LiveColumn], name: str, columns: dict[str, tuple[str, bool, bool]]
+) -> bool:
+    """Whether column `name` exists with its expected type: a CHECK on it can exist only then
+    (dropping the column, or changing its type, takes the CHECK with it)."""
+    return name in live and live[name].type == columns[name][0]
+
+
 def _check_columns(
     label: str, live: dict[str, LiveColumn], columns: dict[str, tuple[str, bool, bool]]
 ) -> list[Problem]:
@@ -167,6 +227,13 @@ def _check_table(
                 f"or wrong; {FIX_HINT}",
             )
         )
+    if lease_check:
+        problems += [
+            Problem(label, f"{want.role} is missing or wrong; {FIX_HINT}")
+            for want in OUTBOX_CHECKS
+            if all(_column_ok(live.columns, name, columns) for name in want.columns)
+            and not want.found_in(live.checks)
+        ]
     return problems
 
 

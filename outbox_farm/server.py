@@ -1,7 +1,8 @@
 """The Postgres server a command works on: the one its DSN names, or the embedded one.
 
 Every command of the CLI opens at most one connection, here, so a server that cannot be
-reached fails the same way everywhere: one line, with the DSN's password redacted.
+reached fails the same way everywhere: one line naming the server (the DSN with its secret
+masked, or the embedded server and its data directory), never showing a password.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from .db.connect import Connection, connect
-from .dsn import check_dsn
+from .dsn import check_dsn, redact, remember
 from .errors import ConfigurationError
 
 
@@ -32,27 +34,55 @@ def read_dsn_file(path: str) -> str:
     return text
 
 
-@contextmanager
-def resolve(dsn: str | None, say: Callable[[str], None]) -> Iterator[str]:
-    """The DSN to use: `dsn` once libpq can parse it, or, when there is none, the embedded
-    server's, started for the block (and `say` tells the user so)."""
-    if dsn:
-        yield check_dsn(dsn)
-        return
-    from .embedded import start_embedded
+class Server(NamedTuple):
+    """The server a command works on: its DSN, and how messages name it."""
 
-    url, server = start_embedded()
-    say(f"no --dsn given: using the embedded Postgres at {url}")
+    url: str
+    name: str
+
+
+@contextmanager
+def located(dsn: str | None, say: Callable[[str], None]) -> Iterator[Server]:
+    """The server `dsn` names once libpq can parse it (its secret kept for `scrub`, so no
+    message shows it), or, when there is none, the embedded server, started for the block.
+
+    The embedded server is named with its data directory, and `say` tells the user whether
+    this run created that directory: it lands under the working directory unless
+    OUTBOX_FARM_DATA_DIR says otherwise, and must never appear there unannounced.
+    """
+    if dsn:
+        remember(dsn)
+        yield Server(check_dsn(dsn), redact(dsn))
+        return
+    from .embedded import data_dir, start_embedded
+
+    path = data_dir()
+    fresh = not (path / "PG_VERSION").exists()
+    url, server = start_embedded(path)
+    say(
+        f"using the embedded PostgreSQL server at {path} ({'created' if fresh else 'existing'}):"
+        " no DSN given (--dsn, OUTBOX_FARM_DSN or --dsn-file)"
+    )
     try:
-        yield url
+        yield Server(url, f"the embedded PostgreSQL server at {path}")
     finally:
         server.cleanup()
+
+
+@contextmanager
+def resolve(dsn: str | None, say: Callable[[str], None]) -> Iterator[str]:
+    """The DSN of the server `located` finds, for the block."""
+    with located(dsn, say) as server:
+        yield server.url
 
 
 @contextmanager
 def connected(
     dsn: str | None, say: Callable[[str], None], *, autocommit: bool = False
 ) -> Iterator[Connection]:
-    """`connect` to the server `resolve` finds, for the block."""
-    with resolve(dsn, say) as url, connect(url, autocommit=autocommit) as conn:
+    """`connect` to the server `located` finds, for the block."""
+    with (
+        located(dsn, say) as server,
+        connect(server.url, autocommit=autocommit, name=server.name) as conn,
+    ):
         yield conn

@@ -13,7 +13,6 @@ import os
 import select
 import signal
 from collections.abc import Iterable
-from typing import Any
 
 
 class Wakeup:
@@ -30,23 +29,22 @@ class Wakeup:
     def _queue(self, signum: int, frame: object) -> None:
         self.pending.append(signum)
 
-    def wait(self, timeout: float, *others: Any) -> list[Any]:
-        """Sleep until a signal arrives, one of `others` (selectables) is readable, or
-        `timeout` seconds pass; the readable ones of `others`."""
+    def wait(self, timeout: float) -> None:
+        """Sleep until a signal arrives or `timeout` seconds pass."""
         try:
-            readable, _, _ = select.select([self._read, *others], [], [], timeout)
+            readable, _, _ = select.select([self._read], [], [], timeout)
         except InterruptedError:
-            return []
-        if self._read in readable:
+            return
+        if readable:
             while True:
                 try:
                     if not os.read(self._read, 512):
                         break
                 except BlockingIOError:
                     break
-        return [ready for ready in readable if ready is not self._read]
 
     def close(self) -> None:
-        """In a forked worker, which has its own signal handling: the pipe is the arbiter's."""
+        """In a process the arbiter forked, which has its own signal handling: the pipe is the
+        arbiter's."""
         os.close(self._read)
         os.close(self._write)

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,10 +46,13 @@ class FarmRun:
         return f"http://127.0.0.1:{self.port}"
 
     def workers(self) -> list[int]:
+        """The arbiter's live children but the one serving /metrics and /healthz (a process
+        of its own: it holds the listening socket, workers close their copies)."""
         try:
-            return [child.pid for child in psutil.Process(self.proc.pid).children()]
+            children = psutil.Process(self.proc.pid).children()
         except psutil.NoSuchProcess:
             return []
+        return [child.pid for child in children if is_worker(child, self.port)]
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -115,6 +118,18 @@ class FarmRun:
         return log_tail(self.log, lines)
 
 
+def is_worker(child: psutil.Process, port: int) -> bool:
+    """`child` of an arbiter is a live worker: not a zombie, and not the process that listens
+    on the farm's /metrics `port`."""
+    try:
+        if child.status() == psutil.STATUS_ZOMBIE:
+            return False
+        listening = child.net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return not any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in listening)
+
+
 @contextlib.contextmanager
 def farm(
     dsn: str,
@@ -125,9 +140,11 @@ def farm(
     options: Sequence[str] = (),
     name: str = "farm",
     ledger_pool: int = 4,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[FarmRun]:
-    """`outbox-farm start` of the load test's app (or `app`, from loadtests/chaos) on `dsn`."""
-    env = {"PYTHONPATH": str(LOADTESTS.parent)}
+    """`outbox-farm start` of the load test's app (or `app`, from loadtests/chaos) on `dsn`;
+    `extra_env` adds to the farm's environment (a stepped clock: `outage.FakeClock.env()`)."""
+    env = {"PYTHONPATH": str(LOADTESTS.parent), **(extra_env or {})}
     env["LOADTEST_LEDGER_POOL"] = str(ledger_pool)  # the test app's own connections, per worker
     cwd = LOADTESTS if app.startswith("farmapp") else LOADTESTS / "chaos"
     log = work / f"{name}.log"

@@ -7,7 +7,9 @@ Durations scale with `Context.scale` (1 for `make chaos`, less for the CI smoke 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -17,15 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 
 from loadtests import checker, expected, scenario
 from loadtests.drain import wait_for_drain
+from loadtests.farmproc import get
 from loadtests.harness import CLI, Metrics, scratch_database
 from loadtests.ledger import create_schema
 
 from .farms import FarmRun, Server, farm, farm_backends, merged, terminate
 from .load import PRODUCER, Load
+from .outage import FakeClock, StoppableServer, faketime_missing, wall_clock_offset
 
 NAMES = scenario.TABLE, scenario.DLQ_TABLE
 STEADY = {"ok": 70.0, "flaky": 15.0, "poison": 5.0, "reject": 5.0, "maxdel": 5.0}
@@ -471,6 +476,107 @@ def scale_out(ctx: Context, name: str, *, farms: int, procs: int) -> Result:
     return result
 
 
+def clock_step(ctx: Context) -> Result:
+    """The wall clock steps +1 h, then back 2 h (to -1 h), under load (libfaketime reading a
+    file rewritten while the farm runs; CLOCK_MONOTONIC untouched, as in an NTP step or a VM
+    resume); 5 workers are SIGKILLed after the backward step. No worker is killed for the
+    forward step, the kills are booked as crashes (never boot failures), the farm does not
+    halt, /healthz says 200 between kills, nothing is lost."""
+    result = Result("clock-step")
+    if missing := faketime_missing():
+        result.findings.append(Finding("ran-to-the-end", False, f"cannot step a clock: {missing}"))
+        return result
+    clock = FakeClock(ctx.work / "clock-step-clock")
+    options = ["--heartbeat-timeout", "5"]
+    with (
+        database(ctx.admin) as dsn,
+        farm(dsn, 2, ctx.work, name="clock-step", options=options, extra_env=clock.env()) as run,
+    ):
+        load = Load(dsn, 300, STEADY).start()
+        time.sleep(ctx.seconds(8))
+        before = set(run.workers())
+        clock.set("+1h")
+        stepped = wall_clock_offset(clock.env())
+        forward = watch_health(run, ctx.seconds(12))
+        replaced = before - set(run.workers())
+        result.findings.append(
+            Finding("clock-stepped", abs(stepped - 3600) < 60, f"offset {stepped:.0f}s")
+        )
+        result.findings.append(
+            Finding(
+                "forward-step-kills-no-worker",
+                not replaced and not events_named(run, "worker_stuck"),
+                f"workers {sorted(replaced)} replaced after +1h" if replaced else "",
+            )
+        )
+        result.findings.append(healthy_throughout("healthz-200-after-forward-step", forward))
+        clock.set("-1h")
+        kills = 0
+        for _ in range(5):
+            time.sleep(random.uniform(1.0, 2.0))
+            if run.proc.poll() is None and oldest(run) is not None:
+                kill_pid(run, oldest(run))
+                kills += 1
+        ended = time.monotonic()
+        back = run.proc.poll() is None and wait_for(lambda: healthy(run), 30)
+        result.findings.append(Finding("healthz-200-after-the-kills", back, str(run.health())))
+        if run.proc.poll() is None:
+            time.sleep(ctx.seconds(5))
+        result.published = load.stop()
+        supervised(result, run, crashes=kills)
+        if run.proc.poll() is None:
+            settle(result, dsn, [run], killed=run.killed, fault_ended=ended)
+        result.note = f"+1h: {len(replaced)} workers replaced; -2h then {kills} kills"
+    return result
+
+
+def restart_during_crashes(ctx: Context) -> Result:
+    """The database (a server of the suite's own) stops (fast shutdown) under load, every
+    worker is SIGKILLed three times while it is down, and it starts again after 12 s: the
+    farm waits the outage out (no boot failure, no halt), /healthz answers within
+    milliseconds throughout, and everything is delivered after."""
+    result = Result("restart-during-crashes")
+    server = StoppableServer()
+    try:
+        with database(server.dsn) as dsn, farm(dsn, 2, ctx.work, name="restart-crashes") as run:
+            load = Load(dsn, 300, STEADY).start()
+            time.sleep(ctx.seconds(10))
+            server.stop("fast")
+            down = time.monotonic()
+            sampler = HealthSampler(run).start()
+            kills = 0
+            for _ in range(3):
+                time.sleep(random.uniform(1.5, 3.0))
+                for pid in run.workers():
+                    kill_pid(run, pid)
+                    kills += 1
+            while time.monotonic() - down < max(ctx.seconds(12), 10.0) and run.proc.poll() is None:
+                time.sleep(0.2)
+            samples = sampler.stop()
+            server.start()
+            ended = time.monotonic()
+            result.findings.append(healthz_answers_fast("healthz-answers-during-outage", samples))
+            back = run.proc.poll() is None and wait_for(lambda: healthy(run), 60)
+            result.findings.append(Finding("healthz-200-after-restart", back, str(run.health())))
+            if run.proc.poll() is None:
+                time.sleep(ctx.seconds(5))
+            result.published = load.stop()
+            supervised(result, run)
+            if run.proc.poll() is None:
+                # As in pg-restart: the flaky handler's "failed" ledger write can be lost.
+                allowed = frozenset({"flaky-failed-n-times"})
+                settle(result, dsn, [run], killed=run.killed, allowed=allowed, fault_ended=ended)
+            said = any("database unreachable" in s[2] for s in samples if s[1] == 503)
+            result.note = (
+                f"down {ended - down:.0f}s, {kills} workers killed meanwhile; "
+                f"/healthz worst {max((s[3] for s in samples), default=0) * 1000:.0f} ms"
+                + (", 503 'database unreachable'" if said else "")
+            )
+    finally:
+        server.close()
+    return result
+
+
 # -- helpers ---------------------------------------------------------------------------------
 
 
@@ -525,6 +631,118 @@ def sample_backlog(dsn: str, peak: list[int], lag: list[float], stop: threading.
             lag[0] = float(row[1])
 
 
+FAST = 0.5  # seconds: "within 100 ms" on a busy 2-core box
+
+
+def healthy(run: FarmRun) -> bool:
+    return run.proc.poll() is None and (run.health() or (0, {}))[0] == 200
+
+
+def events_named(run: FarmRun, *names: str) -> list[dict[str, Any]]:
+    return [e for e in run.events() if e.get("event") in names]
+
+
+def oldest(run: FarmRun) -> int | None:
+    """The worker that has run longest (so that workers from before a clock step die too)."""
+    born = {}
+    for pid in run.workers():
+        with contextlib.suppress(psutil.Error):
+            born[pid] = psutil.Process(pid).create_time()
+    return min(born, key=lambda pid: born[pid]) if born else None
+
+
+def kill_pid(run: FarmRun, pid: int | None) -> None:
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    run.killed.add(pid)
+
+
+Sample = tuple[float, int | None, str, float]  # (when, status or None, body, seconds)
+
+
+class HealthSampler:
+    """/healthz asked every 0.1 s from a thread: status, body and how long the answer took."""
+
+    def __init__(self, run: FarmRun) -> None:
+        self.run = run
+        self.samples: list[Sample] = []
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._go, daemon=True, name="chaos-healthz")
+
+    def start(self) -> HealthSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[Sample]:
+        self._halt.set()
+        self._thread.join(15)
+        return self.samples
+
+    def _go(self) -> None:
+        while not self._halt.wait(0.1):
+            began = time.monotonic()
+            got = get(self.run.url + "/healthz")
+            status, body = (got[0], got[1].decode(errors="replace")) if got else (None, "")
+            self.samples.append((began, status, body, time.monotonic() - began))
+
+
+def watch_health(run: FarmRun, seconds: float) -> list[Sample]:
+    sampler = HealthSampler(run).start()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and run.proc.poll() is None:
+        time.sleep(0.2)
+    return sampler.stop()
+
+
+def healthy_throughout(name: str, samples: list[Sample]) -> Finding:
+    bad = [s for s in samples if s[1] != 200]
+    if not samples:
+        return Finding(name, False, "no answers")
+    if bad:
+        return Finding(name, False, f"{len(bad)} of {len(samples)} not 200: {bad[0][2][:80]}")
+    return Finding(name, True)
+
+
+def healthz_answers_fast(name: str, samples: list[Sample]) -> Finding:
+    worst = max((s[3] for s in samples), default=0.0)
+    unanswered = sum(1 for s in samples if s[1] is None)
+    ok = bool(samples) and worst <= FAST and not unanswered
+    detail = f"worst {worst * 1000:.0f} ms, {unanswered} of {len(samples)} unanswered"
+    return Finding(name, ok, detail)
+
+
+def supervised(result: Result, run: FarmRun, *, crashes: int | None = None) -> None:
+    """The supervisor's own invariants (DESIGN.md 11, 14): still running, never halted, no
+    death booked as a boot failure or a silent heartbeat; `crashes`: how many it must book."""
+    alive = run.proc.poll() is None
+    halts = events_named(run, "halt")
+    result.findings.append(
+        Finding(
+            "farm-keeps-running",
+            alive and not halts,
+            "" if alive and not halts else f"exit {run.proc.poll()}; {run.tail(3)}",
+        )
+    )
+    if not alive:
+        return
+    restarts = run.scrape().by("outbox_farm_worker_restarts_total", "reason")
+    count = {reason: restarts.get((reason,), 0.0) for reason in ("crash", "heartbeat", "boot")}
+    result.findings.append(
+        Finding("no-boot-failures", count["boot"] == 0, f"worker_restarts_total {count}")
+    )
+    result.findings.append(
+        Finding("no-heartbeat-kills", count["heartbeat"] == 0, f"worker_restarts_total {count}")
+    )
+    if crashes is not None:
+        result.findings.append(
+            Finding(
+                "kills-booked-as-crashes", count["crash"] == crashes, f"{count}; {crashes} kills"
+            )
+        )
+
+
 SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "worker-kill": worker_kill,
     "stall": stall,
@@ -536,4 +754,6 @@ SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "poison": poison,
     "two-farms": two_farms,
     "procs-8": procs_8,
+    "clock-step": clock_step,
+    "restart-during-crashes": restart_during_crashes,
 }

@@ -2,7 +2,8 @@
 
 Each command lives in the module of its kind (`schema`, `start`, `ops`, `dlq`) and only reads
 options and prints; what it runs lives outside this package. The group below is the one
-place where the library's errors become the command line's: one line, exit status 1.
+place where the library's errors become the command line's: one line, exit status 1, with
+every fragment of the DSN's secret masked (whatever libpq or a client library quoted).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import click
 
+from ..dsn import scrub
 from ..errors import OutboxFarmError
 from .demo import demo
 from .dlq import dlq
@@ -25,7 +27,7 @@ class _Commands(click.Group):
         try:
             return super().invoke(ctx)
         except OutboxFarmError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(scrub(str(exc))) from None
 
 
 @click.group(cls=_Commands, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,7 +18,7 @@ from ..admin.stats import EXACT_LIMIT, OUTBOX_COUNTS
 from ..db.connect import connect
 from ..errors import OutboxFarmError
 from ..names import TableNames
-from ..server import connected, resolve
+from ..server import connected, located
 from .options import EPILOG, dsn_options, duration, json_option, table_options
 from .output import echo_json, notice, text_table
 
@@ -160,9 +160,9 @@ def doctor_command(
     holding back VACUUM, and how long the oldest ready row has waited. Each line is OK,
     WARN or FAIL; exit status 1 when any is FAIL.
     """
-    with resolve(dsn, notice) as url:
+    with located(dsn, notice) as server:
         try:
-            conn = connect(url, autocommit=True)
+            conn = connect(server.url, autocommit=True, name=server.name)
         except OutboxFarmError as exc:  # the first finding, not an error of the command
             hint = "fix the DSN or start the server, then run doctor again"
             checks = [Check("connection", Status.FAIL, str(exc), hint)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -87,7 +88,32 @@ def merged(into: str, build: Callable[..., Any], *options: Decorator) -> Decorat
     return decorate
 
 
+DSN_SOURCES = "--dsn, OUTBOX_FARM_DSN or --dsn-file"
+
+
+def _given(value: str | None, name: str, option: str, envvar: str) -> str | None:
+    """`option` (from the command line or `envvar`), refused when it is blank: an empty
+    variable is most often an environment file whose secret did not load, and taking it as
+    "no DSN" would run on the embedded server instead, looking healthy on an empty database.
+    click drops an empty variable itself, so the environment is read here too."""
+    if value is not None and value.strip():
+        return value
+    if value is None and envvar not in os.environ:
+        return None
+    source = click.get_current_context().get_parameter_source(name)
+    from_line = source is click.core.ParameterSource.COMMANDLINE
+    where = f"'{option}' is" if from_line else f"{envvar} is set but"
+    raise click.BadParameter(
+        f"{where} empty (a secret that did not load?): give the connection string there, or "
+        f"leave it out and use one of {DSN_SOURCES}; the embedded server is not used in its "
+        "place",
+        param_hint=option if from_line else envvar,
+    )
+
+
 def _dsn(dsn: str | None, dsn_file: str | None) -> str | None:
+    dsn = _given(dsn, "dsn", "--dsn", "OUTBOX_FARM_DSN")
+    dsn_file = _given(dsn_file, "dsn_file", "--dsn-file", "OUTBOX_FARM_DSN_FILE")
     if dsn and dsn_file:
         raise click.UsageError(
             "--dsn (OUTBOX_FARM_DSN) and --dsn-file (OUTBOX_FARM_DSN_FILE) are both set; keep one"
@@ -98,8 +124,9 @@ def _dsn(dsn: str | None, dsn_file: str | None) -> str | None:
         return read_dsn_file(dsn_file)
 
 
-# --dsn and --dsn-file as the command's one `dsn` argument (None: the embedded server). The
-# file (or the environment) keeps the password out of every process's command line.
+# --dsn and --dsn-file as the command's one `dsn` argument (None: none given anywhere, the
+# embedded server for the commands that fall back to it). The file (or the environment) keeps
+# the password out of every process's command line. A blank one is refused, naming its source.
 dsn_options = merged(
     "dsn",
     _dsn,
@@ -108,9 +135,10 @@ dsn_options = merged(
         envvar="OUTBOX_FARM_DSN",
         default=None,
         help="libpq connection string or postgresql:// URL; prefer OUTBOX_FARM_DSN or "
-        "--dsn-file, since a command line is visible to every user of the machine. Without "
-        "any, an embedded Postgres is started under ./.outbox-farm/pgdata "
-        "(OUTBOX_FARM_DATA_DIR). [env OUTBOX_FARM_DSN]",
+        "--dsn-file, since a command line is visible to every user of the machine. An empty "
+        "one is an error. Without any, the operator commands use the embedded PostgreSQL "
+        "server under ./.outbox-farm/pgdata (OUTBOX_FARM_DATA_DIR), and `start` refuses "
+        "unless given --embedded. [env OUTBOX_FARM_DSN]",
     ),
     click.option(
         "--dsn-file",

@@ -12,7 +12,15 @@ from ..exposition import DEFAULT_BIND, parse_bind
 from ..logs import configure
 from ..metrics_dir import prepare_metrics_dir
 from ..settings import RuntimeSettings, SupervisorSettings
-from .options import EPILOG, dsn_options, duration, parsed, seconds_option, usage_error
+from .options import (
+    DSN_SOURCES,
+    EPILOG,
+    dsn_options,
+    duration,
+    parsed,
+    seconds_option,
+    usage_error,
+)
 
 METRICS_DIR_HINT = "'--metrics-dir' / OUTBOX_FARM_METRICS_DIR"
 
@@ -26,6 +34,19 @@ def _bind(text: str) -> str | None:
     return text or None
 
 
+def _database(dsn: str | None, embedded: bool) -> None:
+    """A farm runs on the embedded server only when told to: one on an empty throw-away
+    database would look healthy while the real outbox fills up."""
+    if embedded and dsn:
+        raise click.UsageError(f"--embedded and a DSN ({DSN_SOURCES}) are both given; keep one")
+    if not embedded and not dsn:
+        raise click.UsageError(
+            f"no database given: set one of {DSN_SOURCES} (the file keeps the password off "
+            "the command line), or pass --embedded to run on the embedded PostgreSQL server "
+            "for a try"
+        )
+
+
 def _queues(text: str) -> tuple[str, ...] | None:
     return tuple(name for name in (part.strip() for part in text.split(",")) if name) or None
 
@@ -33,6 +54,14 @@ def _queues(text: str) -> tuple[str, ...] | None:
 @click.command(epilog=EPILOG)
 @click.argument("app", envvar="OUTBOX_FARM_APP")
 @dsn_options
+@click.option(
+    "--embedded",
+    is_flag=True,
+    envvar="OUTBOX_FARM_EMBEDDED",
+    help="Run on the embedded PostgreSQL server under ./.outbox-farm/pgdata "
+    "(OUTBOX_FARM_DATA_DIR), migrated at start: for trying the farm out. Without it, a DSN "
+    f"is required ({DSN_SOURCES}). [env OUTBOX_FARM_EMBEDDED]",
+)
 @click.option(
     "--procs",
     type=click.IntRange(1, 512),
@@ -119,8 +148,8 @@ def _queues(text: str) -> tuple[str, ...] | None:
     "run_migrate",
     default=None,
     envvar="OUTBOX_FARM_MIGRATE",
-    help="Apply migrations before starting (default: only for the embedded "
-    "database). [env OUTBOX_FARM_MIGRATE]",
+    help="Apply migrations before starting (default: only with --embedded). "
+    "[env OUTBOX_FARM_MIGRATE]",
 )
 @click.option(
     "--log-format",
@@ -156,6 +185,7 @@ def _queues(text: str) -> tuple[str, ...] | None:
 def start(
     app: str,
     dsn: str | None,
+    embedded: bool,
     procs: int,
     concurrency: int | None,
     queues: tuple[str, ...] | None,
@@ -181,6 +211,7 @@ def start(
     worker one at a time with one running the code now on disk, SIGTTIN/SIGTTOU add or remove
     one.
     """
+    _database(dsn, embedded)
     configure(log_format, log_level)
     with usage_error(METRICS_DIR_HINT):
         prepare_metrics_dir(metrics_dir)

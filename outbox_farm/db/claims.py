@@ -1,12 +1,14 @@
-"""The fetcher's statements: claim a queue's due rows under a fresh lease, and ask when the
-queue next has something to claim."""
+"""The fetcher's statements: claim a queue's due rows under a fresh lease, ask when the queue
+next has something to claim, and set aside a row that can be neither loaded nor dead-lettered."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Any
 
+import orjson
 from psycopg import AsyncCursor
 
 from ..queries import Queries
@@ -19,19 +21,25 @@ ClaimedRow = tuple[
     dict[str, Any] | None,  # headers
     int,  # deliveries_count
     int,  # attempts_count
-    datetime,  # created_at
-    datetime,  # next_attempt_at
+    datetime | None,  # created_at: None when `unloadable` says it cannot be loaded
+    datetime | None,  # next_attempt_at: idem
     datetime | None,  # first_attempt_at
     str | None,  # timer_id
     datetime,  # acquired_at: the claim's now(), the same for every row of one claim
     str | None,  # ordering_key
+    str | None,  # unloadable: which values of the row cannot be loaded, and why; None: none
 ]
 """One row as the claim returned it, its lease just taken, in the order of `CLAIMED_COLUMNS`.
 
 A plain tuple rather than a named one: the fetcher turns each row into a `Message` at once, and
 psycopg builds plain tuples on its fast path (a row factory costs about a microsecond a row,
 a few percent of the whole per-message cost). The order is guaranteed by column name here, so a
-reordered `runtime.sql` still works and a missing column is refused at the first claim."""
+reordered `runtime.sql` still works and a missing column is refused at the first claim.
+
+Any row the table admits loads: the statement hands back NULL for a timestamp the client cannot
+represent, and the headers are decoded here one row at a time, so a value another writer stored
+fails its own row (`unloadable` set, for the fetcher to dead-letter) and never the claim, whose
+leases would otherwise stay orphaned and its good rows undelivered."""
 
 CLAIMED_COLUMNS = (
     "id",
@@ -45,10 +53,44 @@ CLAIMED_COLUMNS = (
     "timer_id",
     "acquired_at",
     "ordering_key",
+    "unloadable",
 )
+HEADERS = CLAIMED_COLUMNS.index("headers")
+UNLOADABLE = CLAIMED_COLUMNS.index("unloadable")
+
+SET_ASIDE_TOKEN = uuid.UUID(int=0)
+"""The lease token of a row set aside (`set_aside`): no runner ever takes the nil uuid, and it
+is outside every worker's token range, so only the row's lease expiry frees it."""
+SET_ASIDE_SECONDS = 3600.0
+"""How long a row stays set aside before it is claimed (and reported) again: often enough that
+the warning is not forgotten, seldom enough not to flood the log."""
+
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+_JSON_TYPES[type(None)] = "null"
 
 
-def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[ClaimedRow]:
+def decode_headers(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The headers stored as JSON text, and None; or None and why they cannot be decoded.
+
+    orjson first (fast, and what the producer wrote with); the standard library where orjson
+    refuses a document Postgres accepts (an integer beyond 64 bits). A document nested deeper
+    than Python's recursion allows fails its row alone.
+    """
+    if text is None:
+        return None, None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            return None, f"headers: cannot be decoded ({type(exc).__name__}: {exc})"
+    if not isinstance(value, dict):
+        return None, f"headers: a JSON {_JSON_TYPES.get(type(value), 'value')}, not an object"
+    return value, None
+
+
+def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[Any]:
     """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned."""
     names = tuple(column.name for column in cursor.description or ())
     if names == CLAIMED_COLUMNS:
@@ -58,6 +100,15 @@ def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[ClaimedRow]:
         raise RuntimeError(f"the claim statement does not return {sorted(missing)}")
     positions = [names.index(name) for name in CLAIMED_COLUMNS]
     return [tuple(row[i] for i in positions) for row in rows]
+
+
+def _loaded(row: Any) -> ClaimedRow:
+    """`row` with its headers decoded; a failure to decode them joins `unloadable`."""
+    headers, problem = decode_headers(row[HEADERS])
+    unloadable = row[UNLOADABLE]
+    if problem is not None:
+        unloadable = f"{unloadable}; {problem}" if unloadable else problem
+    return (*row[:HEADERS], headers, *row[HEADERS + 1 : UNLOADABLE], unloadable)
 
 
 async def claim(
@@ -77,7 +128,8 @@ async def claim(
     with boundary():
         async with pool.connection() as conn:
             cursor = await conn.execute(queries["claim"], params, binary=True)
-            return _in_order(cursor, await cursor.fetchall())
+            rows = _in_order(cursor, await cursor.fetchall())
+    return [_loaded(row) for row in rows]
 
 
 async def next_due(pool: Pool, queries: Queries, queue: str) -> float | None:
@@ -88,3 +140,21 @@ async def next_due(pool: Pool, queries: Queries, queue: str) -> float | None:
             cursor = await conn.execute(queries["next_due"], {"queue": queue})
             row = await cursor.fetchone()
     return None if row is None or row[0] is None else float(row[0])
+
+
+async def set_aside(
+    pool: Pool,
+    queries: Queries,
+    *,
+    ids: list[int],
+    token: uuid.UUID,
+    seconds: float = SET_ASIDE_SECONDS,
+) -> list[int]:
+    """Park the rows `ids`, claimed under `token`, under `SET_ASIDE_TOKEN` for `seconds`: rows
+    the farm can neither load nor dead-letter. The ids written; the others were lost to a newer
+    lease."""
+    params = {"ids": ids, "token": token, "aside": SET_ASIDE_TOKEN, "seconds": seconds}
+    with boundary():
+        async with pool.connection() as conn:
+            cursor = await conn.execute(queries["set_aside"], params)
+            return [row[0] for row in await cursor.fetchall()]

@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 
 import psycopg
 
-from ..dsn import redact
+from ..dsn import redact, scrub
 from ..errors import ConnectionLost
 
 Connection: TypeAlias = psycopg.Connection[Any]
@@ -21,17 +21,20 @@ AsyncConnection: TypeAlias = psycopg.AsyncConnection[Any]
 CONNECT_TIMEOUT = 10  # seconds: an unreachable host fails the command, not hangs it
 
 
-def connect(dsn: str, *, autocommit: bool = False) -> Connection:
+def connect(dsn: str, *, autocommit: bool = False, name: str | None = None) -> Connection:
     """A new connection for one command; the caller closes it.
 
-    A refused or unreachable server is a `ConnectionLost` whose message names the DSN with its
-    password masked and says where the DSN came from, as the command line prints it.
+    A refused or unreachable server is a `ConnectionLost` whose message names the server
+    (`name`, else the DSN with its password masked) and says what to check; every fragment of
+    the DSN's secret is masked in the whole message, libpq's own text included, since libpq
+    quotes what it failed to parse.
     """
     try:
         return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=autocommit)
     except psycopg.Error as exc:
-        raise ConnectionLost(
-            f"cannot connect to {redact(dsn)}: {str(exc).strip()}\n"
+        message = (
+            f"cannot connect to {name or redact(dsn)}: {str(exc).strip()}\n"
             "Check --dsn / OUTBOX_FARM_DSN (or the file of --dsn-file) and that the server is "
             "running."
-        ) from exc
+        )
+        raise ConnectionLost(scrub(message, dsn)) from exc

@@ -48,7 +48,7 @@ class DlqFacts:
     queue: str
     reason: str
     deliveries_count: int
-    created_at: datetime
+    created_at: datetime | None  # None: stored as a value no client can load (±infinity...)
     failed_at: datetime
 
 
@@ -101,6 +101,19 @@ class Done:
     notified: int = 0  # replay: NOTIFYs sent (one per queue and batch with due rows)
 
 
+NOT_AN_OBJECT = "(not a JSON object)"
+
+
+def _object(headers: Any) -> dict[str, Any]:
+    """Headers as a mapping, whatever another writer stored: a JSON array, string, number or
+    null (an `invalid_row` keeps them as they were) is shown under `NOT_AN_OBJECT`."""
+    if headers is None:
+        return {}
+    if isinstance(headers, dict):
+        return headers
+    return {NOT_AN_OBJECT: headers}
+
+
 def _all(conn: Connection, names: TableNames, statement: str, params: dict[str, Any]) -> list[Any]:
     try:
         return conn.execute(statement, params).fetchall()
@@ -113,7 +126,9 @@ def list_rows(conn: Connection, names: TableNames, match: DlqMatch, limit: int) 
     statement = AdminSql(names).render("admin_dlq_list", match="admin_dlq_match")
     rows = _all(conn, names, statement, asdict(match) | {"limit": limit})
     return [
-        DlqRow(rid, original, queue, reason, deliveries, created, failed, size, headers or {}, exc)
+        DlqRow(
+            rid, original, queue, reason, deliveries, created, failed, size, _object(headers), exc
+        )
         for rid, original, queue, reason, deliveries, created, failed, size, headers, exc in rows
     ]
 
@@ -133,7 +148,7 @@ def read_row(conn: Connection, names: TableNames, row_id: int) -> DlqRecord | No
         created,
         failed,
         bytes(body),
-        headers or {},
+        _object(headers),
         exc,
         timer,
     )

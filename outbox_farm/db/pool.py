@@ -9,7 +9,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from ..dsn import check_dsn, redact
+from ..dsn import check_dsn, redact, scrub
 from ..errors import ConfigurationError
 from .boundary import boundary
 
@@ -47,13 +47,16 @@ async def open_pool(dsn: str, max_size: int) -> Pool:
 
 
 async def probe(dsn: str, timeout: float = 10.0) -> None:
-    """Connect once, so a wrong DSN fails at start with a clear message, not in a retry loop."""
+    """Connect once, so a wrong DSN fails at start with a clear message, not in a retry loop;
+    the message masks every fragment of the DSN's secret, libpq's quotes of it included."""
     check_dsn(dsn)
     try:
         conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(int(timeout), 1))
     except psycopg.Error as exc:
-        raise ConfigurationError(
+        message = (
             f"cannot connect to {redact(dsn)}: {str(exc).strip()}. Check --dsn / "
-            "OUTBOX_FARM_DSN, and that the server is running and reachable."
-        ) from None
+            "OUTBOX_FARM_DSN (or the file of --dsn-file), and that the server is running and "
+            "reachable."
+        )
+        raise ConfigurationError(scrub(message, dsn)) from None
     await conn.close()

@@ -2,7 +2,8 @@
 
 Each line keeps the logger of the component that saw the event (`outbox_farm.executor` for
 decisions, `outbox_farm.completer` for writes, `outbox_farm.inflight` for the heartbeat's
-findings), so logging configurations that filter by logger keep working.
+findings, `outbox_farm.fetcher` for stalls), so logging configurations that filter by logger
+keep working.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .base import Observer
 decisions = logging.getLogger("outbox_farm.executor")
 writes = logging.getLogger("outbox_farm.completer")
 heartbeat = logging.getLogger("outbox_farm.inflight")
+claims = logging.getLogger("outbox_farm.fetcher")
 
 
 class LogObserver(Observer):
@@ -63,3 +65,11 @@ class LogObserver(Observer):
                 "deliveries_count": outcome.deliveries_count,
             },
         )
+
+    def stalled(self, queue: str, reason: str | None) -> None:
+        if reason is None:
+            claims.info(
+                "queue %s flows again", queue, extra={"event": "stall_ended", "queue": queue}
+            )
+        else:
+            claims.error("%s", reason, extra={"event": "stalled", "queue": queue})

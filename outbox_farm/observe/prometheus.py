@@ -18,6 +18,8 @@ from .base import Observer
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
 
+CLAIM_ERROR_KINDS = ("connection_lost", "permanent", "refused", "internal")
+
 
 class _Queue:
     """One queue's label children of the per-message metrics."""
@@ -50,6 +52,9 @@ class PrometheusObserver(Observer):
             self._add_queue(queue)
             for phase in ("start", "heartbeat"):
                 self.m.lease_lost.labels(queue, phase)
+            self.m.queue_stalled.labels(queue).set(0)
+            for kind in CLAIM_ERROR_KINDS:
+                self.m.claim_errors.labels(queue, kind)
 
     def claimed(self, queue: str, rows: int, seconds: float) -> None:
         children = self._queues.get(queue) or self._add_queue(queue)
@@ -92,3 +97,9 @@ class PrometheusObserver(Observer):
     def flushed(self, seconds: float, size: int) -> None:
         self.m.flush_seconds.observe(seconds)
         self.m.flush_batch_size.observe(size)
+
+    def claim_failed(self, queue: str, kind: str) -> None:
+        self.m.claim_errors.labels(queue, kind).inc()
+
+    def stalled(self, queue: str, reason: str | None) -> None:
+        self.m.queue_stalled.labels(queue).set(0 if reason is None else 1)

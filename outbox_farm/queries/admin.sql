@@ -20,7 +20,11 @@ AND (%(grep)s::text IS NULL
 
 -- name: admin_dlq_list
 -- Newest first. Only the exception's first line: the whole text (up to 8 KiB) is for `show`.
-SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count, d.created_at,
+-- A `created_at` no client can load (an `invalid_row` dead-lettered with it: ±infinity, BC, year
+-- 10000 on) comes back NULL rather than failing the whole listing.
+SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count,
+       CASE WHEN d.created_at BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN d.created_at END,
        d.failed_at, octet_length(d.payload)::bigint, d.headers,
        split_part(coalesce(d.last_exception, ''), E'\n', 1)
 FROM {dlq} AS d
@@ -29,7 +33,10 @@ ORDER BY d.id DESC
 LIMIT %(limit)s
 
 -- name: admin_dlq_show
-SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count, d.created_at,
+-- `created_at` as in `admin_dlq_list`.
+SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count,
+       CASE WHEN d.created_at BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN d.created_at END,
        d.failed_at, d.payload, d.headers, d.last_exception, d.timer_id
 FROM {dlq} AS d
 WHERE d.id = %(id)s
@@ -196,10 +203,12 @@ ORDER BY failure_reason
 
 -- name: admin_oldest_ready
 -- Seconds since the oldest ready row of one queue became due (0 when none): the first entry of
--- the pending index's range.
+-- the pending index's range. A row due at -infinity (another writer's; the next claim
+-- dead-letters it) is skipped: its age is no number, and the subtraction would fail.
 SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8
 FROM {outbox}
 WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
+  AND next_attempt_at > '-infinity'::timestamptz
 
 -- name: dlq_expire_queue
 -- DLQ retention, one batch of one queue: the oldest rows past the retention, found on the

@@ -11,7 +11,19 @@
 -- left in the table (one lookup in the ordering index): an older one running, waiting for a
 -- retry or not yet due blocks it, across every process, until that one is deleted (acked or
 -- dead-lettered). Rows without a key skip the lookup.
--- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery.
+-- The `far` branch takes the rows a producer scheduled beyond what any client can load
+-- (`next_attempt_at` past year 9999, or +infinity): they would never fall due, so they are
+-- claimed at once to be dead-lettered as invalid (one probe at the top of the pending index, and
+-- only when the other branches left room).
+-- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery. Both
+-- counters are kept in [0, bigint max - 1) whatever another writer stored, so `+ 1` here and in
+-- `retry` can never overflow (one such row would otherwise fail every claim of its queue).
+-- RETURNING hands back only what the client can load: a timestamp outside the years 1 to 9999
+-- (an infinity, a BC date, year 10000 on; a day is kept clear of each end so any session time
+-- zone still loads it) comes back NULL and `unloadable` says which value and why; the headers come
+-- as JSON text, decoded (and checked to be an object) row by row by the client, so one bad
+-- document fails only its row. Such a row is dead-lettered as `invalid_row` (or set aside) by
+-- the fetcher instead of failing the claim.
 WITH expired AS (
     SELECT c.id FROM {outbox} AS c
     WHERE c.queue = %(queue)s AND c.acquired_token IS NOT NULL AND c.lease_expires_at < now()
@@ -37,20 +49,56 @@ WITH expired AS (
     ORDER BY c.next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE OF c SKIP LOCKED
+), far AS (
+    SELECT c.id FROM {outbox} AS c
+    WHERE c.queue = %(queue)s AND c.acquired_token IS NULL
+      AND c.next_attempt_at > '9999-12-30 00:00:00+00'::timestamptz
+    LIMIT %(limit)s
+    FOR UPDATE OF c SKIP LOCKED
 ), picked AS (
     SELECT id FROM (
         SELECT id FROM expired UNION ALL SELECT id FROM legacy UNION ALL SELECT id FROM pending
+        UNION ALL SELECT id FROM far
     ) AS c
     LIMIT %(limit)s
 )
 UPDATE {outbox} AS o
 SET acquired_token = %(token)s, acquired_at = now(),
     lease_expires_at = now() + make_interval(secs => %(lease_ttl)s::float8),
-    deliveries_count = o.deliveries_count + 1
-FROM picked
+    deliveries_count = least(greatest(o.deliveries_count, 0), 9223372036854775805) + 1,
+    attempts_count = least(greatest(o.attempts_count, 0), 9223372036854775805)
+FROM picked, (VALUES ('0001-01-02 00:00:00+00'::timestamptz,
+                      '9999-12-30 00:00:00+00'::timestamptz)) AS b(lo, hi)
 WHERE o.id = picked.id
-RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count, o.created_at,
-          o.next_attempt_at, o.first_attempt_at, o.timer_id, o.acquired_at, o.ordering_key
+RETURNING o.id, o.payload, o.headers::text AS headers, o.deliveries_count, o.attempts_count,
+          CASE WHEN o.created_at BETWEEN b.lo AND b.hi THEN o.created_at END AS created_at,
+          CASE WHEN o.next_attempt_at BETWEEN b.lo AND b.hi
+               THEN o.next_attempt_at END AS next_attempt_at,
+          CASE WHEN o.first_attempt_at BETWEEN b.lo AND b.hi
+               THEN o.first_attempt_at END AS first_attempt_at,
+          o.timer_id, o.acquired_at, o.ordering_key,
+          nullif(concat_ws('; ',
+              CASE WHEN NOT isfinite(o.created_at)
+                   THEN 'created_at: ' || o.created_at || ' is not a finite timestamp'
+                   WHEN o.created_at NOT BETWEEN b.lo AND b.hi
+                   THEN 'created_at: ' || o.created_at || ' is outside the years 1 to 9999' END,
+              CASE WHEN NOT isfinite(o.next_attempt_at)
+                   THEN 'next_attempt_at: ' || o.next_attempt_at || ' is not a finite timestamp'
+                   WHEN o.next_attempt_at NOT BETWEEN b.lo AND b.hi
+                   THEN 'next_attempt_at: ' || o.next_attempt_at
+                        || ' is outside the years 1 to 9999' END,
+              CASE WHEN NOT isfinite(o.first_attempt_at)
+                   THEN 'first_attempt_at: ' || o.first_attempt_at
+                        || ' is not a finite timestamp'
+                   WHEN o.first_attempt_at NOT BETWEEN b.lo AND b.hi
+                   THEN 'first_attempt_at: ' || o.first_attempt_at
+                        || ' is outside the years 1 to 9999' END,
+              CASE WHEN NOT isfinite(o.last_attempt_at)
+                   THEN 'last_attempt_at: ' || o.last_attempt_at || ' is not a finite timestamp'
+                   WHEN o.last_attempt_at NOT BETWEEN b.lo AND b.hi
+                   THEN 'last_attempt_at: ' || o.last_attempt_at
+                        || ' is outside the years 1 to 9999' END
+          ), '') AS unloadable
 
 -- name: next_due
 -- Seconds (database clock) until this queue next has something to claim: the earliest pending
@@ -58,8 +106,11 @@ RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count, o.cr
 -- lookups on the partial indexes. (Leases from before migration 0004 carry no expiry and are
 -- found by the poll.) A keyed row held back by an older row of its key is not claimable
 -- however due it is: it does not count, or a fetcher would wake every millisecond for it; the
--- deletion that frees it sends a NOTIFY instead (`ack`, `dlq_move`).
-SELECT extract(epoch FROM least(
+-- deletion that frees it sends a NOTIFY instead (`ack`, `dlq_move`). Epochs are subtracted
+-- rather than timestamps, and the result kept within ±1e9 s, so a row another writer dated
+-- ±infinity answers "now" or "not for ages" instead of failing every idle fetch.
+SELECT CASE WHEN d IS NOT NULL THEN greatest(least(d, 1e9), -1e9) END::float8
+FROM (SELECT extract(epoch FROM least(
     (SELECT min(c.next_attempt_at) FROM {outbox} AS c
       WHERE c.queue = %(queue)s AND c.acquired_token IS NULL
         AND (c.ordering_key IS NULL OR NOT EXISTS (
@@ -68,7 +119,7 @@ SELECT extract(epoch FROM least(
               AND older.id < c.id))),
     (SELECT min(lease_expires_at) FROM {outbox}
       WHERE queue = %(queue)s AND acquired_token IS NOT NULL)
-) - now())::float8
+)) - extract(epoch FROM now()) AS d) AS due
 
 -- name: ack
 -- Success: delete the rows this runner still holds. Rows not returned were lost to a newer
@@ -88,9 +139,12 @@ SELECT gone.id, gone.token FROM gone, (SELECT count(*) FROM wake) AS woken
 
 -- name: retry
 -- Handler ran and failed, try again later: count the attempt, set the next due time from the
--- database clock, and give up the lease so any process may take the row when it is due.
+-- database clock, and give up the lease so any process may take the row when it is due. A due
+-- time is kept before the year 9999 (what a client can load, and the table's values check
+-- admits) whatever delay the retry strategy chose.
 UPDATE {outbox} AS o
-SET next_attempt_at = now() + make_interval(secs => t.delay),
+SET next_attempt_at = least(now() + make_interval(secs => least(t.delay, 1e11)),
+                            '9999-12-29 00:00:00+00'::timestamptz),
     attempts_count = o.attempts_count + t.ran,
     first_attempt_at = CASE WHEN t.ran > 0 THEN coalesce(o.first_attempt_at, t.started_at)
                             ELSE o.first_attempt_at END,
@@ -143,11 +197,14 @@ FROM gone JOIN moved ON moved.original_id = gone.id, (SELECT count(*) FROM wake)
 
 -- name: gauges
 -- Database-derived gauges, one row per queue: backlog (rows not yet acked), age of the oldest
--- due row nobody holds, both on the database clock.
+-- due row nobody holds, both on the database clock. A due time of -infinity (another writer's
+-- row, dead-lettered at its first claim) would make the age infinite and the subtraction fail:
+-- only finite due times count.
 SELECT queue,
        count(*)::bigint,
        coalesce(extract(epoch FROM now() - min(next_attempt_at)
-                FILTER (WHERE acquired_token IS NULL AND next_attempt_at <= now())), 0)::float8
+                FILTER (WHERE acquired_token IS NULL AND next_attempt_at <= now()
+                          AND isfinite(next_attempt_at))), 0)::float8
 FROM {outbox}
 GROUP BY queue
 
@@ -190,6 +247,20 @@ WHERE c.oid = to_regclass(%(table)s)
 -- the OS takes an ACCESS EXCLUSIVE lock that stalls every claim and publish, and a queue table
 -- grows back into that space within seconds anyway.
 VACUUM (SKIP_LOCKED, TRUNCATE false) {outbox}
+
+-- name: set_aside
+-- A claimed row the farm cannot load, with nowhere to dead-letter it (no DLQ table): parked
+-- under the set-aside token (the nil uuid, which no runner ever takes and a dead worker's release
+-- never frees) until %(seconds)s from now, when the claim's expired branch takes it again and it
+-- is reported again. Its lease stays set because a row that breaks the table's value checks
+-- (written before migration 0006, or by a role that bypasses them) may only change while leased.
+-- Token-guarded like every write: a row not returned was lost to another lease.
+UPDATE {outbox} AS o
+SET acquired_token = %(aside)s, acquired_at = now(),
+    lease_expires_at = now() + make_interval(secs => %(seconds)s::float8)
+FROM unnest(%(ids)s::bigint[]) AS t(id)
+WHERE o.id = t.id AND o.acquired_token = %(token)s
+RETURNING o.id
 
 -- name: release_worker
 -- A dead worker's leases, freed by its supervisor: its tokens are the range [low, high] (the

@@ -79,6 +79,11 @@ class Target(Protocol):
     `TargetUnavailable` while the broker is down. `publish` returns exactly one `Delivery` per
     envelope, in order; it raises `TargetUnavailable` only when nothing of the batch is known
     (every row then counts as unconfirmed). `close` is idempotent.
+
+    A target may also set `max_header_bytes`, the most its broker takes in one message's
+    headers: the runner rejects a row whose headers weigh more (to the DLQ as `rejected`) before
+    publishing, so one oversized row never fails its batch or the connection (64 KiB when the
+    target states nothing: within RabbitMQ's default frame, where AMQP headers must fit).
     """
 
     label: str

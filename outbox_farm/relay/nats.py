@@ -24,7 +24,7 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from ..dsn import redact_url
+from ..dsn import redact_url, scrub
 from .base import (
     CONFIRMED,
     Delivery,
@@ -83,7 +83,7 @@ class NatsJetStream:
             self._inbox = nc.new_inbox() + "."
             await nc.subscribe(self._inbox + "*", cb=self._acked)
         except (OSError, nats.errors.Error, TimeoutError) as exc:
-            raise TargetUnavailable(f"{redact_url(self.url)}: {exc!r}") from None
+            raise TargetUnavailable(scrub(f"{redact_url(self.url)}: {exc!r}", self.url)) from None
         self._nc = nc
 
     async def publish(self, batch: Sequence[Envelope]) -> list[Delivery]:
@@ -109,7 +109,7 @@ class NatsJetStream:
                 await nc.publish(route, envelope.body, reply=reply, headers=headers)
         except (OSError, nats.errors.Error) as exc:
             # The rest of the batch never left; the acks of what did may never come.
-            reason = f"connection lost while publishing: {exc!r}"
+            reason = scrub(f"connection lost while publishing: {exc!r}", self.url)
             results.extend([Delivery(Outcome.UNCONFIRMED, reason)] * (len(batch) - len(results)))
         futures = [r for r in results if isinstance(r, asyncio.Future)]
         if futures:

@@ -17,7 +17,7 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from ..dsn import redact_url
+from ..dsn import redact_url, scrub
 from .base import (
     CONFIRMED,
     Delivery,
@@ -97,7 +97,7 @@ class RabbitMQ:
             ) from None
         except (*_CONNECTION_ERRORS, TimeoutError, aiormq.exceptions.AMQPError) as exc:
             await self.close()
-            raise TargetUnavailable(f"{redact_url(self.url)}: {exc!r}") from None
+            raise TargetUnavailable(scrub(f"{redact_url(self.url)}: {exc!r}", self.url)) from None
 
     async def publish(self, batch: Sequence[Envelope]) -> list[Delivery]:
         exchange = self._exchange

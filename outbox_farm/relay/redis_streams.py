@@ -24,7 +24,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from ..dsn import redact_url
+from ..dsn import redact_url, scrub
 from .base import (
     CONFIRMED,
     Delivery,
@@ -114,7 +114,7 @@ class RedisStream:
             reason = (
                 f"no reply within {self.confirm_timeout:g}s"
                 if isinstance(exc, TimeoutError)
-                else f"connection lost while publishing: {exc!r}"
+                else scrub(f"connection lost while publishing: {exc!r}", self.url)
             )
         finally:
             await pool.release(conn)
@@ -127,7 +127,7 @@ class RedisStream:
         """Drop the client (the next connect makes a new one) and say why Redis is out of reach."""
         await self.close()
         if isinstance(why, BaseException):
-            why = f"{redact_url(self.url)}: {why!r}"
+            why = scrub(f"{redact_url(self.url)}: {why!r}", self.url)
         return TargetUnavailable(why)
 
     def _xadd(self, stream: str, envelope: Envelope) -> bytes:

@@ -33,6 +33,7 @@ RECONNECT_CAP = 15.0
 # their leases), so only a day without a broker abandons a batch; each publish is bounded by
 # its target's own confirm timeout.
 RELAY_TIMEOUT = 24 * 3600.0
+MAX_HEADER_BYTES = 64 * 1024  # headers of one message, unless the target states its own limit
 
 
 class BrokerRefused(Exception):
@@ -61,6 +62,21 @@ def message_id(table: str, msg: Message) -> str:
     return f"{table}:{msg.id}:{int(msg.created_at.timestamp() * 1_000_000)}"
 
 
+class Unpublishable(Exception):
+    """The row cannot become a broker message (a header value that cannot be encoded, headers
+    larger than the target takes): it is dead-lettered as `rejected`, as no retry can help."""
+
+
+def header_bytes(envelope: Envelope) -> int:
+    """What the envelope's headers weigh on the wire, roughly: every key and value as UTF-8,
+    the content type, correlation id and message id included (brokers send them as headers)."""
+    size = len(envelope.message_id) + len((envelope.content_type or "").encode())
+    size += len((envelope.correlation_id or "").encode())
+    for key, value in envelope.headers.items():
+        size += len(key.encode()) + len(value.encode())
+    return size
+
+
 def envelope(table: str, msg: Message) -> Envelope:
     headers = {
         key: value if isinstance(value, str) else orjson.dumps(value).decode()
@@ -81,9 +97,14 @@ def envelope(table: str, msg: Message) -> Envelope:
 class Relay:
     """The handler `Farm.relay` registers: called with a batch of claimed rows of its queue."""
 
-    def __init__(self, target: Target, table: str) -> None:
+    def __init__(self, target: Target, table: str, *, max_header_bytes: int | None = None) -> None:
         self.target = target
         self.table = table
+        # The target's own limit when it states one (`max_header_bytes`), else RabbitMQ's: its
+        # content header frame, where the headers travel, must fit in one frame (128 KiB by
+        # default); a larger one makes the broker close the connection, failing the batch.
+        stated = getattr(target, "max_header_bytes", None)
+        self.max_header_bytes: int = max_header_bytes or stated or MAX_HEADER_BYTES
         self.label = target.label
         self.problem: str | None = None  # why the broker is unreachable, for /healthz
         self._up = False
@@ -95,7 +116,9 @@ class Relay:
 
     async def __call__(self, msgs: list[Message]) -> None:
         m = self._bind()
-        batch = [envelope(self.table, msg) for msg in msgs]
+        msgs, batch = self._envelopes(msgs)
+        if not batch:
+            return
         while True:
             await self._connected()
             began = time.perf_counter()
@@ -114,6 +137,32 @@ class Relay:
             m.published.labels(self.label).inc(len(batch))
             break
         self._settle(msgs, deliveries)
+
+    def _envelopes(self, msgs: list[Message]) -> tuple[list[Message], list[Envelope]]:
+        """The rows that can be published, and their envelopes, in order. A row that cannot
+        (`Unpublishable`) is rejected on its own, before anything is sent: one outcome per row,
+        never one bad row failing its whole batch (or the connection, for RabbitMQ)."""
+        ready: list[Message] = []
+        batch: list[Envelope] = []
+        limit = self.max_header_bytes
+        for msg in msgs:
+            try:
+                built = envelope(self.table, msg)
+            except Exception as exc:
+                msg.reject(Unpublishable(f"row {msg.id} cannot become a message: {exc!r}"))
+                continue
+            size = header_bytes(built)
+            if size > limit:
+                msg.reject(
+                    Unpublishable(
+                        f"row {msg.id}: its headers take {size} bytes, more than the "
+                        f"{limit} {self.label} is given (max_header_bytes)"
+                    )
+                )
+                continue
+            ready.append(msg)
+            batch.append(built)
+        return ready, batch
 
     def _settle(self, msgs: Sequence[Message], deliveries: Sequence[Delivery]) -> None:
         m = self._bind()

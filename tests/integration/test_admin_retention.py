@@ -4,6 +4,7 @@ the deletions are counted."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import psycopg
@@ -72,12 +73,17 @@ def test_the_loop_keeps_deleting_until_cancelled(dsn: str, conn: psycopg.Connect
     async def scenario() -> None:
         async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
             task = asyncio.create_task(run(pool, QUERIES, DAY, interval=0.05))
-            await asyncio.sleep(0.3)
+
+            async def emptied() -> None:
+                deadline = time.monotonic() + 30
+                while remaining(conn):
+                    assert not task.done(), task
+                    assert time.monotonic() < deadline, f"{remaining(conn)} left"
+                    await asyncio.sleep(0.05)
+
+            await emptied()  # by the first pass
             fill(conn, "orders", 2, "3 days")
-            for _ in range(100):
-                await asyncio.sleep(0.05)
-                if not remaining(conn):
-                    break
+            await emptied()  # rows added after the first pass: a later one deletes them
             task.cancel()
 
     asyncio.run(scenario())

@@ -131,9 +131,10 @@ def test_claim_reads_columns_by_name_whatever_order_the_statement_returns(
                 return text
             head, _, _ = text.rpartition("RETURNING")
             return head + (
-                "RETURNING o.ordering_key, o.acquired_at, o.timer_id, o.first_attempt_at, "
+                "RETURNING NULL::text AS unloadable, o.ordering_key, o.acquired_at, o.timer_id, "
+                "o.first_attempt_at, "
                 "o.next_attempt_at, o.created_at, o.attempts_count, o.deliveries_count, "
-                "o.headers, o.payload, o.id"
+                "o.headers::text AS headers, o.payload, o.id"
             )
 
     ids = insert(conn, "q", 2)

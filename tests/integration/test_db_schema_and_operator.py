@@ -135,7 +135,7 @@ def test_schema_reads_are_typed_rows(conn: Conn) -> None:
             "(acquired_token IS NULL)",
         )
     ]
-    assert len(live.checks) == 1
+    assert len(live.checks) == 3  # lease, counters, values (migration 0006)
     assert read_table(conn, QualifiedName(None, "no_such_table")) is None
     assert missing_tables(conn, NAMES) == []
     conn.execute("DROP TABLE outbox_dlq")

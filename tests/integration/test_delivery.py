@@ -69,6 +69,11 @@ def sample(name: str, **labels: str) -> float:
     return value or 0.0
 
 
+def claims(queue: str) -> float:
+    """Claim statements this process ran for `queue`, empty ones included (one per poll)."""
+    return REGISTRY.get_sample_value("outbox_farm_fetch_seconds_count", {"queue": queue}) or 0.0
+
+
 async def eventually(
     check: Callable[[], Any] | Callable[[], Awaitable[Any]],
     what: str,
@@ -162,10 +167,14 @@ async def _count_is(db: Db, queue: str, n: int) -> bool:
 def test_row_exists_under_its_lease_while_the_handler_runs_and_goes_after_success(
     dsn: str, conn: psycopg.Connection
 ) -> None:
-    q = qname("inv1")
+    q, control = qname("inv1"), qname("inv1c")
     farm = Farm(dlq_table=DLQ)
     seen: list[tuple[Row | None, Row | None, Message]] = []
     ids = [publish(farm, conn, {"n": n}, queue=q) for n in range(3)]
+
+    @farm.handler(control)
+    async def handle_control(msg: Message) -> None:
+        pass
 
     async def scenario() -> None:
         async with database(dsn) as db:
@@ -173,7 +182,11 @@ def test_row_exists_under_its_lease_while_the_handler_runs_and_goes_after_succes
             @farm.handler(q, lease_ttl=10)
             async def handle(msg: Message) -> None:
                 at_start = await db.lease(msg.id)
-                await asyncio.sleep(0.1)  # the completer has had time to write anything early
+                # The completer writes an ack (another queue's) while this handler runs, so it
+                # had the chance to write anything of this row early (counted, not a sleep).
+                acked = sample("acked", queue=control)
+                await farm.apublish(db.aconn, "control", queue=control)
+                await eventually(lambda: sample("acked", queue=control) > acked, "a flush")
                 at_end = await db.lease(msg.id)
                 seen.append((at_start, at_end, msg))
 
@@ -860,7 +873,9 @@ def test_rows_of_a_queue_without_handler_are_left_alone(dsn: str, conn: psycopg.
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
             publish(farm, conn, "mine", queue=q)
             await eventually(lambda: _zero(db.outbox_count(q)), "the known queue's row")
-            await asyncio.sleep(10 * POLL)  # several more polls: the orphan must stay untouched
+            # Ten more claims (counted, not assumed from a sleep): the orphan must stay untouched.
+            polls = claims(q)
+            await eventually(lambda: claims(q) >= polls + 10, "ten more claims", timeout=30)
 
     asyncio.run(scenario())
     assert len(handled) == 1
@@ -1264,10 +1279,19 @@ def test_a_missing_privilege_is_the_runtimes_problem_until_it_is_granted_again(
             await eventually(lambda: first in handled, "a delivery while all is well")
             assert rt.problem is None
             conn.execute(grant.format(sql.SQL("REVOKE"), sql.SQL("FROM"), sql.Identifier(role)))
+            reported: list[str] = []  # every failed claim the fetcher reports, logged or not
+            report = rt.problems.report
+
+            def counted(operation: str, *args: Any, **kwargs: Any) -> bool:
+                reported.append(operation)
+                return report(operation, *args, **kwargs)
+
+            rt.problems.report = counted  # type: ignore[method-assign]
             problem = await eventually(lambda: rt.problem, "the problem to be reported")
             assert problem.startswith(f"claim for queue {q}: permission denied")
             assert "\n" not in problem
-            await asyncio.sleep(1.0)  # the claim is retried several times meanwhile
+            # The claim is retried several times meanwhile (counted, not assumed from a sleep).
+            await eventually(lambda: len(reported) >= 5, "five failed claims", timeout=30)
             assert rt.problem == problem
             assert len(permanent()) == 1  # logged once, not once per retry
             conn.execute(grant.format(sql.SQL("GRANT"), sql.SQL("TO"), sql.Identifier(role)))

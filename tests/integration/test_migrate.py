@@ -41,6 +41,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0003_vacuum_truncate on outbox",
             "0004_lease_expiry on outbox",
             "0005_ordering_key on outbox",
+            "0006_row_values_check on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -49,6 +50,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0003_vacuum_truncate on outbox",
             "applying 0004_lease_expiry on outbox",
             "applying 0005_ordering_key on outbox",
+            "applying 0006_row_values_check on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -57,6 +59,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 3, "vacuum_truncate"),
             ("outbox", 4, "lease_expiry"),
             ("outbox", 5, "ordering_key"),
+            ("outbox", 6, "row_values_check"),
             ("outbox_dlq", 2, "dlq"),
         ]
         assert check_schema(conn, DEFAULT) == []
@@ -74,9 +77,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0003_vacuum_truncate on outbox",
             "0004_lease_expiry on outbox",
             "0005_ordering_key on outbox",
+            "0006_row_values_check on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 5
+        assert len(records(conn)) == 6
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -117,6 +121,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0003_vacuum_truncate on outbox",
         "0004_lease_expiry on outbox",
         "0005_ordering_key on outbox",
+        "0006_row_values_check on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -125,6 +130,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 3, "vacuum_truncate"),
             ("outbox", 4, "lease_expiry"),
             ("outbox", 5, "ordering_key"),
+            ("outbox", 6, "row_values_check"),
             ("outbox_dlq", 2, "dlq"),
         ]
         tables = conn.execute(
@@ -145,6 +151,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0003_vacuum_truncate on jobs",
             "0004_lease_expiry on jobs",
             "0005_ordering_key on jobs",
+            "0006_row_values_check on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -166,9 +173,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 4,
+            *["jobs"] * 5,
             "jobs_dead",
-            *["outbox"] * 4,
+            *["outbox"] * 5,
             "outbox_dlq",
         ]
 
@@ -184,6 +191,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0003_vacuum_truncate on app.jobs",
             "0004_lease_expiry on app.jobs",
             "0005_ordering_key on app.jobs",
+            "0006_row_values_check on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -208,6 +216,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0003_vacuum_truncate on outbox",
             "0004_lease_expiry on outbox",
             "0005_ordering_key on outbox",
+            "0006_row_values_check on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -216,6 +225,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 3, "vacuum_truncate"),
             ("outbox", 4, "lease_expiry"),
             ("outbox", 5, "ordering_key"),
+            ("outbox", 6, "row_values_check"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -237,7 +247,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (4 if dlq is None else 5)
+        assert len(result.applied) == (5 if dlq is None else 6)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

@@ -168,7 +168,10 @@ def test_an_outage_holds_rows_and_the_backlog_drains_when_the_broker_returns(
             relay = farm.relay("events", to=RabbitMQ(proxy.url, exchange=name), batch=100)
             publish(dsn, farm, 500)
             drained = asyncio.create_task(adrain(farm, dsn, timeout=60))  # no proxy: down
-            await asyncio.sleep(1.5)
+            for _ in range(600):  # until its first attempts failed: up to 30 s, not a guess
+                if relay.problem is not None:
+                    break
+                await asyncio.sleep(0.05)
             assert relay.problem is not None
             assert "cannot reach its broker" in relay.problem
             assert not drained.done()

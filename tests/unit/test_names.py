@@ -34,6 +34,8 @@ def test_default_names_and_derived_identifiers() -> None:
         "timer_idx": '"outbox_timer_id_uq"',
         "ordering_idx": '"outbox_order_idx"',
         "lease_ck": '"outbox_lease_ck"',
+        "counts_ck": '"outbox_counts_ck"',
+        "values_ck": '"outbox_values_ck"',
         "dlq": '"outbox_dlq"',
         "dlq_idx": '"outbox_dlq_queue_failed_idx"',
     }
