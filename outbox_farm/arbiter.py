@@ -47,13 +47,16 @@ from .handback import HANDBACK_NAME, HandBacks, run_hand_back
 from .metrics import supervisor_metrics
 from .reloader import SourceWatcher
 from .restarts import RestartBackoff
+from .runtime import PAST_DEADLINE
 from .settings import SupervisorSettings
 from .wakeup import Wakeup
 
 log = logging.getLogger("outbox_farm.arbiter")
 BOOT_TIMEOUT = 60.0
 GAUGES_INTERVAL = 5.0  # seconds between the housekeeper's refreshes of the database gauges
-FINAL_FLUSH = 15.0  # seconds a draining worker may take past its graceful deadline
+# Seconds a draining worker may take past its graceful deadline: its stop's longest overrun
+# (`runtime.PAST_DEADLINE`, a flush the database still answers) and a second to exit.
+PAST_GRACEFUL = PAST_DEADLINE + 1.0
 STOP_AT_ONCE = 5.0  # seconds an immediate stop waits before it kills
 STACK_DUMP_GRACE = 1.0  # seconds a stuck worker gets to write its stacks before SIGKILL
 TURN = 1.0  # the longest the loop sleeps when no signal wakes it
@@ -438,7 +441,7 @@ class Arbiter:
         )
         for child in self.children.values():
             self._retire(child, sig)
-        wait = self.settings.graceful_timeout + FINAL_FLUSH if graceful else STOP_AT_ONCE
+        wait = self.settings.graceful_timeout + PAST_GRACEFUL if graceful else STOP_AT_ONCE
         deadline = time.monotonic() + wait
         while self.children and time.monotonic() < deadline:
             self._wait(0.1)

@@ -32,6 +32,8 @@ from .queries import Queries
 from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.completer")
+# Past the stop deadline, a final flush whose database sent nothing for this long is given up.
+STALL = 1.0
 
 
 @dataclass(slots=True)
@@ -78,6 +80,10 @@ class Completer:
         self._room.set()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        # The statements of the write under way not yet answered, and when the database last
+        # showed it answers (a reply, or the start of a write): what `close` judges by.
+        self._todo: list[_Statement] = []
+        self._progress = 0.0
         self.observer = observer or observers()
 
     # -- executor side -------------------------------------------------------------------
@@ -111,28 +117,45 @@ class Completer:
         """Its flush task runs: started, and not yet ended by `close()`."""
         return self._task is not None and not self._task.done()
 
-    async def close(self, timeout: float = 30.0) -> None:
-        """Final flush of everything queued, then stop. Gives up after `timeout` seconds.
+    async def close(self, deadline: float, *, overtime: float = 0.0) -> None:
+        """Final flush of everything queued, then stop, by `deadline` (monotonic).
 
-        Outcomes still unwritten then are lost only as writes: their rows keep their leases
-        and are delivered again when the leases expire.
+        Past the deadline the flush goes on only while the database answers it: for at most
+        `overtime` more seconds, and only while its last reply (or the start of its write)
+        is less than `STALL` seconds old, so outcomes of handlers that ended just before the
+        deadline are still written, and an unreachable database costs no overtime at all.
+        Outcomes still unwritten then are given up: their rows keep their leases and are
+        delivered again when the leases expire (at least once, as after a crash).
         """
         self._closing = True
         self._wake.set()
         self._full.set()
-        if self._task is None:
+        task = self._task
+        if task is None:
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except TimeoutError:
-            log.error(
-                "completer could not write %d outcomes before the stop deadline; "
-                "their rows will be delivered again after their leases expire",
-                len(self._pending),
-                extra={"event": "flush_abandoned", "outcomes": len(self._pending)},
-            )
-            self._task.cancel()
-            self._failed(self._pending)
+        now = time.monotonic()
+        if not self._todo:
+            self._progress = now  # nothing in flight: the final write gets its STALL too
+        last = max(deadline, now) + overtime
+        while not task.done():
+            now = time.monotonic()
+            until = deadline if now < deadline else min(self._progress + STALL, last)
+            if until <= now:
+                break
+            await asyncio.wait({task}, timeout=until - now)
+        if task.done():
+            return
+        unwritten = [o for stmt in self._todo for o in stmt.outcomes] + self._pending
+        log.error(
+            "completer gave up the final flush at the stop deadline: %d outcomes not written "
+            "(no reply from the database for %.1fs); their rows are delivered again when their "
+            "leases expire",
+            len(unwritten),
+            time.monotonic() - self._progress,
+            extra={"event": "flush_abandoned", "outcomes": len(unwritten)},
+        )
+        task.cancel()
+        self._failed(unwritten)
 
     async def _run(self) -> None:
         while (batch := await self._collect()) is not None:
@@ -223,6 +246,7 @@ class Completer:
         try:
             await self._write(batch)
         finally:
+            self._todo = []
             written: dict[str, list[tuple[int, uuid.UUID]]] = defaultdict(list)
             for outcome in batch:
                 written[outcome.queue].append((outcome.row_id, outcome.token))
@@ -233,13 +257,15 @@ class Completer:
 
     async def _write(self, batch: list[Outcome]) -> None:
         started = time.perf_counter()
-        todo = self._statements(batch)
+        todo = self._todo = self._statements(batch)
+        self._progress = time.monotonic()
         backoff = Backoff()
         while todo:
             try:
                 async with writes.pipeline(self.pool, self.queries) as flush:
                     while todo:
                         written = await flush.send(todo[0].write)
+                        self._progress = time.monotonic()
                         self._account(todo.pop(0), written)
             except ConnectionLost as exc:
                 if not todo:

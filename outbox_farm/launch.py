@@ -19,7 +19,7 @@ from .db.connect import connect
 from .errors import ConfigurationError
 from .farm import Farm
 from .readiness import check_ready
-from .server import resolve
+from .server import located
 from .settings import SupervisorSettings
 
 
@@ -61,14 +61,16 @@ def run_farm(
     """Check the database, then supervise the farm until it stops; the exit status.
 
     Without `dsn` the embedded server is used and, unless `migrate` is False, migrated; with
-    one, only when `migrate` is True. `log` takes the start-up lines.
+    one, only when `migrate` is True. `log` takes the start-up lines. A server that cannot be
+    reached is named as every command names it: the DSN with its secret masked, or the
+    embedded server and its data directory.
     """
 
     def say(line: str) -> None:
         log.info(line, extra={"event": "embedded"})
 
-    with resolve(dsn, say) as url:
-        with connect(url) as conn:
+    with located(dsn, say) as server:
+        with connect(server.url, name=server.name) as conn:
             check_ready(conn, farm.names, migrate or (migrate is None and not dsn), log)
         with tempfile.TemporaryDirectory(prefix="outbox-farm-state-") as state:
-            return Arbiter(farm, url, Path(state), settings, loader).run()
+            return Arbiter(farm, server.url, Path(state), settings, loader).run()

@@ -37,6 +37,16 @@ from .settings import RuntimeSettings
 from .supervised import Policy, Supervisor
 
 log = logging.getLogger("outbox_farm.runtime")
+# A stop step still running when its time is up is cancelled, again every CANCEL_POLL seconds,
+# for at most CANCEL_GRACE seconds; then the stop goes on without it.
+CANCEL_GRACE = 0.2
+CANCEL_POLL = 0.02
+RELAY_CLOSE = 1.0  # seconds the relays get to close their broker connections past the deadline
+FLUSH_OVERTIME = 3.0  # seconds the final flush may run past the deadline while the database answers
+# The longest a graceful stop runs past its deadline, its overruns one after the other: the
+# drain (2 grace periods), the relays (RELAY_CLOSE and a grace), the final flush, the loops (2)
+# and the pools (3).
+PAST_DEADLINE = RELAY_CLOSE + FLUSH_OVERTIME + 8 * CANCEL_GRACE
 
 
 class Runtime:
@@ -194,18 +204,24 @@ class Runtime:
         """Graceful stop, written once, in this order:
 
         1. no handler starts any more, in any queue, and no fetcher claims again (a claim
-           already sent finishes, so its rows are known);
+           already sent may finish until the deadline, so its rows are known);
         2. every queue at once: rows not yet started are released (their leases cleared, so
            another process takes them at once), running handlers finish until the deadline;
         3. relays close their broker connections (no batch runs any more);
-        4. the completer's final flush, until the deadline (plus time for the write itself);
+        4. the completer's final flush, until the deadline, and past it only while the
+           database answers (see `Completer.close`);
         5. lease heartbeats stop: they extended the running rows' leases until their
            outcomes were written;
-        6. the listener, then the chores (gauges, vacuum, retention);
+        6. the listener and the chores (gauges, vacuum, retention);
         7. the pools: everything above wrote through them.
 
-        A step that fails is logged and the next one still runs. Safe to call twice (the
-        second call returns at once), and after a start that failed midway.
+        Nothing here waits on the database for long past the deadline: a step still running
+        when its time is up (a claim, a write or a connection attempt that an unreachable
+        database never answers) is cancelled, and left behind if it does not end within
+        `CANCEL_GRACE`; what it would have written comes back when its rows' leases expire.
+        `PAST_DEADLINE` bounds the whole overrun. A step that fails is logged and the next
+        one still runs. Safe to call twice (the second call returns at once), and after a
+        start that failed midway.
         """
         if self._stopping:
             return
@@ -214,28 +230,63 @@ class Runtime:
         deadline = time.monotonic() + timeout
         for executors in self.executors.values():
             executors.close()
-        await self._step("stop claiming", *(f.stop() for f in self.fetchers.values()))
-        await self._step("drain", *(e.stop(deadline) for e in self.executors.values()))
-        await self._step("close relays", *(relay.close() for relay in self.relays))
+        await self._step("stop claiming", deadline, *(f.stop() for f in self.fetchers.values()))
+        # The executors cancel their handlers at the deadline themselves; this bounds how long
+        # a cancelled handler may take to end.
+        drained = deadline + CANCEL_GRACE
+        await self._step("drain", drained, *(e.stop(deadline) for e in self.executors.values()))
+        relays_by = max(deadline, time.monotonic()) + RELAY_CLOSE
+        await self._step("close relays", relays_by, *(relay.close() for relay in self.relays))
         if self.completer is not None:
-            flush = self.completer.close(timeout=max(deadline - time.monotonic(), 0) + 10.0)
-            await self._step("final flush", flush)
-        await self._step("stop heartbeats", *(h.stop() for h in self.heartbeats))
+            flush = self.completer.close(deadline, overtime=FLUSH_OVERTIME)
+            await self._step("final flush", None, flush)
+        # Cancelled, these loops end at once, unless a statement or connection attempt of
+        # theirs waits on a database that does not answer: the second cancellation ends that.
+        loops: list[Awaitable[None]] = [h.stop() for h in self.heartbeats]
         if self.listener is not None:
-            await self._step("close the listener", self.listener.close())
-        await self._step("stop chores", *(_cancel(task) for task in self._chores))
-        await self._step("close pools", *(pool.close() for pool in self._pools))
+            loops.append(self.listener.close())
+        loops += [_cancel(task) for task in self._chores]
+        await self._step("stop loops", time.monotonic() + CANCEL_GRACE, *loops)
+        # A pool's close waits for its connection attempts no longer than its timeout.
+        closes = (pool.close(timeout=CANCEL_GRACE) for pool in self._pools)
+        await self._step("close pools", time.monotonic() + 2 * CANCEL_GRACE, *closes)
         log.info("outbox_farm stopped", extra={"event": "stopped"})
 
-    async def _step(self, what: str, *steps: Awaitable[None]) -> None:
-        """Run `steps` concurrently; log (with its traceback) whatever one of them raised."""
-        results = await asyncio.gather(*steps, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
+    async def _step(self, what: str, until: float | None, *steps: Awaitable[None]) -> None:
+        """Run `steps` concurrently until `until` (monotonic; None: until they end, for a
+        step that bounds its own time); log (with its traceback)
+        whatever one of them raised. Steps still running then are cancelled, and left behind
+        (logged) if they have not ended `CANCEL_GRACE` seconds later: each cancellation
+        interrupts what a step waits for, a driver's attempt to cancel its query included."""
+        tasks = [asyncio.ensure_future(step) for step in steps]
+        if not tasks:
+            return
+        timeout = None if until is None else max(until - time.monotonic(), 0)
+        _, running = await asyncio.wait(tasks, timeout=timeout)
+        if running:
+            log.warning(
+                "stop: %s still under way when its time was up; cancelling it",
+                what,
+                extra={"event": "stop_overrun", "step": what},
+            )
+            given_up = time.monotonic() + CANCEL_GRACE
+            while running and time.monotonic() < given_up:
+                for task in running:
+                    task.cancel()
+                _, running = await asyncio.wait(running, timeout=CANCEL_POLL)
+        if running:
+            log.error(
+                "stop: %s did not end when cancelled (is the database answering?); going on "
+                "without it",
+                what,
+                extra={"event": "stop_abandoned", "step": what},
+            )
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
                 log.error(
                     "stop: %s failed",
                     what,
-                    exc_info=result,
+                    exc_info=task.exception(),
                     extra={"event": "stop_failed", "step": what},
                 )
 

@@ -6,13 +6,22 @@ batches keyed on id, each batch one statement and one transaction, so an interru
 done whole batches only and running it again finishes the job: nothing is lost and nothing is
 moved twice. Both are bounded by the highest id their summary counted (`upto`), so what is done
 is what the operator was shown, even while the farm keeps writing new failures.
+
+A DLQ row may hold a value the outbox's values check (migration 0006) refuses: an `invalid_row`
+dead-lettered with a `created_at` of ±infinity, or headers that are a JSON array. Copied as it
+is, one such row would fail its whole batch, and so the replay, every time. Replay normalises it
+(`created_at` becomes the replay's time, headers that are not an object are kept under
+`original_headers`, and the header `replay_normalised` says what changed): the message is
+handled again rather than left behind, and its handler sees what was done to it. Leaving it in
+the DLQ would leave the operator nothing to do but purge it: there is no command to edit a row.
+`dlq_unfit` names those rows beforehand.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -20,11 +29,13 @@ import orjson
 from ..db import dlq as db
 from ..db.connect import Connection
 from ..db.dlq import DlqFacts, DlqMatch, DlqRow, Done, Summary
+from ..db.operator import DlqReader, UnfitRow
 from ..errors import ConfigurationError
 from ..names import TableNames
 from .durations import When
 
 DEFAULT_BATCH = 1000
+UNFIT_SHOWN = 20  # rows a replay names one by one among those it normalises
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,29 @@ def dlq_summary(conn: Connection, names: TableNames, where: DlqFilter) -> Summar
     return db.summarize(conn, names, where.match())
 
 
+@dataclass(frozen=True)
+class Unfit:
+    """The rows a replay will normalise: how many, and the first few by id."""
+
+    rows: int = 0
+    first: list[UnfitRow] = field(default_factory=list)
+
+
+def dlq_unfit(
+    conn: Connection,
+    names: TableNames,
+    where: DlqFilter,
+    *,
+    upto: int,
+    limit: int = UNFIT_SHOWN,
+) -> Unfit:
+    """Which rows matching `where`, with ids up to `upto`, `dlq_replay` will normalise, and
+    what it changes in each."""
+    _need_dlq(names)
+    rows, first = DlqReader(conn, names).unfit(asdict(where.match()), upto, limit)
+    return Unfit(rows, first)
+
+
 def dlq_replay(
     conn: Connection,
     names: TableNames,
@@ -147,6 +181,7 @@ def dlq_replay(
 ) -> Done:
     """Move the matching rows back into the outbox (to `to_queue` if given), due in `delay`
     seconds, with fresh counters and `replayed_from` / `replay_count` headers; wakes the farm.
+    A value the outbox refuses is normalised (see the module's docstring, and `dlq_unfit`).
 
     `upto` bounds the run to ids up to that one (default: the highest id matching now).
     """

@@ -2,8 +2,13 @@
 
 Each check gives OK, WARN or FAIL and, when not OK, the next step. FAIL means the farm cannot
 work as it should (no table, missing privileges, a transaction holding back VACUUM for longer
-than the limit); WARN means it works but will degrade (autovacuum off, a filling NOTIFY queue,
-a backlog). The checks only read: the statistics views, the catalogs and the outbox's indexes.
+than the limit, a stalled queue); WARN means it works but will degrade (autovacuum off, a
+filling NOTIFY queue, a backlog). The checks read the statistics views, the catalogs and the
+outbox's indexes; the one statement that writes, each queue's claim probe, is rolled back.
+
+Doctor runs in a process of its own, so a stall is judged from the database alone: a queue
+whose claim statement fails (the farm's claims of it fail the same way, every time), or whose
+oldest claimable row has waited past `Limits.max_stall` while none of its rows is leased.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from ..errors import DatabaseError
 from ..names import QualifiedName, TableNames
 from ..privileges import check_privileges
 from ..schema_check import check_schema
+from .stats import STALL_AFTER, stall_reason
 
 MIN_SERVER = 120000  # VACUUM (SKIP_LOCKED, TRUNCATE false) and vacuum_truncate: PostgreSQL 12
 NOTIFY_WARN, NOTIFY_FAIL = 0.1, 0.5
 SLOT_XID_WARN = 1_000_000
 DEAD_WARN = 100_000
+# A claim probe cut short by its own lock or statement timeout: no verdict on the queue.
+PROBE_CUT_SHORT = ("55P03", "57014")
 
 
 class Status(Enum):
@@ -43,6 +51,7 @@ class Check:
 class Limits:
     max_xmin_age: float = 300.0  # seconds a snapshot may hold back VACUUM before FAIL
     max_lag: float = 60.0  # seconds the oldest ready row may wait before WARN
+    max_stall: float = STALL_AFTER  # ... with none of its queue's rows leased, before FAIL
 
 
 def _size(n: float) -> str:
@@ -202,6 +211,53 @@ def _lag(probes: DoctorProbes, limits: Limits) -> Check:
     return Check("oldest ready row", Status.OK, detail)
 
 
+def _queue_stall(probes: DoctorProbes, queue: str, limits: Limits) -> Check | None:
+    """The stall of one queue, if it has one: its claim fails, or rows wait unleased."""
+    try:
+        probes.probe_claim(queue)
+    except DatabaseError as exc:
+        if exc.sqlstate in PROBE_CUT_SHORT:
+            return Check(
+                f"queue {queue}",
+                Status.WARN,
+                f"the claim probe was cut short: {exc}",
+                "a lock on the outbox (a migration, a manual LOCK) or a very slow claim: run "
+                "doctor again, and look in pg_stat_activity for what holds the table",
+            )
+        return Check(
+            f"queue {queue}",
+            Status.FAIL,
+            f"stalled: its claim fails: {exc}",
+            "every claim of this queue fails the same way and none of its rows is delivered: "
+            "remove the cause (a trigger or rule on the outbox, a revoked privilege, a "
+            "constraint), and the farm resumes on its own",
+        )
+    reason = stall_reason(probes.stall(queue), limits.max_stall)
+    if reason is None:
+        return None
+    return Check(
+        f"queue {queue}",
+        Status.FAIL,
+        reason,
+        "start a farm whose app has a handler for this queue (see its /healthz, and "
+        "`outbox-farm stats` for the backlog)",
+    )
+
+
+def _stalls(probes: DoctorProbes, names: TableNames, limits: Limits) -> list[Check]:
+    """Each stalled queue of the outbox, or one OK line; nothing without an outbox table (the
+    schema check reports it). A schema that is otherwise wrong is no reason to skip: a claim
+    it breaks fails the probe, and names the queues that are stuck."""
+    if probes.table_health(names.outbox) is None:
+        return []
+    queues = probes.queues()
+    checks = [c for c in (_queue_stall(probes, q, limits) for q in queues) if c is not None]
+    if not checks:
+        detail = f"{len(queues)} queue(s): every claim runs, none stalled"
+        checks.append(Check("queues", Status.OK, detail))
+    return checks
+
+
 def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) -> list[Check]:
     """Every check, in the order an operator reads them; the caller prints and decides. A
     check the database refuses (a missing privilege on a catalog view, say) is a FAIL of its
@@ -225,4 +281,8 @@ def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) ->
             checks.append(_lag(probes, limits))
         except DatabaseError as exc:
             checks.append(Check("oldest ready row", Status.FAIL, str(exc)))
+    try:
+        checks += _stalls(probes, names, limits)
+    except DatabaseError as exc:
+        checks.append(Check("queues", Status.FAIL, str(exc), "fix this first"))
     return checks

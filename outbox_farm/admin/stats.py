@@ -7,6 +7,12 @@ count the planner expects to be expensive even with the cap (rows no index cover
 "retrying": attempts_count > 0, on a big queue) is estimated without running it. So `stats`
 costs milliseconds per queue whatever the table's size, and exact numbers are shown whenever
 they are small enough to matter one by one.
+
+A queue is marked stalled when its oldest claimable row has waited longer than `STALL_AFTER`
+while no row of it is under a live lease: rows are due and nobody is working on them, the
+mark of a farm that is not running for the queue (or whose claims of it never take a row).
+A busy farm that is merely behind holds leases, and is not stalled: its lag is the oldest
+ready row's age. Judged from two index probes; the claim itself is probed by `doctor`.
 """
 
 from __future__ import annotations
@@ -14,13 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..db.connect import Connection
-from ..db.operator import OUTBOX_CONDITIONS, OutboxFigure, StatsReader
+from ..db.operator import OUTBOX_CONDITIONS, OutboxFigure, StallFacts, StatsReader
 from ..names import TableNames
 
 EXACT_LIMIT = 10_000  # rows counted one by one before the estimate is used
 # Planner cost units (about one per page read) above which a capped count is not run at all.
 COST_LIMIT = 5_000.0
 HOUR, DAY = 3600.0, 86400.0
+# Seconds a claimable row may wait, with nothing of its queue leased, before the queue counts
+# as stalled: the farm's own threshold for an idle queue whose row ages (the fetcher's).
+STALL_AFTER = 60.0
 OUTBOX_COUNTS: tuple[OutboxFigure, ...] = tuple(OUTBOX_CONDITIONS)  # in the order shown
 
 
@@ -49,11 +58,23 @@ class QueueStats:
     counts: dict[str, Count]  # by the names of OUTBOX_COUNTS
     oldest_ready_age: float  # seconds since the oldest ready row became due; 0 when none
     dlq: list[DlqCounts] = field(default_factory=list)
+    stalled: str | None = None  # why the queue looks stalled (`stall_reason`); None: it is not
 
     def dlq_total(self, window: str) -> Count:
         """Sum over reasons of one window (`last_hour`, `last_day`, `total`)."""
         counts = [getattr(line, window) for line in self.dlq]
         return Count(sum(c.value for c in counts), all(c.exact for c in counts))
+
+
+def stall_reason(facts: StallFacts, after: float) -> str | None:
+    """Why a queue with these facts is stalled, as one line; None when it is not: nothing has
+    waited longer than `after` seconds, or some row of it is leased (a farm works on it)."""
+    if facts.leased or facts.oldest_due <= after:
+        return None
+    return (
+        f"stalled: oldest ready row {facts.oldest_due:.0f}s old and none of its rows leased: "
+        "is a farm running for this queue?"
+    )
 
 
 def _count(reader: StatsReader, figure: OutboxFigure, queue: str, limit: int) -> Count:
@@ -92,8 +113,11 @@ def queue_stats(
     names: TableNames,
     queue: str | None = None,
     exact_limit: int = EXACT_LIMIT,
+    stall_after: float = STALL_AFTER,
 ) -> list[QueueStats]:
-    """Numbers for `queue`, or for every queue with rows in the outbox or the DLQ."""
+    """Numbers for `queue`, or for every queue with rows in the outbox or the DLQ; each
+    marked stalled when its oldest claimable row has waited over `stall_after` seconds with
+    none of its rows leased."""
     reader = StatsReader(conn, names)
     queues = [queue] if queue is not None else reader.queues()
     return [
@@ -102,6 +126,7 @@ def queue_stats(
             {figure: _count(reader, figure, q, exact_limit) for figure in OUTBOX_COUNTS},
             reader.oldest_ready(q),
             _dlq(reader, q, exact_limit) if names.dlq is not None else [],
+            stall_reason(reader.stall(q), stall_after),
         )
         for q in queues
     ]

@@ -14,11 +14,13 @@ import json
 
 import click
 
-from ..admin import DlqFilter, When, dlq_list, dlq_purge, dlq_replay, dlq_show
-from ..admin.dlq import DEFAULT_BATCH
+from ..admin import DlqFilter, Done, When, dlq_list, dlq_purge, dlq_replay, dlq_show
+from ..admin.dlq import DEFAULT_BATCH, dlq_unfit
+from ..db.connect import Connection
 from ..names import TableNames
+from ..outcome import Reason
 from ..server import connected
-from .bulk import Bulk
+from .bulk import Bulk, Progress
 from .options import (
     EPILOG,
     Decorator,
@@ -46,7 +48,7 @@ filter_options = merged(
     click.option("--queue", default=None, help="Only rows of this queue."),
     click.option(
         "--reason",
-        type=click.Choice(["max_deliveries", "retry_terminal", "rejected"]),
+        type=click.Choice([reason.value for reason in Reason]),
         default=None,
         help="Only rows that failed for this reason.",
     ),
@@ -228,10 +230,30 @@ def replay(
     the headers `replayed_from` (its DLQ id) and `replay_count`, fresh attempt counters
     and a due time of now (or --delay); the farm is woken by NOTIFY. Each batch moves in
     one statement, so an interrupted replay loses and repeats nothing: run it again.
+
+    A value the outbox refuses (an `invalid_row` whose created_at is infinity or outside
+    the years 1 to 9999, or whose headers are not a JSON object) is normalised rather than
+    left behind: created_at becomes the time of the replay, other headers are kept under
+    `original_headers`, and the header `replay_normalised` says what changed. Such rows are
+    named by id on stderr as the replay starts; to drop one instead, `dlq purge` it first.
     """
     where = _selected(where, ids, every, "replay")
     due = f"due in {delay:g}s" if delay else "due now, with a NOTIFY per queue and batch"
     target = f"queue {to_queue}" if to_queue else "their own queues"
+
+    def work(conn: Connection, upto: int, step: Progress) -> Done:
+        _report_unfit(conn, names, where, upto)
+        return dlq_replay(
+            conn,
+            names,
+            where,
+            to_queue=to_queue,
+            delay=delay,
+            batch=batch,
+            upto=upto,
+            progress=step,
+        )
+
     Bulk(
         ask="Replay",
         doing="replaying",
@@ -241,17 +263,21 @@ def replay(
             f"replay {rows} row(s) from {names.dlq} into {names.outbox} "
             f"({target}, {due}), in batches of {batch}"
         ),
-        work=lambda conn, upto, step: dlq_replay(
-            conn,
-            names,
-            where,
-            to_queue=to_queue,
-            delay=delay,
-            batch=batch,
-            upto=upto,
-            progress=step,
-        ),
+        work=work,
     ).run(dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)
+
+
+def _report_unfit(conn: Connection, names: TableNames, where: DlqFilter, upto: int) -> None:
+    """Name, on stderr, the rows the replay normalises and what it changes in each: the
+    operator sees which messages will not be handled exactly as they were dead-lettered."""
+    unfit = dlq_unfit(conn, names, where, upto=upto)
+    if not unfit.rows:
+        return
+    lines = [f"{unfit.rows} row(s) hold values the outbox refuses; replayed normalised:"]
+    lines += [f"  {row.id}: {row.what}" for row in unfit.first]
+    if unfit.rows > len(unfit.first):
+        lines.append(f"  and {unfit.rows - len(unfit.first)} more")
+    notice("\n".join(lines))
 
 
 @dlq.command(epilog=EPILOG)

@@ -14,7 +14,7 @@ import click
 from ..admin.doctor import Check, Limits, Status, doctor
 from ..admin.frames import stats_frames
 from ..admin.rates import DEFAULT_METRICS_URL
-from ..admin.stats import EXACT_LIMIT, OUTBOX_COUNTS
+from ..admin.stats import EXACT_LIMIT, OUTBOX_COUNTS, STALL_AFTER
 from ..db.connect import connect
 from ..errors import OutboxFarmError
 from ..names import TableNames
@@ -39,13 +39,16 @@ def _n(count: Any) -> str:
 def _render(frame: dict[str, Any]) -> str:
     rates = frame["farm"].get("queues", {})
     headers = ["queue", *(n.replace("_", " ") for n in OUTBOX_COUNTS), "oldest ready"]
-    headers += ["dlq 1h", "dlq 1d", "dlq all"]
+    headers += ["dlq 1h", "dlq 1d", "dlq all", "stalled"]
     if rates:
         headers += ["acked/s", "retries/s", "terminal/s", "p99 lag"]
-    rows, reasons = [], []
+    rows, reasons, stalls = [], [], []
     for q in frame["queues"]:
         row = [q.queue, *(_n(q.counts[n]) for n in OUTBOX_COUNTS), _age(q.oldest_ready_age)]
         row += [_n(q.dlq_total(w)) for w in ("last_hour", "last_day", "total")]
+        row.append("STALLED" if q.stalled else "-")
+        if q.stalled:
+            stalls.append(f"{q.queue}: {q.stalled}")
         if rates:
             r = rates.get(q.queue)
             lag = "-" if r is None or r.lag_p99 is None else _age(r.lag_p99)
@@ -56,6 +59,8 @@ def _render(frame: dict[str, Any]) -> str:
             [q.queue, d.reason, _n(d.last_hour), _n(d.last_day), _n(d.total)] for d in q.dlq
         ]
     out = [text_table(headers, rows) if rows else "no rows in the outbox or the DLQ"]
+    if stalls:
+        out += ["", *stalls]
     if reasons:
         out += ["", "DLQ by reason:", text_table(["queue", "reason", "1h", "1d", "all"], reasons)]
     farm = frame["farm"]
@@ -104,10 +109,14 @@ def stats(
     as_json: bool,
 ) -> None:
     """Per queue: ready, scheduled, in flight, expired leases, retrying rows, the oldest
-    ready row's age, DLQ rows by reason (last hour, day, all), and the running farm's rates.
+    ready row's age, DLQ rows by reason (last hour, day, all), whether it is stalled, and
+    the running farm's rates.
 
     Counts are exact up to --exact-limit and the planner's estimate above it (marked ~ in
     text, "exact": false in JSON), so this answers in milliseconds on any table size.
+    STALLED ("stalled" in JSON, the reason): a row has been claimable for over 60s (the
+    farm's own threshold) while none of the queue's rows is leased, so nobody is working on
+    it. A queue whose claims fail is found by `outbox-farm doctor`, which probes them.
     """
     with connected(dsn, notice, autocommit=True) as conn:
         frames = stats_frames(
@@ -149,16 +158,34 @@ def stats(
     show_default=True,
     help="WARN when the oldest ready row has waited longer than this since it was due.",
 )
+@click.option(
+    "--max-stall",
+    callback=duration,
+    default=f"{STALL_AFTER:g}s",
+    show_default=True,
+    help="FAIL when a queue's oldest claimable row has waited longer than this while none "
+    "of its rows is leased (no farm works on it).",
+)
 @json_option
 def doctor_command(
-    dsn: str | None, names: TableNames, max_xmin_age: float, max_lag: float, as_json: bool
+    dsn: str | None,
+    names: TableNames,
+    max_xmin_age: float,
+    max_lag: float,
+    max_stall: float,
+    as_json: bool,
 ) -> None:
     """Check that this database can run a farm well, and say what to do where it cannot.
 
     Connection and server version, the schema and this role's privileges, track_counts and
     autovacuum, the NOTIFY queue, each table's size and dead rows, the oldest transaction
-    holding back VACUUM, and how long the oldest ready row has waited. Each line is OK,
-    WARN or FAIL; exit status 1 when any is FAIL.
+    holding back VACUUM, how long the oldest ready row has waited, and stalled queues. Each
+    line is OK, WARN or FAIL; exit status 1 when any is FAIL.
+
+    A queue is stalled when its claim fails (doctor runs the farm's claim statement on it in
+    a transaction it rolls back: nothing is changed) or when a row has been claimable for
+    longer than --max-stall while none of its rows is leased. Run doctor as the farm's role:
+    the probe claims with this role's privileges.
     """
     with located(dsn, notice) as server:
         try:
@@ -168,7 +195,7 @@ def doctor_command(
             checks = [Check("connection", Status.FAIL, str(exc), hint)]
         else:
             with conn:
-                checks = doctor(conn, names, Limits(max_xmin_age, max_lag))
+                checks = doctor(conn, names, Limits(max_xmin_age, max_lag, max_stall))
     failed = any(c.status is Status.FAIL for c in checks)
     if as_json:
         echo_json({"ok": not failed, "checks": checks})

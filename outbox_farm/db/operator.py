@@ -4,6 +4,7 @@ plans behind `stats`, and the probes of `doctor`. The DLQ's statements are in `d
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -11,11 +12,19 @@ import psycopg
 from psycopg import sql
 
 from ..names import QualifiedName, TableNames
-from ..queries import load_blocks
+from ..queries import Queries, load_blocks
 from .boundary import translate
+from .claims import SET_ASIDE_TOKEN
 from .connect import Connection
 
 STATS_FAILED = "stats query failed"
+# `doctor`'s claim probe: a few rows are enough to run every part of the statement (triggers,
+# privileges, the constraints its UPDATE checks); the lease length only decides which legacy
+# leases count as expired, and nothing it writes is kept.
+PROBE_LIMIT = 10
+PROBE_LEASE_TTL = 60.0
+PROBE_LOCK_TIMEOUT = "1s"
+PROBE_STATEMENT_TIMEOUT = "5s"
 
 OutboxFigure = Literal["ready", "scheduled", "in_flight", "expired", "retrying"]
 # Each figure of `stats`, in the order it is shown, and the admin_is_* condition it counts.
@@ -33,8 +42,10 @@ class AdminSql:
 
     Like `queries.Queries`, but a placeholder may also be filled with another named block (the
     DLQ filter, a count's condition) or with one of the tables, so a filter is written once
-    and shared by list, summary, replay and purge instead of being copied into each. Nothing is
-    composed other than through `psycopg.sql`; every value stays a parameter.
+    and shared by list, summary, replay and purge instead of being copied into each. A
+    placeholder that is itself a block's name is always filled with that block (a fragment
+    two statements share whatever parts their caller gives). Nothing is composed other than
+    through `psycopg.sql`; every value stays a parameter.
     """
 
     def __init__(self, names: TableNames) -> None:
@@ -55,8 +66,12 @@ class AdminSql:
         return self._rendered[key]
 
     def _compose(self, block: str, parts: dict[str, str]) -> sql.Composed:
-        text = load_blocks()[block]
+        blocks = load_blocks()
+        text = blocks[block]
         fill: dict[str, sql.Composable] = dict(self._identifiers)
+        for name in blocks:
+            if "{" + name + "}" in text:
+                fill[name] = self._compose(name, parts)
         for name, value in parts.items():
             if "{" + name + "}" not in text:
                 continue
@@ -99,6 +114,14 @@ class DeadCounts:
     oldest_age: float
 
 
+@dataclass(frozen=True)
+class StallFacts:
+    """What a stall is judged on, for one queue."""
+
+    oldest_due: float  # seconds since its oldest claimable row became due; 0 when none is
+    leased: bool  # some row of it is under a live lease (not expired, not set aside)
+
+
 class _Reader:
     """Reads over one connection, every error translated for the operation `doing` (None:
     the driver's text alone)."""
@@ -124,6 +147,13 @@ class _Reader:
     def _oldest_ready(self, queue: str) -> float:
         (age,) = self._first(self._sql.render("admin_oldest_ready"), {"queue": queue})
         return float(age)
+
+    def stall(self, queue: str) -> StallFacts:
+        """How long `queue`'s oldest claimable row has waited, and whether anyone holds a live
+        lease on a row of it: two index probes, cheap enough for every `stats` frame."""
+        params = {"queue": queue, "aside": SET_ASIDE_TOKEN}
+        oldest, leased = self._first(self._sql.render("admin_stall"), params)
+        return StallFacts(float(oldest), bool(leased))
 
 
 class StatsReader(_Reader):
@@ -176,6 +206,29 @@ class StatsReader(_Reader):
 
 
 @dataclass(frozen=True)
+class UnfitRow:
+    """A DLQ row the outbox's values check refuses as it is; `what` says what a replay changes
+    (the note it leaves in the row's `replay_normalised` header)."""
+
+    id: int
+    what: str
+
+
+class DlqReader(_Reader):
+    """The DLQ's reads beside those of `db.dlq`; each error a `DatabaseError`."""
+
+    def __init__(self, conn: Connection, names: TableNames) -> None:
+        super().__init__(conn, names, "DLQ statement failed")
+
+    def unfit(self, match: dict[str, Any], upto: int, limit: int) -> tuple[int, list[UnfitRow]]:
+        """How many rows matching `match` (the fields of a `DlqMatch`) with ids up to `upto` a
+        replay would normalise, and the first `limit` of them by id."""
+        statement = self._sql.render("admin_dlq_unfit_rows", match="admin_dlq_match")
+        rows = self._rows(statement, match | {"upto": upto, "limit": limit})
+        return (int(rows[0][2]) if rows else 0), [UnfitRow(int(i), str(w)) for i, w, _ in rows]
+
+
+@dataclass(frozen=True)
 class ServerFacts:
     version_num: int
     version: str
@@ -212,6 +265,7 @@ class DoctorProbes(_Reader):
 
     def __init__(self, conn: Connection, names: TableNames) -> None:
         super().__init__(conn, names, None)
+        self._claim = Queries(names)["claim"]
 
     def server(self) -> ServerFacts:
         return ServerFacts(*self._first(self._sql.render("admin_server")))
@@ -230,3 +284,35 @@ class DoctorProbes(_Reader):
     def oldest_ready_by_queue(self) -> dict[str, float]:
         """Per queue with rows in the outbox, seconds since its oldest ready row became due."""
         return {queue: self._oldest_ready(queue) for queue in self._queues("outbox_queues")}
+
+    def queues(self) -> list[str]:
+        """Every queue with rows in the outbox, sorted."""
+        return sorted(self._queues("outbox_queues"))
+
+    def probe_claim(self, queue: str) -> None:
+        """Run the fetcher's own claim statement on `queue` (at most `PROBE_LIMIT` rows, under
+        a fresh token), in a transaction that is always rolled back; raise the `DatabaseError`
+        it fails with, the one the farm's claims of this queue keep running into.
+
+        Nothing is kept: the leases, counters and whatever triggers wrote go with the rollback.
+        SKIP LOCKED passes the rows a farm holds, and the transaction's lock and statement
+        timeouts keep the probe from waiting on anything else; while it runs, the farm's claims
+        skip the few rows it holds, as they skip each other's.
+        """
+        limits = {"lock_timeout": PROBE_LOCK_TIMEOUT, "statement_timeout": PROBE_STATEMENT_TIMEOUT}
+        params = {
+            "queue": queue,
+            "limit": PROBE_LIMIT,
+            "lease_ttl": PROBE_LEASE_TTL,
+            "token": uuid.uuid4(),
+            "held": [],
+        }
+        try:
+            with self._conn.transaction():
+                self._conn.execute(self._sql.render("admin_probe_limits"), limits)
+                # Binary and fetched, as the fetcher does: a value the client cannot load fails
+                # the probe as it fails the claim.
+                self._conn.execute(self._claim, params, binary=True).fetchall()
+                raise psycopg.Rollback()
+        except psycopg.Error as exc:
+            raise translate(exc, names=self._names) from exc

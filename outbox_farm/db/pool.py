@@ -12,6 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..dsn import check_dsn, redact, scrub
 from ..errors import ConfigurationError
 from .boundary import boundary
+from .connect import CONNECT_TIMEOUT
 
 Pool: TypeAlias = AsyncConnectionPool[Any]
 """What every function of `outbox_farm.db` takes: any `psycopg_pool.AsyncConnectionPool` of
@@ -36,7 +37,9 @@ async def open_pool(dsn: str, max_size: int) -> Pool:
         dsn,
         min_size=1,
         max_size=max_size,
-        kwargs={"autocommit": True},
+        # A connection attempt to a server that does not answer ends at the timeout rather
+        # than the driver's default of minutes, so a stop never waits on one for long.
+        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
         configure=_configure,
         open=False,
         name="outbox-farm",

@@ -51,6 +51,29 @@ WHERE {match}
 GROUP BY d.queue, d.failure_reason
 ORDER BY d.queue, d.failure_reason
 
+-- name: admin_dlq_unfit
+-- What of a DLQ row the outbox's values check (migration 0006) refuses, as one line; NULL when
+-- nothing. Only two values can be refused, since a replay writes fresh counters and due times:
+-- a `created_at` a client cannot load (±infinity, BC, year 10000 on, as dead-lettered from an
+-- `invalid_row`) and headers that are not a JSON object. The replay normalises both (this line
+-- is the note it leaves in the row's headers); `dlq replay` reports the rows by id beforehand.
+nullif(concat_ws('; ',
+    CASE WHEN d.created_at NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+         THEN 'created_at ' || d.created_at || ' replaced by the time of the replay' END,
+    CASE WHEN jsonb_typeof(d.headers) <> 'object'
+         THEN 'headers a JSON ' || jsonb_typeof(d.headers) || ', kept under original_headers' END
+), '')
+
+-- name: admin_dlq_unfit_rows
+-- The rows a replay with this filter and bound will normalise (`admin_dlq_unfit`, filled in
+-- by its name like every block named in braces), the first `limit` by id, with how many there
+-- are in all.
+SELECT d.id, {admin_dlq_unfit}, count(*) OVER ()
+FROM {dlq} AS d
+WHERE d.id <= %(upto)s AND {match} AND {admin_dlq_unfit} IS NOT NULL
+ORDER BY d.id
+LIMIT %(limit)s
+
 -- name: admin_dlq_replay
 -- One batch of a replay, one statement and so one transaction: the DELETE feeds the INSERT, so
 -- a batch is either moved whole or not at all, and a killed replay neither loses nor repeats a
@@ -58,8 +81,12 @@ ORDER BY d.queue, d.failure_reason
 -- The new row keeps payload, headers and created_at; it gets fresh counters, a due time of
 -- now() + delay, and the headers `replayed_from` (the DLQ row's id) and `replay_count`. A
 -- timer id is kept unless a live timer of the same id (or an earlier row of this batch) holds
--- it: the unique timer index would otherwise fail the whole batch. One NOTIFY per queue that
--- got due rows; `wake` is read in the final SELECT because an unreferenced CTE never runs.
+-- it: the unique timer index would otherwise fail the whole batch. For the same reason a value
+-- the outbox's values check refuses (`admin_dlq_unfit`) is normalised rather than copied: a
+-- created_at no client can load becomes now(), headers that are not an object are kept under
+-- `original_headers`, and the header `replay_normalised` says what was changed. One NOTIFY per
+-- queue that got due rows; `wake` is read in the final SELECT because an unreferenced CTE never
+-- runs.
 WITH picked AS (
     SELECT d.id FROM {dlq} AS d
     WHERE d.id > %(after)s AND d.id <= %(upto)s AND {match}
@@ -69,7 +96,7 @@ WITH picked AS (
 ), moved AS (
     DELETE FROM {dlq} AS d USING picked
     WHERE d.id = picked.id
-    RETURNING d.id, d.queue, d.payload, d.headers, d.created_at, d.timer_id
+    RETURNING d.id, d.queue, d.payload, d.headers, d.created_at, d.timer_id, {admin_dlq_unfit} AS unfit
 ), target AS (
     SELECT m.*, coalesce(%(to_queue)s::text, m.queue) AS dest,
            row_number() OVER (PARTITION BY coalesce(%(to_queue)s::text, m.queue), m.timer_id
@@ -78,12 +105,18 @@ WITH picked AS (
 ), ins AS (
     INSERT INTO {outbox} (queue, payload, headers, created_at, next_attempt_at, timer_id)
     SELECT t.dest, t.payload,
-           coalesce(t.headers, '{{}}'::jsonb) || jsonb_build_object(
+           CASE WHEN t.headers IS NULL THEN '{{}}'::jsonb
+                WHEN jsonb_typeof(t.headers) = 'object' THEN t.headers
+                ELSE jsonb_build_object('original_headers', t.headers) END
+           || jsonb_build_object(
                'replayed_from', t.id,
                'replay_count',
                CASE WHEN jsonb_typeof(t.headers -> 'replay_count') = 'number'
-                    THEN (t.headers ->> 'replay_count')::numeric + 1 ELSE 1 END),
-           t.created_at,
+                    THEN (t.headers ->> 'replay_count')::numeric + 1 ELSE 1 END)
+           || CASE WHEN t.unfit IS NULL THEN '{{}}'::jsonb
+                   ELSE jsonb_build_object('replay_normalised', t.unfit) END,
+           CASE WHEN t.created_at BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+                THEN t.created_at ELSE now() END,
            now() + make_interval(secs => %(delay)s::float8),
            CASE WHEN t.nth = 1 AND NOT EXISTS (
                     SELECT 1 FROM {outbox} AS o WHERE o.queue = t.dest AND o.timer_id = t.timer_id)
@@ -209,6 +242,40 @@ SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8
 FROM {outbox}
 WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
   AND next_attempt_at > '-infinity'::timestamptz
+
+-- name: admin_stall
+-- What says whether one queue is stalled with nobody working on it, from the database alone:
+-- seconds since its oldest claimable row became due (0 when none), and whether any of its rows
+-- is under a live lease. Claimable as the claim sees it: a keyed row held back by an older row
+-- of its key waits by design and does not count (as in `next_due`), so the walk of the pending
+-- index stops at the first row a farm would take. A due time before the year 1 (-infinity
+-- included: another writer's row) counts from that bound, so it reads as very old instead of
+-- failing the subtraction. A live lease is one not yet expired (or from before migration 0004,
+-- which sets no expiry), under any token but the set-aside one: a row parked because nothing
+-- could load it is nobody's work.
+SELECT coalesce((
+           SELECT extract(epoch FROM now() - greatest(c.next_attempt_at,
+                                                      '0001-01-02 00:00:00+00'::timestamptz))
+           FROM {outbox} AS c
+           WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND c.next_attempt_at <= now()
+             AND (c.ordering_key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM {outbox} AS older
+                 WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key
+                   AND older.id < c.id))
+           ORDER BY c.next_attempt_at
+           LIMIT 1), 0)::float8,
+       EXISTS (
+           SELECT 1 FROM {outbox}
+           WHERE queue = %(queue)s AND acquired_token IS NOT NULL
+             AND acquired_token <> %(aside)s::uuid
+             AND (lease_expires_at IS NULL OR lease_expires_at >= now()))
+
+-- name: admin_probe_limits
+-- The bounds of `doctor`'s claim probe, for its transaction only (set_config's `true`: SET
+-- LOCAL): it may not wait for a lock (SKIP LOCKED already passes the farm's row locks; this
+-- covers a table lock such as a migration's) nor run long, whatever the table holds.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+       set_config('statement_timeout', %(statement_timeout)s, true)
 
 -- name: dlq_expire_queue
 -- DLQ retention, one batch of one queue: the oldest rows past the retention, found on the

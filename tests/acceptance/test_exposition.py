@@ -5,6 +5,7 @@ not a dead server, a stale health snapshot is a 503 naming the arbiter, and a pu
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import os
@@ -20,14 +21,18 @@ from typing import Any, TypeVar
 
 import orjson
 import psutil
+import psycopg
 import pytest
 
+from loadtests.chaos.outage import FakeClock, faketime_missing
 from outbox_farm import exposition as exposition_module
 from outbox_farm.exposition import REQUEST_DEADLINE, Exposition
+from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, preload, wait_for
 
 T = TypeVar("T")
 IDLE_CLIENTS = 50
 LATENCY_LIMIT = 0.1  # seconds /healthz may take, whatever the other clients do
+KILLS = 5  # SIGKILLs of the server process in a row
 
 
 def eventually(check: Callable[[], T | None], timeout: float, what: str) -> T:
@@ -273,3 +278,67 @@ def test_the_server_stops_when_the_arbiter_is_gone(tmp_path: Path, metrics_dir: 
     os.kill(arbiter, signal.SIGKILL)
     os.waitpid(arbiter, 0)
     eventually(lambda: not alive(int(pid)), 30, f"server {pid} gone after its arbiter")
+
+
+# -- the server process under a real farm -------------------------------------------------------
+
+
+def metrics_server(farm: RunningFarm) -> int | None:
+    """The arbiter's child listening on the farm's /metrics port, if one runs."""
+    try:
+        children = psutil.Process(farm.pid).children()
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE and any(
+                c.status == psutil.CONN_LISTEN and c.laddr.port == farm.port
+                for c in child.net_connections(kind="tcp")
+            ):
+                return child.pid
+    return None
+
+
+def acked(farm: RunningFarm) -> float:
+    return farm.metric("outbox_farm_acked_total", queue="q") or 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [None, "-2h"], ids=["steady-clock", "clock-stepped-back"])
+def test_a_killed_server_process_is_replaced_and_serves_the_same_counters(
+    tmp_path: Path, dsn: str, conn: psycopg.Connection[Any], step: str | None
+) -> None:
+    """The /metrics server process SIGKILLed 5 times in a row (also with the wall clock stepped
+    2 h back): each time the arbiter starts another on the same port, which answers /healthz 200
+    and /metrics with every counter the workers counted before, and those after."""
+    (tmp_path / "farmapp.py").write_text(FARMAPP)
+    clock_env: dict[str, str] = {}
+    if step is not None:
+        missing = faketime_missing()
+        if missing:
+            pytest.skip(missing)
+        clock = FakeClock(tmp_path / "clock")
+        clock_env = clock.env()
+    with farm_process(tmp_path, dsn, **clock_env) as farm:
+        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        preload(conn, 100)
+        wait_for(lambda: acked(farm) >= 100, 30, "100 rows acked", farm)
+        if step is not None:
+            clock.set(step)
+        for kill in range(1, KILLS + 1):
+            server = wait_for(
+                lambda: metrics_server(farm), 30, f"a server before kill {kill}", farm
+            )
+            os.kill(server, signal.SIGKILL)
+            wait_for(
+                lambda server=server: metrics_server(farm) not in (None, server),
+                30,
+                f"a new server after kill {kill}",
+                farm,
+            )
+        wait_for(lambda: farm.healthy(2), 30, "/healthz 200 after the kills", farm)
+        assert acked(farm) >= 100, farm.get("/metrics")
+        preload(conn, 100)
+        wait_for(lambda: acked(farm) >= 200, 30, "200 rows acked after the kills", farm)
+        code, _ = farm.stop()
+    assert code == 0, farm.log_tail()

@@ -104,19 +104,31 @@ def test_stats_watch_redraws_until_ctrl_c(dsn: str, conn: Conn, tmp_path: Path) 
 @pytest.mark.slow
 def test_stats_reads_the_rates_of_a_running_farm(tmp_path: Path, dsn: str, conn: Conn) -> None:
     (tmp_path / "farmapp.py").write_text(FARMAPP)
-    with farm_process(tmp_path, dsn, FARMAPP_SLEEP="0.01") as farm:
+    # About 160 rows/s (2 processes x 8 handlers x 0.1 s), topped up below 2,000 rows: the farm
+    # acks all through every window `stats` measures, however long the command takes to start
+    # on a busy machine. (At full speed it drained 5,000 rows in about two seconds, before a
+    # slow start's first scrape: a rate of 0.)
+    with farm_process(tmp_path, dsn, FARMAPP_SLEEP="0.1", FARMAPP_CONCURRENCY="8") as farm:
         wait_for(lambda: farm.healthy(2), 30, "a healthy farm", farm)
-        conn.execute(
-            "INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1, 5000)"
-        )
         url = f"http://127.0.0.1:{farm.port}/metrics"
+        frames: list[Any] = []
 
         def rates() -> Any:
+            (backlog,) = conn.execute("SELECT count(*) FROM outbox").fetchone() or (0,)
+            if backlog < 2000:
+                conn.execute(
+                    "INSERT INTO outbox (queue, payload) "
+                    "SELECT 'q', 'x' FROM generate_series(1, 5000)"
+                )
             data = out_json("stats", "--dsn", dsn, "--metrics-url", url)
+            frames.append(data["farm"])
             q = data["farm"].get("queues", {}).get("q")
             return q if q and q["acked"] > 0 else None
 
-        q = wait_for(rates, 30, "an acked rate", farm)
+        try:
+            q = wait_for(rates, 60, "an acked rate", farm)
+        except pytest.fail.Exception as exc:
+            raise pytest.fail.Exception(f"last farm frame {frames[-1:]}: {exc}") from None
         assert q["lag_p99"] is None or q["lag_p99"] >= 0
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 from outbox_farm.admin import (
     DlqFilter,
@@ -18,6 +19,8 @@ from outbox_farm.admin import (
     dlq_summary,
     parse_duration,
 )
+from outbox_farm.admin.dlq import dlq_unfit
+from outbox_farm.cli import main
 from outbox_farm.errors import ConfigurationError
 from outbox_farm.names import TableNames
 
@@ -241,3 +244,82 @@ def test_no_dlq_table_is_a_clear_error(conn: Conn) -> None:
 def test_a_nul_in_a_filter_is_refused_before_any_sql(conn: Conn) -> None:
     with pytest.raises(ConfigurationError, match="NUL"):
         dlq_list(conn, NAMES, DlqFilter(grep="a\x00b"))
+
+
+def test_replay_normalises_the_values_the_outbox_refuses_and_moves_every_row(
+    dsn: str, conn: Conn
+) -> None:
+    """An `invalid_row` dead letter may hold what migration 0006's check refuses in the outbox:
+    copied as it is, it failed its whole batch. Each is replayed normalised, and named first."""
+    good = dead(conn)
+    array = dead(conn, reason="invalid_row", headers='["content-type", "text/plain"]')
+    text = dead(conn, reason="invalid_row", headers='"just a string"')
+    infinite = dead(conn, reason="invalid_row")
+    conn.execute("UPDATE outbox_dlq SET created_at = 'infinity' WHERE id = %s", [infinite])
+    after = dead(conn, headers=None)
+    summary = dlq_summary(conn, NAMES, DlqFilter())
+
+    unfit = dlq_unfit(conn, NAMES, DlqFilter(), upto=summary.upto)
+    assert unfit.rows == 3
+    assert {row.id: row.what for row in unfit.first} == {
+        array: "headers a JSON array, kept under original_headers",
+        text: "headers a JSON string, kept under original_headers",
+        infinite: "created_at infinity replaced by the time of the replay",
+    }
+    assert dlq_unfit(conn, NAMES, DlqFilter(ids=(good, after)), upto=summary.upto).rows == 0
+
+    result = CliRunner().invoke(main, ["dlq", "replay", "--all", "--yes", "--dsn", dsn])
+    assert result.exit_code == 0, result.output
+    assert "replayed 5 row(s)" in result.stdout
+    assert "3 row(s) hold values the outbox refuses; replayed normalised:" in result.stderr
+    assert f"  {infinite}: created_at infinity replaced by the time of the replay" in result.stderr
+
+    rows = {
+        r[0]["replayed_from"]: r
+        for r in conn.execute(
+            "SELECT headers, created_at > now() - interval '1 minute' FROM outbox"
+        ).fetchall()
+    }
+    assert set(rows) == {good, array, text, infinite, after}
+    assert rows[good] == (
+        {
+            "content-type": "application/json",
+            "tenant": "acme",
+            "replayed_from": good,
+            "replay_count": 1,
+        },
+        False,
+    )
+    assert rows[after] == ({"replayed_from": after, "replay_count": 1}, False)
+    assert rows[array][0] == {
+        "original_headers": ["content-type", "text/plain"],
+        "replayed_from": array,
+        "replay_count": 1,
+        "replay_normalised": "headers a JSON array, kept under original_headers",
+    }
+    assert rows[text][0]["original_headers"] == "just a string"
+    assert rows[infinite] == (
+        {
+            "content-type": "application/json",
+            "tenant": "acme",
+            "replayed_from": infinite,
+            "replay_count": 1,
+            "replay_normalised": "created_at infinity replaced by the time of the replay",
+        },
+        True,
+    )
+    assert dlq_list(conn, NAMES, DlqFilter()) == []
+
+
+def test_purge_takes_invalid_row_as_a_reason(dsn: str, conn: Conn) -> None:
+    """Rows the farm could not load are dead-lettered as `invalid_row`: the filters must name
+    that reason, or an operator cannot clear them without touching the others."""
+    keep = dead(conn, reason="retry_terminal")
+    gone = dead(conn, reason="invalid_row", headers='["not", "an object"]')
+    result = CliRunner().invoke(
+        main, ["dlq", "purge", "--reason", "invalid_row", "--yes", "--dsn", dsn]
+    )
+    assert result.exit_code == 0, result.output
+    left = {r[0] for r in conn.execute("SELECT id FROM outbox_dlq").fetchall()}
+    assert left == {keep}
+    assert gone not in left
