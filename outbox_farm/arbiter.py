@@ -293,8 +293,8 @@ class Arbiter:
         """The /metrics and /healthz server died: start another, at most once a second."""
         self._exposition_due = max(time.monotonic(), self._exposition_started + EXPOSITION_RESTART)
         log.error(
-            "the /metrics and /healthz server died (%s); starting another. The log lines "
-            "above say why",
+            "the /metrics and /healthz server died (%s); starting another (a traceback above, "
+            "if any, says why; a signal means something outside the farm killed it)",
             describe_exit(code),
             extra={"event": "exposition_died"},
         )

@@ -254,10 +254,10 @@ class Runtime:
 
     async def _step(self, what: str, until: float | None, *steps: Awaitable[None]) -> None:
         """Run `steps` concurrently until `until` (monotonic; None: until they end, for a
-        step that bounds its own time); log (with its traceback)
-        whatever one of them raised. Steps still running then are cancelled, and left behind
-        (logged) if they have not ended `CANCEL_GRACE` seconds later: each cancellation
-        interrupts what a step waits for, a driver's attempt to cancel its query included."""
+        step that bounds its own time); log (with its traceback) whatever one of them raised.
+        Steps still running then are cancelled, and left behind (logged) if they have not
+        ended `CANCEL_GRACE` seconds later: each cancellation interrupts what a step waits for,
+        a driver's attempt to cancel its query included."""
         tasks = [asyncio.ensure_future(step) for step in steps]
         if not tasks:
             return
@@ -265,7 +265,8 @@ class Runtime:
         _, running = await asyncio.wait(tasks, timeout=timeout)
         if running:
             log.warning(
-                "stop: %s still under way when its time was up; cancelling it",
+                "stop: %s still under way when its time was up (is the database answering?); "
+                "cancelling it: the rows it concerns come back when their leases expire",
                 what,
                 extra={"event": "stop_overrun", "step": what},
             )

@@ -28,6 +28,7 @@ import psycopg
 
 from loadtests.farmproc import GRACEFUL, farm_subprocess, get, log_tail
 from loadtests.harness import Metrics, kill_farm, stop_farm
+from outbox_farm.child import WORKER_NAME
 
 LOADTESTS = Path(__file__).resolve().parents[1]
 _DIED = re.compile(r"worker (\d+) ")
@@ -52,7 +53,7 @@ class FarmRun:
             children = psutil.Process(self.proc.pid).children()
         except psutil.NoSuchProcess:
             return []
-        return [child.pid for child in children if is_worker(child, self.port)]
+        return [child.pid for child in children if is_worker(child)]
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -118,16 +119,13 @@ class FarmRun:
         return log_tail(self.log, lines)
 
 
-def is_worker(child: psutil.Process, port: int) -> bool:
-    """`child` of an arbiter is a live worker: not a zombie, and not the process that listens
-    on the farm's /metrics `port`."""
+def is_worker(child: psutil.Process) -> bool:
+    """`child` of an arbiter is a live worker: not a zombie, and named as workers name
+    themselves (the /metrics server and the short-lived hand-back processes are children too)."""
     try:
-        if child.status() == psutil.STATUS_ZOMBIE:
-            return False
-        listening = child.net_connections(kind="tcp")
+        return child.status() != psutil.STATUS_ZOMBIE and child.name() == WORKER_NAME
     except psutil.Error:
         return False
-    return not any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in listening)
 
 
 @contextlib.contextmanager

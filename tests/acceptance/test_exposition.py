@@ -327,13 +327,13 @@ def test_a_killed_server_process_is_replaced_and_serves_the_same_counters(
             clock.set(step)
         for kill in range(1, KILLS + 1):
             server = wait_for(
-                lambda: metrics_server(farm), 30, f"a server before kill {kill}", farm
+                lambda: metrics_server(farm), 30, f"server process before kill {kill}", farm
             )
             os.kill(server, signal.SIGKILL)
             wait_for(
                 lambda server=server: metrics_server(farm) not in (None, server),
                 30,
-                f"a new server after kill {kill}",
+                f"new server process after kill {kill}",
                 farm,
             )
         wait_for(lambda: farm.healthy(2), 30, "/healthz 200 after the kills", farm)

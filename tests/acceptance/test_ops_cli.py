@@ -79,6 +79,10 @@ def test_stats_says_when_the_farm_is_not_reachable(dsn: str) -> None:
     assert "cannot read the farm's metrics at http://127.0.0.1:1/metrics" in data["farm"]["error"]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_stats_watch_redraws_until_ctrl_c(dsn: str, conn: Conn, tmp_path: Path) -> None:
     conn.execute("INSERT INTO outbox (queue, payload) VALUES ('orders', 'x')")
     output = tmp_path / "watch.txt"
@@ -89,6 +93,10 @@ def test_stats_watch_redraws_until_ctrl_c(dsn: str, conn: Conn, tmp_path: Path) 
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=env,
+            # Ctrl-C as a terminal delivers it. A suite run as a background job of a script
+            # (CI, nohup, `make ... &`) inherits SIGINT ignored, and so would the command:
+            # it then redraws on and on after the signal.
+            preexec_fn=_default_sigint,
         )
         try:
             wait_for(lambda: output.read_text().count("oldest ready") >= 3, 20, "3 frames")

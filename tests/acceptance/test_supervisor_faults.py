@@ -229,12 +229,13 @@ def events(farm: RunningFarm) -> list[dict[str, Any]]:
 
 
 def workers(farm: RunningFarm) -> set[int]:
-    """The arbiter's live worker processes (not the one serving /metrics and /healthz)."""
+    """The arbiter's live worker processes: not the one serving /metrics and /healthz, nor a
+    short-lived hand-back process (workers name themselves)."""
     try:
         children = psutil.Process(farm.pid).children()
     except psutil.NoSuchProcess:
         return set()
-    return {child.pid for child in children if is_worker(child, farm.port)}
+    return {child.pid for child in children if is_worker(child)}
 
 
 def named(farm: RunningFarm, *names: str) -> list[dict[str, Any]]:
