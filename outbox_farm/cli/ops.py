@@ -138,7 +138,12 @@ def stats(
                     click.echo("")
                 click.echo(_render(frame))
         except KeyboardInterrupt:
-            click.echo("", err=True)  # Ctrl-C ends --watch: a clean exit, status 0
+            # Ctrl-C ends --watch: a clean exit, status 0. It may have come mid-query, with the
+            # connection still busy: leaving the block would send it COMMIT, which fails
+            # ("another command is already in progress"). Nothing here writes, so the
+            # connection is dropped instead: leaving the block then sends nothing.
+            conn.close()
+            click.echo("", err=True)
 
 
 @click.command(name="doctor", epilog=EPILOG)

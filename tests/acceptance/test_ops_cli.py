@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -107,6 +108,49 @@ def test_stats_watch_redraws_until_ctrl_c(dsn: str, conn: Conn, tmp_path: Path) 
                 proc.kill()
                 proc.wait(timeout=10)
     assert "Traceback" not in output.read_text()
+
+
+def _ctrl_c_after_first_frame(dsn: str, output: Path, delay: float) -> int:
+    """`stats --watch 0.01` interrupted `delay` seconds after its first frame; its exit status.
+
+    From the first frame on: an interrupt during the interpreter's own start-up is Python's
+    business, not the command's.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
+    with output.open("w") as sink:
+        proc = subprocess.Popen(
+            [CLI, "stats", "--dsn", dsn, *NO_FARM, "--watch", "0.01"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_default_sigint,  # as in the test above
+        )
+        try:
+            wait_for(lambda: "oldest ready" in output.read_text(), 20, "a first frame")
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            return proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_stats_watch_exits_cleanly_on_ctrl_c_at_any_moment(
+    dsn: str, conn: Conn, tmp_path: Path
+) -> None:
+    # At a 10 ms refresh most of the time is spent in a query, so some of these interrupts
+    # land while the server is still answering: the connection is busy then, and nothing may
+    # send it another command on the way out.
+    conn.execute("INSERT INTO outbox (queue, payload) VALUES ('orders', 'x')")
+    for attempt in range(20):
+        output = tmp_path / f"watch-{attempt}.txt"
+        delay = random.uniform(0.05, 0.5)
+        code = _ctrl_c_after_first_frame(dsn, output, delay)
+        text = output.read_text()
+        assert code == 0, f"run {attempt}, Ctrl-C after {delay:.3f}s:\n{text[-2000:]}"
+        assert "Traceback" not in text, f"run {attempt}, Ctrl-C after {delay:.3f}s"
 
 
 @pytest.mark.slow

@@ -62,17 +62,23 @@ def exit_status(proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 
 
 
 def wait_for_a_worker(proc: subprocess.Popen[bytes], log_path: Path) -> psutil.Process:
-    """The arbiter, once it has forked a worker; fails at once if it exits instead.
+    """The arbiter, once it has logged `arbiter started` and forked a worker; fails at once if
+    it exits instead.
 
-    A worker is a child with the arbiter's own command line (forked, not executed): the
-    embedded server's initdb and pg_ctl are children too, for a while. The command line is
-    read in the loop: right after the spawn, while the exec is still under way, it is empty.
+    The log line comes after the arbiter's signal handlers are installed, so `stop` may send
+    SIGTERM from then on; before, SIGTERM kills the process (-15). A child alone does not
+    tell: a worker is a child with the arbiter's own command line (forked, not executed), but
+    so is the embedded server's initdb or pg_ctl between its fork and its exec, a window a
+    busy machine widens. The command line is read in the loop: right after the spawn, while
+    the exec is still under way, it is empty.
     """
     arbiter = psutil.Process(proc.pid)
 
     def worker() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"exited {proc.returncode}:\n{log_path.read_text(errors='replace')}")
+        if b"arbiter started" not in log_path.read_bytes():
+            return False
         command = arbiter.cmdline()
         for child in arbiter.children():
             with contextlib.suppress(psutil.Error):

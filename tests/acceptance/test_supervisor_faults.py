@@ -354,14 +354,11 @@ def report(problems: list[str], farm: RunningFarm) -> None:
 HEARTBEAT = 3.0  # --heartbeat-timeout of the clock tests: a wrong kill shows within seconds
 
 
-def test_a_forward_wall_clock_step_kills_no_worker(
+def clocked_farm(
     app_dir: Path, dsn: str, clock: FakeClock
-) -> None:
-    """+1 h on the wall clock (NTP step, VM resume): the same workers run on, /healthz stays
-    200, rows keep being delivered, nobody is killed for a silent heartbeat."""
-    make_ledger(dsn)
-    problems: list[str] = []
-    with farm_process(
+) -> contextlib.AbstractContextManager[RunningFarm]:
+    """The clock tests' farm: JSON log, a short heartbeat timeout, every process on `clock`."""
+    return farm_process(
         app_dir,
         dsn,
         "--log-format",
@@ -371,7 +368,17 @@ def test_a_forward_wall_clock_step_kills_no_worker(
         app=APP,
         SUPAPP_DSN=dsn,
         **clock.env(),
-    ) as farm:
+    )
+
+
+def test_a_forward_wall_clock_step_kills_no_worker(
+    app_dir: Path, dsn: str, clock: FakeClock
+) -> None:
+    """+1 h on the wall clock (NTP step, VM resume): the same workers run on, /healthz stays
+    200, rows keep being delivered, nobody is killed for a silent heartbeat."""
+    make_ledger(dsn)
+    problems: list[str] = []
+    with clocked_farm(app_dir, dsn, clock) as farm:
         wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
         before = workers(farm)
         with Publisher(dsn) as load, HealthWatch(farm) as health:
@@ -421,17 +428,7 @@ def test_after_a_backward_wall_clock_step_crashes_stay_crashes(
     worker is missing, and every row is delivered."""
     make_ledger(dsn)
     problems: list[str] = []
-    with farm_process(
-        app_dir,
-        dsn,
-        "--log-format",
-        "json",
-        "--heartbeat-timeout",
-        str(HEARTBEAT),
-        app=APP,
-        SUPAPP_DSN=dsn,
-        **clock.env(),
-    ) as farm:
+    with clocked_farm(app_dir, dsn, clock) as farm:
         wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
         with Publisher(dsn) as load, HealthWatch(farm) as health:
             wait_for(lambda: len(load.ids) >= 20, 30, "rows published", farm)

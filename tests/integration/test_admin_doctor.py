@@ -4,16 +4,15 @@ autovacuum off, a missing table, a waiting backlog."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from outbox_farm.admin.doctor import Check, Limits, Status, doctor
 from outbox_farm.names import TableNames
+from tests.integration.roles import acting_as
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
 Conn = psycopg.Connection[Any]
@@ -68,17 +67,8 @@ def test_a_transaction_holding_back_xmin_fails(dsn: str, conn: Conn) -> None:
 @pytest.fixture
 def limited_role(conn: Conn) -> Iterator[str]:
     """A role that may read the outbox but not write it; the connection acts as it."""
-    role = f"doctor_{uuid.uuid4().hex[:8]}"
-    ident = sql.Identifier(role)
-    conn.execute(sql.SQL("CREATE ROLE {}").format(ident))
-    conn.execute(sql.SQL("GRANT SELECT ON outbox, outbox_dlq TO {}").format(ident))
-    conn.execute(sql.SQL("SET ROLE {}").format(ident))
-    try:
+    with acting_as(conn, "doctor", "GRANT SELECT ON outbox, outbox_dlq TO {}") as role:
         yield role
-    finally:
-        conn.execute("RESET ROLE")
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
-        conn.execute(sql.SQL("DROP ROLE {}").format(ident))
 
 
 def test_a_missing_grant_fails_with_the_grant_to_run(conn: Conn, limited_role: str) -> None:

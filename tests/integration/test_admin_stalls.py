@@ -22,6 +22,7 @@ from outbox_farm.admin import queue_stats
 from outbox_farm.admin.doctor import Check, Limits, Status, doctor
 from outbox_farm.cli import main
 from outbox_farm.names import TableNames
+from tests.integration.roles import acting_as
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
 Conn = psycopg.Connection[Any]
@@ -96,18 +97,13 @@ def test_doctor_names_a_queue_whose_claims_fail_and_changes_nothing(dsn: str, co
 @pytest.fixture
 def farm_role(conn: Conn) -> Iterator[str]:
     """A role with every privilege on the outbox but UPDATE; the connection acts as it."""
-    role = f"farm_{uuid.uuid4().hex[:8]}"
-    ident = sql.Identifier(role)
-    conn.execute(sql.SQL("CREATE ROLE {}").format(ident))
-    conn.execute(sql.SQL("GRANT SELECT, INSERT, DELETE ON outbox TO {}").format(ident))
-    conn.execute(sql.SQL("GRANT SELECT, INSERT, DELETE ON outbox_dlq TO {}").format(ident))
-    conn.execute(sql.SQL("SET ROLE {}").format(ident))
-    try:
+    with acting_as(
+        conn,
+        "farm",
+        "GRANT SELECT, INSERT, DELETE ON outbox TO {}",
+        "GRANT SELECT, INSERT, DELETE ON outbox_dlq TO {}",
+    ) as role:
         yield role
-    finally:
-        conn.execute("RESET ROLE")
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
-        conn.execute(sql.SQL("DROP ROLE {}").format(ident))
 
 
 def test_a_claim_refused_for_a_missing_privilege_names_the_queue(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
 from outbox_farm.relay import CONFIRMED, Delivery, Envelope
 from outbox_farm.relay.runner import MAX_HEADER_BYTES
+from tests.waits import eventually
 
 DLQ = "outbox_dlq"
 NAMES = TableNames.build("outbox", DLQ)
@@ -63,14 +63,6 @@ def insert_bad(conn: Conn, queue: str, **values: Any) -> int:
 
 def publish_good(farm: Farm, conn: Conn, queue: str, n: int = GOOD) -> list[int]:
     return [farm.publish(conn, {"n": i}, queue=queue) or 0 for i in range(n)]
-
-
-async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def dlq_rows(conn: Conn, queue: str) -> list[tuple[int, str, str]]:

@@ -66,21 +66,22 @@ counters = st.one_of(
     st.sampled_from([-(2**63), -1, 0, 1, MAX_DELIVERIES, BIGINT_MAX - 1, BIGINT_MAX]),
     st.integers(min_value=-(2**63), max_value=BIGINT_MAX),
 )
+# jsonb admits any JSON but the NUL character (it cannot be converted to text): not in the domain.
+json_text = st.text(max_size=20).filter(lambda s: "\x00" not in s)
+json_keys = st.text(max_size=8).filter(lambda s: "\x00" not in s)
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(10**30), max_value=10**30)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
+    | json_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(json_keys, inner, max_size=4),
     max_leaves=12,
 )
 headers = st.one_of(
     st.none(),
     json_values,  # any JSON type, objects among them
-    st.dictionaries(st.text(max_size=8), json_values, max_size=5),
+    st.dictionaries(json_keys, json_values, max_size=5),
     st.sampled_from(["big-object", "big-array", "big-string"]),  # ~100 KB documents
 )
 odd_text = st.one_of(st.none(), st.text(min_size=0, max_size=40).filter(lambda s: "\x00" not in s))
@@ -311,6 +312,9 @@ def table(conn: Conn) -> Conn:
     return conn
 
 
+# 25 examples take about 10 s on an idle 2-core box, and ten times that when both cores are
+# busy: the suite's 120 s default would cut a run short in the middle of a statement.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["plain", "batch", "transactional", "relay"])
 def test_every_row_the_schema_admits_ends_explicitly(dsn: str, table: Conn, kind: str) -> None:
     @PROPERTY

@@ -41,6 +41,7 @@ from outbox_farm.completer import Completer
 from outbox_farm.metrics import metrics
 from outbox_farm.outcome import FRAMES_HEADER, TRUNCATED, Kind, Outcome, Reason
 from outbox_farm.problems import Problems
+from tests.waits import eventually
 
 DLQ = "outbox_dlq"
 POLL = 0.05  # poll_interval of every runtime below, unless a test says otherwise
@@ -72,24 +73,6 @@ def sample(name: str, **labels: str) -> float:
 def claims(queue: str) -> float:
     """Claim statements this process ran for `queue`, empty ones included (one per poll)."""
     return REGISTRY.get_sample_value("outbox_farm_fetch_seconds_count", {"queue": queue}) or 0.0
-
-
-async def eventually(
-    check: Callable[[], Any] | Callable[[], Awaitable[Any]],
-    what: str,
-    timeout: float = 4.0,
-) -> Any:
-    """Poll `check` (sync or async) until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager
@@ -267,7 +250,7 @@ def test_slow_handler_loses_its_lease_the_second_runner_acks_and_the_stale_ack_i
             # its heartbeat stops, and the lease runs out while the handler still runs.
             await runner_a.heartbeats[0].stop()
             async with farm_b.running(dsn, poll_interval=POLL):
-                await eventually(lambda: b_calls, "runner B to take the expired lease", 4.0)
+                await eventually(lambda: b_calls, "runner B to take the expired lease")
                 await eventually(
                     lambda: _not(db.exists(row_id)), "runner B's ack to delete the row"
                 )

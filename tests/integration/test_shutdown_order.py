@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from outbox_farm import Farm, Message
+from tests.waits import eventually
 
 DURATION = 2.5  # each handler's run time
 PER_QUEUE = 3  # rows per queue: one running, two prefetched
@@ -20,19 +21,6 @@ PER_QUEUE = 3  # rows per queue: one running, two prefetched
 
 def qname(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
-
-
-async def eventually(check: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def test_stop_drains_every_queue_at_once_and_starts_nothing_new(dsn: str) -> None:

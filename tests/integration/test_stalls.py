@@ -10,7 +10,6 @@ queue of the same runtime keeps flowing throughout (the positive control).
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Any
 
@@ -20,6 +19,7 @@ from prometheus_client import REGISTRY
 
 from outbox_farm import Farm, Message, fetcher
 from outbox_farm.metrics import metrics
+from tests.waits import eventually
 
 metrics()  # the collectors exist before the first sample is read
 
@@ -35,19 +35,6 @@ def stalled(queue: str) -> float | None:
 def claim_errors(queue: str, kind: str) -> float:
     labels = {"queue": queue, "kind": kind}
     return REGISTRY.get_sample_value("outbox_farm_claim_errors_total", labels) or 0.0
-
-
-async def eventually(check: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def empty(aconn: psycopg.AsyncConnection[Any], queue: str) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,6 +27,7 @@ from outbox_farm.executor import Executors
 from outbox_farm.fetcher import Fetcher
 from outbox_farm.observe import PrometheusObserver
 from outbox_farm.runtime import Runtime
+from tests.waits import eventually
 
 POLL = 0.05
 
@@ -72,20 +72,6 @@ class Fault:
 
 def qname(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
-
-
-async def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """Poll `check` until it returns something truthy; fail at the (generous) deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def failures(caplog: pytest.LogCaptureFixture, component: str) -> list[logging.LogRecord]:

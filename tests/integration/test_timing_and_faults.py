@@ -1027,9 +1027,7 @@ def test_release_worker_frees_only_that_workers_rows_and_keeps_their_deliveries(
             assert release_worker(conn, farms[mine].queries, mine) == 0
             gate.set()
             # A stop starts no handler, so the prefetched rows are run before it begins.
-            await until(
-                lambda: set(ids) <= set().union(*held.values()), 10.0, "every row handled"
-            )
+            await until(lambda: set(ids) <= set().union(*held.values()), 10.0, "every row handled")
 
     asyncio.run(scenario())
     assert set(ids) == set().union(*held.values())
