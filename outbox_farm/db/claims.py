@@ -103,15 +103,26 @@ def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[Any]:
 
 
 def _loaded(row: Any) -> ClaimedRow:
-    """`row` with its headers decoded; a failure to decode them joins `unloadable`. A row
-    without headers is returned as it came (the common case, and a claim's per-row cost)."""
-    if row[HEADERS] is None:
+    """`row` with its headers decoded and its unloadable values worded as reasons; a failure to
+    decode the headers joins them. A row with neither headers nor unloadable values is returned
+    as it came (the common case, and a claim's cost per row)."""
+    text, unloadable = row[HEADERS], row[UNLOADABLE]
+    if text is None and unloadable is None:
         return row  # type: ignore[no-any-return]
-    headers, problem = decode_headers(row[HEADERS])
-    unloadable = row[UNLOADABLE]
+    headers, problem = decode_headers(text)
+    reasons = [_reason(value) for value in unloadable.split("; ")] if unloadable else []
     if problem is not None:
-        unloadable = f"{unloadable}; {problem}" if unloadable else problem
-    return (*row[:HEADERS], headers, *row[HEADERS + 1 : UNLOADABLE], unloadable)
+        reasons.append(problem)
+    why = "; ".join(reasons) or None
+    return (*row[:HEADERS], headers, *row[HEADERS + 1 : UNLOADABLE], why)
+
+
+def _reason(value: str) -> str:
+    """`created_at: infinity is not a finite timestamp`, from the claim's `created_at=infinity`."""
+    field, _, stored = value.partition("=")
+    if stored in ("infinity", "-infinity"):
+        return f"{field}: {stored} is not a finite timestamp"
+    return f"{field}: {stored} is outside the years 1 to 9999"
 
 
 async def claim(

@@ -1,8 +1,12 @@
 """All SQL of outbox_farm, as named blocks in the `.sql` files beside this module.
 
 A block starts with `-- name: <name>` followed by comment lines that say why the statement
-is shaped so. Table names are `{placeholders}` filled with `psycopg.sql.Identifier` once per
-`Queries` object; parameters are `%(name)s`. No SQL text is built any other way.
+is shaped so. Those whole-line comments stay in the files and are dropped from the text sent to
+the server, with each line's indentation: psycopg caches the parsing of a statement only up to
+4 KiB of text, and the claim's explanation alone is longer than its SQL. (No string literal in
+these files spans lines, so no literal loses its spaces.) Table names are `{placeholders}` filled with
+`psycopg.sql.Identifier` once per `Queries` object; parameters are `%(name)s`. No SQL text is
+built any other way.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from psycopg import sql
 from ..names import TableNames
 
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_COMMENT_LINE = re.compile(r"^[ \t]*--.*\n?", re.MULTILINE)
+_INDENT = re.compile(r"^[ \t]+", re.MULTILINE)
 
 
 @cache
@@ -29,7 +35,7 @@ def load_blocks() -> dict[str, str]:
         for name, body in zip(parts[1::2], parts[2::2], strict=True):
             if name in blocks:
                 raise RuntimeError(f"SQL block {name!r} is defined twice")
-            blocks[name] = body.strip()
+            blocks[name] = _INDENT.sub("", _COMMENT_LINE.sub("", body)).strip()
     return blocks
 
 

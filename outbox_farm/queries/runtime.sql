@@ -18,11 +18,12 @@
 -- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery. Both
 -- counters are kept in [0, bigint max - 1) whatever another writer stored, so `+ 1` here and in
 -- `retry` can never overflow (one such row would otherwise fail every claim of its queue).
--- RETURNING hands back only what the client can load: a timestamp outside the years 1 to 9999
+-- RETURNING hands back only what the client can load (when every value loads, the common case,
+-- `unloadable` costs four comparisons a row): a timestamp outside the years 1 to 9999
 -- (an infinity, a BC date, year 10000 on; a day is kept clear of each end so any session time
--- zone still loads it) comes back NULL and `unloadable` says which value and why; the headers come
--- as JSON text, decoded (and checked to be an object) row by row by the client, so one bad
--- document fails only its row. Such a row is dead-lettered as `invalid_row` (or set aside) by
+-- zone still loads it) comes back NULL and `unloadable` names it (`field=value; ...`, which the
+-- client words as a reason); the headers come as JSON text, decoded (and checked to be an
+-- object) row by row by the client, so one bad document fails only its row. Such a row is dead-lettered as `invalid_row` (or set aside) by
 -- the fetcher instead of failing the claim.
 WITH expired AS (
     SELECT c.id FROM {outbox} AS c
@@ -81,29 +82,16 @@ RETURNING o.id, o.payload, o.headers::text AS headers, o.deliveries_count, o.att
                     AND o.next_attempt_at BETWEEN b.lo AND b.hi
                     AND (o.first_attempt_at IS NULL OR o.first_attempt_at BETWEEN b.lo AND b.hi)
                     AND (o.last_attempt_at IS NULL OR o.last_attempt_at BETWEEN b.lo AND b.hi)
-               THEN NULL  -- every value loads: the common case, four comparisons a row
-               ELSE nullif(concat_ws('; ',
-                   CASE WHEN NOT isfinite(o.created_at)
-                        THEN 'created_at: ' || o.created_at || ' is not a finite timestamp'
-                        WHEN o.created_at NOT BETWEEN b.lo AND b.hi
-                        THEN 'created_at: ' || o.created_at || ' is outside the years 1 to 9999' END,
-                   CASE WHEN NOT isfinite(o.next_attempt_at)
-                        THEN 'next_attempt_at: ' || o.next_attempt_at || ' is not a finite timestamp'
-                        WHEN o.next_attempt_at NOT BETWEEN b.lo AND b.hi
-                        THEN 'next_attempt_at: ' || o.next_attempt_at
-                             || ' is outside the years 1 to 9999' END,
-                   CASE WHEN NOT isfinite(o.first_attempt_at)
-                        THEN 'first_attempt_at: ' || o.first_attempt_at
-                             || ' is not a finite timestamp'
-                        WHEN o.first_attempt_at NOT BETWEEN b.lo AND b.hi
-                        THEN 'first_attempt_at: ' || o.first_attempt_at
-                             || ' is outside the years 1 to 9999' END,
-                   CASE WHEN NOT isfinite(o.last_attempt_at)
-                        THEN 'last_attempt_at: ' || o.last_attempt_at || ' is not a finite timestamp'
-                        WHEN o.last_attempt_at NOT BETWEEN b.lo AND b.hi
-                        THEN 'last_attempt_at: ' || o.last_attempt_at
-                             || ' is outside the years 1 to 9999' END
-               ), '') END AS unloadable
+               THEN NULL
+               ELSE concat_ws('; ',
+                   CASE WHEN o.created_at NOT BETWEEN b.lo AND b.hi
+                        THEN 'created_at=' || o.created_at END,
+                   CASE WHEN o.next_attempt_at NOT BETWEEN b.lo AND b.hi
+                        THEN 'next_attempt_at=' || o.next_attempt_at END,
+                   CASE WHEN o.first_attempt_at NOT BETWEEN b.lo AND b.hi
+                        THEN 'first_attempt_at=' || o.first_attempt_at END,
+                   CASE WHEN o.last_attempt_at NOT BETWEEN b.lo AND b.hi
+                        THEN 'last_attempt_at=' || o.last_attempt_at END) END AS unloadable
 
 -- name: next_due
 -- Seconds (database clock) until this queue next has something to claim: the earliest pending

@@ -156,3 +156,18 @@ def test_compose_quotes_the_table_names() -> None:
     )
     with pytest.raises(KeyError):
         compose("SELECT 1 FROM {dlq}", TableNames.build("jobs"))
+
+
+def test_every_statement_stays_within_the_drivers_parse_cache() -> None:
+    """psycopg parses a statement's placeholders once and caches the result only for texts up
+    to MAX_CACHED_STATEMENT_LENGTH; a longer one (the claim, with its explanation, was 6.7 KB)
+    is parsed again on every execute, a cost paid per claim. Even with the longest names the
+    identifiers allow, every statement must fit."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    longest = TableNames.build("s" * 63 + "." + "o" * 45, "d" * 45)
+    queries = Queries(longest)
+    sizes = {name: len(queries[name].encode()) for name in queries._composed}
+    assert max(sizes.values()) <= MAX_CACHED_STATEMENT_LENGTH, sorted(
+        sizes.items(), key=lambda item: -item[1]
+    )[:3]
