@@ -4,9 +4,9 @@ A block starts with `-- name: <name>` followed by comment lines that say why the
 is shaped so. Those whole-line comments stay in the files and are dropped from the text sent to
 the server, with each line's indentation: psycopg caches the parsing of a statement only up to
 4 KiB of text, and the claim's explanation alone is longer than its SQL. (No string literal in
-these files spans lines, so no literal loses its spaces.) Table names are `{placeholders}` filled with
-`psycopg.sql.Identifier` once per `Queries` object; parameters are `%(name)s`. No SQL text is
-built any other way.
+these files spans lines, so no literal loses its spaces.) Table names are `{placeholders}`
+filled with `psycopg.sql.Identifier` once per `Queries` object; parameters are `%(name)s`. No
+SQL text is built any other way.
 """
 
 from __future__ import annotations
