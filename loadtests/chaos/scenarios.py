@@ -286,7 +286,10 @@ def dlq_drop(ctx: Context) -> Result:
         time.sleep(ctx.seconds(8))
         with psycopg.connect(dsn) as conn:
             # What the DROP destroys is the operator's doing, not the farm's: kept aside and
-            # put back after the repair, as from a backup, so the checker sees every row.
+            # put back after the repair, as from a backup, so the checker sees every row. The
+            # lock comes first: a DLQ move committed between the copy's snapshot and the DROP
+            # would otherwise be destroyed without a copy.
+            conn.execute("LOCK TABLE outbox_dlq IN ACCESS EXCLUSIVE MODE")
             conn.execute("CREATE TABLE chaos_dlq_dropped AS SELECT * FROM outbox_dlq")
             conn.execute("DROP TABLE outbox_dlq")
         said = wait_for(lambda: unhealthy_with(run, "outbox_dlq"), 20)

