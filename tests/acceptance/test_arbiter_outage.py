@@ -177,6 +177,16 @@ class Relay:
                 sock.close()
             self._open.clear()
 
+    def _connect(self) -> socket.socket:
+        """A connection to the database: TCP, or its Unix socket when the host is a directory
+        (the embedded server the suite may run on listens only there)."""
+        host, port = self.target
+        if host.startswith("/"):
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            unix.connect(f"{host}/.s.PGSQL.{port}")
+            return unix
+        return socket.create_connection(self.target)
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -184,7 +194,7 @@ class Relay:
             except OSError:
                 return
             try:
-                server = socket.create_connection(self.target)
+                server = self._connect()
             except OSError:
                 client.close()
                 continue
