@@ -17,9 +17,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
@@ -62,15 +65,43 @@ async def _ledger_pool() -> AsyncConnectionPool[Any]:
 
 
 async def record(msg: Message, outcome: str) -> str:
-    """Write one ledger row in its own transaction; return the message's id."""
+    """Write one ledger row in its own transaction; return the message's id.
+
+    A database restart can break the connection after the COMMIT took effect but before its
+    reply arrived. Raising then would make the farm run the handler again and the ledger show
+    two runs where the farm ran the handler only once more because of the app's own write: so
+    the row is looked up by its run id, and only a write that did not happen raises.
+    """
     msg_id = str(msg.json()["id"])
+    run_id = uuid.uuid4()
     pool = await _ledger_pool()
-    async with pool.connection() as conn, conn.transaction():
-        await conn.execute(
-            "INSERT INTO loadtest_ledger (msg_id, queue, outcome, pid) VALUES (%s, %s, %s, %s)",
-            (msg_id, msg.queue, outcome, os.getpid()),
-        )
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO loadtest_ledger (msg_id, queue, outcome, pid, run_id) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                (msg_id, msg.queue, outcome, os.getpid(), run_id),
+            )
+    except psycopg.OperationalError:
+        if not await _written(run_id):
+            raise
     return msg_id
+
+
+async def _written(run_id: uuid.UUID) -> bool:
+    """Whether the ledger row of `run_id` exists, asked on a fresh connection for up to 20 s
+    (the server may be restarting); False when that cannot be known."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+                cur = await conn.execute(
+                    "SELECT 1 FROM loadtest_ledger WHERE run_id = %s", (run_id,)
+                )
+                return await cur.fetchone() is not None
+        except psycopg.OperationalError:
+            await asyncio.sleep(0.2)
+    return False
 
 
 class LoadTestFailure(Exception):

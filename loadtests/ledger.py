@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS loadtest_ledger (
     queue   text,
     outcome text,
     pid     int,
-    at      timestamptz DEFAULT now()
+    at      timestamptz DEFAULT now(),
+    run_id  uuid                        -- one handler run, to tell a lost reply from a lost row
 );
 CREATE INDEX IF NOT EXISTS loadtest_ledger_msg_idx ON loadtest_ledger (msg_id);
 """
