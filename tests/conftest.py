@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from outbox_farm.embedded import is_private
 from outbox_farm.names import TableNames
 from outbox_farm.testing.databases import Templates
 
@@ -32,11 +33,12 @@ DEFAULT_TABLES = TableNames.build("outbox", "outbox_dlq")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Before anything imports the embedded wheel: it reads XDG_RUNTIME_DIR at import time.
+    """Before anything imports the embedded wheel: it reads XDG_RUNTIME_DIR at import time;
+    one that is unset or not private (missing, not ours, open to others) is replaced.
 
     Set in os.environ, so the `outbox-farm` subprocesses of the acceptance tests use it too.
     """
-    if not os.environ.get("XDG_RUNTIME_DIR"):
+    if not is_private(os.environ.get("XDG_RUNTIME_DIR") or ""):
         runtime = _RUN_DIR / "run"
         runtime.mkdir(mode=0o700)
         os.environ["XDG_RUNTIME_DIR"] = str(runtime)
