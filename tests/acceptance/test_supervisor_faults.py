@@ -50,6 +50,7 @@ from loadtests.chaos.outage import (
 from loadtests.harness import scratch_database
 from outbox_farm.names import TableNames
 from tests.acceptance.test_farm import RunningFarm, farm_process, wait_for
+from tests.tools import missing_tool
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +117,7 @@ def private_db() -> Iterator[tuple[StoppableServer, str]]:
 def clock(tmp_path: Path) -> FakeClock:
     missing = faketime_missing()
     if missing:
-        pytest.skip(missing)
+        missing_tool(missing)
     clock = FakeClock(tmp_path / "clock")
     # The step is real in a running process: a process of this environment sees it.
     assert abs(wall_clock_offset(clock.env())) < 30
