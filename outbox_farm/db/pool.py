@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypeAlias
 
 import orjson
@@ -19,6 +20,7 @@ Pool: TypeAlias = AsyncConnectionPool[Any]
 autocommit connections (the functions never open a transaction of their own)."""
 
 OPEN_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 0.2  # seconds a pool cancelled while opening waits for its attempts to end
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -44,8 +46,14 @@ async def open_pool(dsn: str, max_size: int) -> Pool:
         open=False,
         name="outbox-farm",
     )
-    with boundary():
-        await pool.open(wait=True, timeout=OPEN_TIMEOUT)  # closes the pool when it times out
+    try:
+        with boundary():
+            await pool.open(wait=True, timeout=OPEN_TIMEOUT)  # closes the pool on a timeout
+    except asyncio.CancelledError:
+        # A stop during the open: the pool's connection attempts are tasks of their own, which
+        # would retry for ever (and keep the worker's event loop from ending) unless closed.
+        await pool.close(timeout=CLOSE_TIMEOUT)
+        raise
     return pool
 
 

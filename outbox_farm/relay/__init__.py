@@ -1,9 +1,9 @@
 """Relays: outbox rows published to a broker in confirmed batches.
 
-`farm.relay(queue, to=target)` registers one; the targets (`RabbitMQ`, `NatsJetStream`,
-`RedisStream`) need their client library, installed with the matching extra
-(`outbox-farm[rabbitmq]`, `[nats]`, `[redis]`), and import it only when made. `base` is the
-contract a target implements; `runner` the broker-agnostic handler that settles each row.
+`farm.relay(queue, to=target)` registers one; the targets (`Kafka`, `RabbitMQ`,
+`NatsJetStream`, `RedisStream`) need their client library, installed with the matching extra
+(`outbox-farm[kafka]`, `[rabbitmq]`, `[nats]`, `[redis]`), and import it only when made. `base`
+is the contract a target implements; `runner` the broker-agnostic handler that settles each row.
 """
 
 import importlib
@@ -14,6 +14,7 @@ __all__ = [
     "CONFIRMED",
     "Delivery",
     "Envelope",
+    "Kafka",
     "NatsJetStream",
     "Outcome",
     "RabbitMQ",
@@ -24,7 +25,12 @@ __all__ = [
 ]
 
 
-_TARGETS = {"RabbitMQ": "rabbitmq", "NatsJetStream": "nats", "RedisStream": "redis_streams"}
+_TARGETS = {
+    "Kafka": "kafka",
+    "RabbitMQ": "rabbitmq",
+    "NatsJetStream": "nats",
+    "RedisStream": "redis_streams",
+}
 
 
 def __getattr__(name: str) -> object:

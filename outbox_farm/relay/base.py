@@ -3,8 +3,8 @@
 A relay is a batch handler whose work is "publish these rows and tell me, per row, what the
 broker said". The runner (`runner.Relay`: reconnects, settling each row, metrics, health) knows
 no broker; a target only turns `Envelope`s into broker messages and reports one `Delivery` per
-envelope. That narrow seam is what lets RabbitMQ, NATS JetStream and Redis Streams (and Kafka,
-later) share the one rule that keeps rows safe: a row is acked only on `CONFIRMED`.
+envelope. That narrow seam is what lets Kafka, RabbitMQ, NATS JetStream and Redis Streams
+share the one rule that keeps rows safe: a row is acked only on `CONFIRMED`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from ..errors import ConfigurationError, OutboxFarmError
 
-_FIELDS = frozenset({"queue", "headers", "message_id", "row_id", "correlation_id"})
+_FIELDS = frozenset({"queue", "headers", "message_id", "row_id", "correlation_id", "ordering_key"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,8 @@ class Envelope:
     window (JetStream's `Nats-Msg-Id`) or a consumer's idempotence check drops re-sends.
     `headers` holds the row's headers as strings (`traceparent` among them when the row has
     one), without `content-type` and `correlation_id`, which have fields of their own.
+    `ordering_key` is the row's (None without one): Kafka's default record key, and a field
+    routes may name (`""` there for a row without one).
     """
 
     row_id: int
@@ -37,6 +39,7 @@ class Envelope:
     headers: Mapping[str, str]
     content_type: str | None
     correlation_id: str | None
+    ordering_key: str | None = None
 
 
 class Outcome(enum.Enum):
@@ -130,6 +133,7 @@ def resolve(route: Route, envelope: Envelope) -> str:
         message_id=envelope.message_id,
         row_id=envelope.row_id,
         correlation_id=envelope.correlation_id,
+        ordering_key=envelope.ordering_key or "",
     )
 
 

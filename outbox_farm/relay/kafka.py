@@ -1,0 +1,374 @@
+"""The Kafka target (confluent-kafka, the librdkafka client; `pip install 'outbox-farm[kafka]'`).
+
+confluent-kafka rather than aiokafka: on the relay benchmark's ceiling (the same records, acks
+from every in-sync replica, one relay batch in flight) librdkafka published several times as
+many messages per second as aiokafka on the same broker, and its idempotent producer works where
+aiokafka's was refused (the README's relay section has the numbers).
+
+A batch is handed to librdkafka's queue at once (`produce` never waits on the network) with
+`acks=all`; librdkafka batches, retries what is retriable and reconnects by itself, within
+`confirm_timeout` (its `message.timeout.ms`). Each message's delivery report, served by a poller
+thread of the target's own, is its row's `Delivery`:
+- delivered: CONFIRMED, the only outcome that acks a row;
+- the topic does not exist (auto-creation off): RETURNED, as an unroutable AMQP message: a
+  topology problem of that row's route, so the retry strategy gives an operator time to create
+  the topic and the DLQ then keeps the row with the broker's words, while rows for other topics
+  keep flowing (holding the whole relay would stall every topic for one bad route);
+- refused (message too large, not authorised, an invalid record): NACKED with the broker's words;
+- no report known (timed out, purged because every broker went down, a fatal producer error, the
+  idempotent producer's state lost by the broker): UNCONFIRMED, so the row is sent again, with
+  the same `message_id` header (after a fatal error or a lost state, by a producer made anew).
+When librdkafka says every broker is down, the target purges what it holds (the reports come at
+once, as purged, instead of after `confirm_timeout`), and the runner's reconnect asks the cluster
+for its metadata until it answers: the runner holds its rows and reports the outage meanwhile.
+(librdkafka may say so once more just after a reconnect: that costs a re-send, never a row.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from ..dsn import scrub
+from ..errors import ConfigurationError
+from .base import (
+    CONFIRMED,
+    Delivery,
+    Envelope,
+    Outcome,
+    Route,
+    TargetUnavailable,
+    check_route,
+    resolve,
+)
+from .base import routed as route_all
+
+log = logging.getLogger("outbox_farm.relay.kafka")
+
+ORDERING_KEY = "{ordering_key}"
+"""The default record key: the row's ordering key, or no key for a row without one."""
+
+MESSAGE_ID = "message_id"  # the record headers the target adds to the row's own
+CORRELATION_ID = "correlation_id"
+CONTENT_TYPE = "content-type"
+
+_UNROUTABLE = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
+_UNKNOWN = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._PURGE_QUEUE,
+        KafkaError._PURGE_INFLIGHT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._FATAL,
+    }
+)
+CONNECT_SECONDS = 10.0  # a first connection's wait for the cluster's metadata
+DOWN_PROBE_SECONDS = 1.0  # a reconnect's, once librdkafka said every broker is down
+_PRODUCER_STATE = frozenset(
+    {
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError.UNKNOWN_PRODUCER_ID,
+        KafkaError.INVALID_PRODUCER_ID_MAPPING,
+    }
+)
+"""The idempotent producer's state was lost on the broker's side (not the record's fault): the
+record counts as unconfirmed and the producer is made anew, with a fresh producer id."""
+POLL_SECONDS = 0.1  # the poller thread's longest wait in librdkafka between two stop checks
+
+Key = str | Callable[[Envelope], str | bytes | None] | None
+
+
+class Kafka:
+    """Publish to `topic`, a template of the envelope's fields (`"orders.{queue}"`,
+    `"audit.{headers[tenant]}"`) or a callable of it, with the record key `key`: a template
+    (default: the row's ordering key, or no key when the row has none), a callable of the
+    envelope returning str, bytes or None, or None for no key. Rows of one key land on one
+    partition, in publish order across the whole farm (the ordering key already runs them one at
+    a time).
+
+    `servers`: the bootstrap list, `"broker1:9092,broker2:9092"`. `idempotent`: librdkafka's
+    idempotent producer (on by default; turn it off for a broker that refuses InitProducerId).
+    `confirm_timeout`: seconds librdkafka may spend delivering one record (its retries
+    included) before the row counts as unconfirmed and is sent again. `config`: any other
+    librdkafka setting (security, compression, `allow.auto.create.topics`, ...); the target's own
+    settings (`bootstrap.servers`, `acks`, `enable.idempotence`, `message.timeout.ms`) win.
+    Records carry the row's headers, `message_id` (stable per row), `correlation_id` and
+    `content-type`.
+    """
+
+    def __init__(
+        self,
+        servers: str,
+        *,
+        topic: Route = "{queue}",
+        key: Key = ORDERING_KEY,
+        idempotent: bool = True,
+        confirm_timeout: float = 30.0,
+        config: Mapping[str, Any] | None = None,
+        label: str | None = None,
+    ) -> None:
+        if not isinstance(servers, str) or not servers.strip():
+            raise ConfigurationError(
+                f"Kafka servers must be a non-empty 'host:port[,host:port...]' list: {servers!r}"
+            )
+        if confirm_timeout <= 0:
+            raise ConfigurationError(f"confirm_timeout must be positive: {confirm_timeout!r}")
+        self.servers = servers
+        self.topic = check_route(topic, "topic")
+        self.key: Key = key if key is None or callable(key) else check_route(key, "key")
+        self.idempotent = idempotent
+        self.confirm_timeout = confirm_timeout
+        self.config = {
+            **(config or {}),
+            "bootstrap.servers": servers,
+            "acks": "all",
+            "enable.idempotence": idempotent,
+            "message.timeout.ms": int(confirm_timeout * 1000),
+            "logger": _LibrdkafkaLog(),
+        }
+        self.label = label or "kafka"
+        self._producer: Producer | None = None
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._down: str | None = None  # why librdkafka gave up on every broker, until reconnected
+        self._broken = False  # a fatal error: the producer is made anew at the next connect
+
+    def __repr__(self) -> str:
+        return f"Kafka({self.servers!r})"
+
+    # -- connection --------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Make the producer (once, or again after a fatal error) and check that the cluster
+        answers a metadata request: TargetUnavailable, with librdkafka's words, while it does
+        not."""
+        loop = asyncio.get_running_loop()
+        if self._broken:
+            await self.close()
+        if self._producer is None:
+            self._loop = loop
+            self._stop.clear()
+            try:
+                self._producer = Producer({**self.config, "error_cb": self._error})
+            except KafkaException as exc:
+                raise ConfigurationError(f"{self.label}: {_words(exc)}") from None
+            self._poller = threading.Thread(
+                target=self._poll, args=(self._producer,), name="outbox-farm-kafka", daemon=True
+            )
+            self._poller.start()
+        producer = self._producer
+        # librdkafka waits for a broker to come up: long enough for a first connection, short
+        # while it has said that every broker is down, so that the outage is reported at once.
+        timeout = DOWN_PROBE_SECONDS if self._down else CONNECT_SECONDS
+        try:
+            await loop.run_in_executor(None, partial(producer.list_topics, timeout=timeout))
+        except KafkaException as exc:
+            raise TargetUnavailable(scrub(f"{self.servers}: {_words(exc)}", self.servers)) from None
+        self._down = None
+
+    def _poll(self, producer: Producer) -> None:
+        """The poller thread: serve librdkafka's delivery reports and errors until closed."""
+        while not self._stop.is_set():
+            producer.poll(POLL_SECONDS)
+
+    def _error(self, error: KafkaError) -> None:
+        """librdkafka's error callback (poller thread). Every broker down, or a fatal error:
+        purge what the producer holds so each pending row learns it is unconfirmed now, and make
+        the runner reconnect. Other errors (one connection dropped) librdkafka handles itself."""
+        code = error.code()
+        if code != KafkaError._ALL_BROKERS_DOWN and not error.fatal():
+            return
+        self._down = f"{_words(error)}"
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._purge, error.fatal())
+
+    def _purge(self, fatal: bool) -> None:
+        """Drop what the producer holds: the poller serves the purged reports at once."""
+        if self._producer is not None:
+            self._producer.purge()
+            self._broken = self._broken or fatal
+
+    # -- publishing --------------------------------------------------------------------------
+
+    async def publish(self, batch: Sequence[Envelope]) -> list[Delivery]:
+        producer = self._producer
+        if producer is None:
+            raise TargetUnavailable("not connected")
+        topics = route_all(self.topic, batch)
+        reports = _Reports(asyncio.get_running_loop(), len(batch))
+        settled = 0  # known without a report: refused before librdkafka took it
+        for i, (envelope, topic) in enumerate(zip(batch, topics, strict=True)):
+            if isinstance(topic, Delivery):
+                reports.known(i, topic)
+                settled += 1
+                continue
+            try:
+                key = self._key(envelope)
+            except Exception as exc:
+                reports.known(i, Delivery(Outcome.NACKED, f"key {self.key!r} failed: {exc!r}"))
+                settled += 1
+                continue
+            if not await self._produce(producer, reports, i, topic, key, envelope):
+                settled += 1
+        await reports.wait(settled, self.confirm_timeout + 5)
+        self._broken = self._broken or reports.state_lost
+        return reports.deliveries()
+
+    async def _produce(
+        self,
+        producer: Producer,
+        reports: _Reports,
+        i: int,
+        topic: str,
+        key: str | bytes | None,
+        envelope: Envelope,
+    ) -> bool:
+        """Hand one record to librdkafka; False when it was refused at once (the reason is
+        recorded). A full local queue is waited out: the poller drains it as reports come."""
+        headers: list[tuple[str, str | bytes | None]] = [
+            (name, value.encode()) for name, value in envelope.headers.items()
+        ]
+        headers.append((MESSAGE_ID, envelope.message_id.encode()))
+        if envelope.correlation_id:
+            headers.append((CORRELATION_ID, envelope.correlation_id.encode()))
+        if envelope.content_type:
+            headers.append((CONTENT_TYPE, envelope.content_type.encode()))
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    envelope.body,
+                    key,
+                    headers=headers,
+                    on_delivery=partial(reports.report, i),
+                )
+                return True
+            except BufferError:
+                await asyncio.sleep(0.005)
+            except (KafkaException, TypeError, ValueError) as exc:
+                # librdkafka's own checks (too large, a topic it knows is missing) answer at
+                # once, with the codes a delivery report would carry.
+                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+                if isinstance(error, KafkaError):
+                    reports.known(i, _delivery(error))
+                else:
+                    reports.known(i, Delivery(Outcome.NACKED, f"cannot be produced: {exc!r}"))
+                return False
+
+    def _key(self, envelope: Envelope) -> str | bytes | None:
+        key = self.key
+        if key is None:
+            return None
+        if callable(key):
+            return key(envelope)
+        if key == ORDERING_KEY:
+            return envelope.ordering_key
+        return resolve(key, envelope)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Drop the producer. What it still holds is purged, and those records' reports are
+        served before the poller stops: a batch still waiting learns they are unconfirmed."""
+        producer, self._producer = self._producer, None
+        poller, self._poller = self._poller, None
+        self._broken = False
+        if producer is None:
+            return
+        producer.purge()
+        self._stop.set()
+        if poller is not None:
+            await asyncio.get_running_loop().run_in_executor(None, poller.join)
+        producer.poll(0)
+
+
+class _LibrdkafkaLog:
+    """Where librdkafka's log lines go, instead of stderr: DEBUG records of this module's
+    logger. librdkafka logs every failed reconnect at its error level; the runner reports an
+    outage itself, once, with its reason, and `/healthz` tells while it lasts."""
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        log.debug(msg, *args)
+
+
+class _Reports:
+    """One batch's deliveries: filled by librdkafka's reports in the poller thread and by the
+    loop for records refused before they were queued; `wait` returns when every one is known."""
+
+    __slots__ = ("_done", "_left", "_lock", "_loop", "_results", "state_lost")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self._loop = loop
+        self._results: list[Delivery | None] = [None] * size
+        self._left = size
+        self._lock = threading.Lock()
+        self._done = asyncio.Event()
+        self.state_lost = False  # a report said the producer's state is gone (_PRODUCER_STATE)
+
+    def known(self, i: int, delivery: Delivery) -> None:
+        self._results[i] = delivery
+
+    def report(self, i: int, error: KafkaError | None, _msg: object) -> None:
+        """librdkafka's delivery report of record `i` (poller thread)."""
+        if error is None:
+            self._results[i] = CONFIRMED
+        else:
+            self._results[i] = _delivery(error)
+            self.state_lost = self.state_lost or error.code() in _PRODUCER_STATE
+        with self._lock:
+            self._left -= 1
+            finished = self._left == 0
+        if finished:
+            self._loop.call_soon_threadsafe(self._done.set)
+
+    async def wait(self, settled: int, timeout: float) -> None:
+        """Wait for the reports; `settled` records got none (refused before being queued)."""
+        with self._lock:
+            self._left -= settled
+            finished = self._left == 0
+        if finished:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._done.wait()
+        except TimeoutError:
+            pass  # librdkafka reports every record within its message timeout; never rely on it
+
+    def deliveries(self) -> list[Delivery]:
+        lost = Delivery(Outcome.UNCONFIRMED, "no delivery report")
+        return [lost if result is None else result for result in self._results]
+
+
+def _delivery(error: KafkaError) -> Delivery:
+    """One failed delivery report, as a `Delivery` with the broker's (or librdkafka's) words."""
+    code = error.code()
+    if code in _UNROUTABLE:
+        return Delivery(Outcome.RETURNED, f"no such topic: {_words(error)}")
+    if code in _UNKNOWN or code in _PRODUCER_STATE or error.retriable() or error.fatal():
+        return Delivery(Outcome.UNCONFIRMED, _words(error))
+    return Delivery(Outcome.NACKED, f"refused by the broker: {_words(error)}")
+
+
+def _words(error: KafkaError | Exception) -> str:
+    """`Broker: Message size too large (MSG_SIZE_TOO_LARGE)`, from librdkafka's error or an
+    exception carrying one; any other exception as itself."""
+    if isinstance(error, Exception):
+        inner = error.args[0] if error.args else None
+        if not isinstance(inner, KafkaError):
+            return repr(error)
+        error = inner
+    return f"{error.str()} ({error.name()})"

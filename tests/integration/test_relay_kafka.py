@@ -1,0 +1,327 @@
+"""The Kafka relay against a real Kafka-protocol broker (tansu, started by the test): confirmed
+batches with their headers, keys to partitions in publish order, refusals to the DLQ with the
+broker's words, a topic that does not exist, and connections cut mid-batch through a proxy:
+every committed row reaches the topic, acked only after its delivery report, and twice only
+after a lost report."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from brokers import Proxy, free_port, tansu
+
+from outbox_farm import ConstantBackoff, Farm
+from outbox_farm.errors import ConfigurationError
+from outbox_farm.relay import CONFIRMED, Envelope, Kafka, Outcome, TargetUnavailable
+from outbox_farm.testing import adrain
+
+kafka = pytest.importorskip("confluent_kafka")
+admin = pytest.importorskip("confluent_kafka.admin")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with tansu(tmp_path_factory.mktemp("tansu") / "tansu.log") as address:
+        yield address
+
+
+def new_topic(servers: str, partitions: int = 1) -> str:
+    name = f"of_test_{uuid.uuid4().hex[:8]}"
+    client = admin.AdminClient({"bootstrap.servers": servers})
+    futures = client.create_topics([admin.NewTopic(name, num_partitions=partitions)])
+    futures[name].result(timeout=30)
+    return name
+
+
+def records(servers: str, topic: str, count: int, timeout: float = 60) -> list[Any]:
+    """At least `count` records of `topic`, every partition read from its start (no group
+    offsets), then whatever else is there; fails if fewer arrive within `timeout`."""
+    consumer = kafka.Consumer(
+        {"bootstrap.servers": servers, "group.id": "of_test", "enable.auto.commit": False}
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        consumer.assign(
+            [kafka.TopicPartition(topic, p, kafka.OFFSET_BEGINNING) for p in meta.partitions]
+        )
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            batch = consumer.consume(num_messages=1000, timeout=1.0)
+            out += [msg for msg in batch if msg.error() is None]
+            if len(out) >= count and not batch:
+                return out
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(out)} of {count} records in {topic} after {timeout}s")
+    finally:
+        consumer.close()
+
+
+def publish(dsn: str, farm: Farm, count: int, **kwargs: Any) -> None:
+    with psycopg.connect(dsn) as conn:
+        farm.publish_batch(conn, [b"%d" % i for i in range(count)], queue="events", **kwargs)
+
+
+def test_rows_reach_the_topic_with_their_headers(dsn: str, servers: str) -> None:
+    topic = new_topic(servers)
+
+    async def scenario() -> None:
+        farm = Farm()
+        farm.relay("events", to=Kafka(servers, topic=topic), batch=200)
+        with psycopg.connect(dsn) as conn:
+            farm.publish(conn, {"a": 1}, queue="events", headers={"tenant": "t", "n": 7})
+        publish(dsn, farm, 999)
+        result = await adrain(farm, dsn)
+        assert len(result.acked) == 1000
+
+    asyncio.run(scenario())
+    got = records(servers, topic, 1000)
+    assert [m.value() for m in got[1:]] == [b"%d" % i for i in range(999)]
+    first = got[0]
+    assert first.value() == b'{"a":1}'
+    assert first.key() is None  # no ordering key, no record key
+    headers = dict(first.headers())
+    assert headers["message_id"].startswith(b"outbox:")
+    assert headers["content-type"] == b"application/json"
+    assert headers["correlation_id"]
+    assert headers["tenant"] == b"t"
+    assert headers["n"] == b"7"
+    assert len({dict(m.headers())["message_id"] for m in got}) == 1000
+
+
+def test_rows_of_one_key_land_on_one_partition_in_publish_order(dsn: str, servers: str) -> None:
+    topic = new_topic(servers, partitions=3)
+    keys = [f"customer-{k}" for k in range(12)]
+
+    async def scenario() -> None:
+        farm = Farm()
+        farm.relay("events", to=Kafka(servers, topic=topic), batch=50, concurrency=4)
+        with psycopg.connect(dsn) as conn:
+            for i in range(600):
+                farm.publish(conn, b"%d" % i, queue="events", ordering_key=keys[i % len(keys)])
+        result = await adrain(farm, dsn, timeout=120)
+        assert len(result.acked) == 600
+
+    asyncio.run(scenario())
+    got = records(servers, topic, 600)
+    partitions: dict[bytes, set[int]] = defaultdict(set)
+    order: dict[bytes, list[int]] = defaultdict(list)
+    for msg in got:
+        partitions[msg.key()].add(msg.partition())
+        order[msg.key()].append(int(msg.value()))
+    assert set(partitions) == {k.encode() for k in keys}
+    assert all(len(p) == 1 for p in partitions.values())  # one key, one partition
+    assert len(set().union(*partitions.values())) > 1  # and the keys spread over several
+    for key, seen in order.items():
+        assert seen == sorted(seen), f"{key!r} out of publish order: {seen}"
+        assert len(seen) == 50
+
+
+def test_a_key_template_and_a_callable_key(servers: str) -> None:
+    topic = new_topic(servers)
+
+    async def scenario() -> None:
+        for key, want in (
+            ("{headers[tenant]}", b"acme"),
+            (lambda e: e.message_id.encode(), b"m1"),
+            (None, None),
+        ):
+            target = Kafka(servers, topic=topic, key=key)
+            await target.connect()
+            batch = [Envelope(1, "m1", "q", b"x", {"tenant": "acme"}, None, None, "ok")]
+            assert await target.publish(batch) == [CONFIRMED]
+            await target.close()
+            got = records(servers, topic, 1)
+            assert got[-1].key() == want
+
+    asyncio.run(scenario())
+
+
+def test_an_oversized_record_goes_to_the_dlq_with_the_brokers_words(dsn: str, servers: str) -> None:
+    topic = new_topic(servers)
+
+    async def scenario() -> None:
+        farm = Farm(dlq_table="outbox_dlq")
+        farm.relay(
+            "events", to=Kafka(servers, topic=topic), retry=ConstantBackoff(0.1, max_attempts=2)
+        )
+        with psycopg.connect(dsn) as conn:
+            farm.publish(conn, b"small", queue="events")
+            farm.publish(conn, b"x" * 2_000_000, queue="events")
+        result = await adrain(farm, dsn, within=1)
+        assert [r.message.body for r in result.acked] == [b"small"]
+        [dead] = result.dead_lettered
+        assert "Message size too large" in str(dead.error)
+        assert "MSG_SIZE_TOO_LARGE" in str(dead.error)
+
+    asyncio.run(scenario())
+
+
+def test_a_topic_that_does_not_exist_is_retried_then_dead_lettered(dsn: str, servers: str) -> None:
+    """Auto-creation off: RETURNED, so the row's retry strategy runs (time to create the topic)
+    and the DLQ then keeps it with the broker's words, while other topics' rows flow."""
+    topic = new_topic(servers)
+
+    async def scenario() -> None:
+        farm = Farm(dlq_table="outbox_dlq")
+        target = Kafka(
+            servers,
+            topic=lambda e: e.headers.get("topic", topic),
+            config={"allow.auto.create.topics": False, "topic.metadata.propagation.max.ms": 1000},
+        )
+        relay = farm.relay("events", to=target, retry=ConstantBackoff(0.1, max_attempts=2))
+        with psycopg.connect(dsn) as conn:
+            farm.publish(conn, b"lost", queue="events", headers={"topic": "of_test_nowhere"})
+            farm.publish(conn, b"fine", queue="events")
+        result = await adrain(farm, dsn, within=5, timeout=60)
+        assert [r.message.body for r in result.acked] == [b"fine"]
+        [dead] = result.dead_lettered
+        assert "no such topic" in str(dead.error)
+        assert "UNKNOWN_TOPIC" in str(dead.error)
+        assert "Unroutable" in repr(dead.error)
+        assert relay.problem is None  # a row's route, not an outage
+
+    asyncio.run(scenario())
+    assert (
+        "of_test_nowhere"
+        not in kafka.admin.AdminClient({"bootstrap.servers": servers})
+        .list_topics(timeout=10)
+        .topics
+    )
+
+
+ROWS = 20_000
+
+
+def relayed(dsn: str, count: int) -> None:
+    """Return once `count` rows have left the outbox: the relay is mid-stream."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        total = conn.execute("SELECT count(*) FROM outbox").fetchone()
+        while conn.execute("SELECT count(*) FROM outbox").fetchone()[0] > total[0] - count:
+            time.sleep(0.02)
+
+
+def test_cut_connections_lose_nothing_and_ack_only_reported_rows(dsn: str, tmp_path: Any) -> None:
+    """Every connection goes through a proxy that is cut three times mid-stream, first for long
+    enough that librdkafka gives up on the broker: the relay reports itself down then up, every
+    row is in the topic, none acked without its report (acked ⊆ delivered), and a row is there
+    twice only after a report was lost (an unconfirmed retry)."""
+    listen = free_port()
+    proxy = Proxy(f"kafka://127.0.0.1:{listen}")
+    bootstrap = f"127.0.0.1:{proxy.port}"
+
+    async def scenario() -> None:
+        topic = await asyncio.to_thread(new_topic, bootstrap, 2)
+        farm = Farm()
+        relay = farm.relay(
+            "events",
+            to=Kafka(
+                bootstrap, topic=topic, confirm_timeout=10, config={"reconnect.backoff.max.ms": 200}
+            ),
+            batch=100,
+        )
+        publish(dsn, farm, ROWS)
+        drained = asyncio.create_task(adrain(farm, dsn, within=60, timeout=120))
+        await asyncio.to_thread(relayed, dsn, ROWS // 10)
+        ups: list[bool] = []
+        for hold in (3.0, 0.3, 0.3):
+            await proxy.cut()
+            deadline = time.monotonic() + hold
+            while time.monotonic() < deadline:
+                ups.append(relay.problem is None)
+                await asyncio.sleep(0.05)
+            await proxy.restore()
+            await asyncio.sleep(0.3)
+        result = await drained
+        assert len({r.message.id for r in result.acked}) == ROWS
+        assert result.left == 0
+        assert result.dead_lettered == []
+        assert False in ups  # reported down during the long cut ...
+        assert relay.problem is None  # ... and up after
+        got = await asyncio.to_thread(records, bootstrap, topic, ROWS)
+        ids = Counter(dict(m.headers())["message_id"] for m in got)
+        assert len(ids) == ROWS  # every row at least once
+        doubled = sum(n - 1 for n in ids.values())
+        unconfirmed = sum(1 for r in result.retried if "Unconfirmed" in repr(r.error))
+        assert doubled <= unconfirmed  # a second record only after a lost report
+        assert proxy.connections >= 2
+
+    async def proxied() -> None:
+        async with proxy.running():
+            await scenario()
+
+    with tansu(tmp_path / "tansu.log", advertised_port=proxy.port, port=listen):
+        asyncio.run(proxied())
+
+
+def test_an_unreachable_broker_is_reported_and_waited_out(servers: str) -> None:
+    async def scenario() -> None:
+        target = Kafka(
+            f"127.0.0.1:{free_port()}", config={"socket.connection.setup.timeout.ms": 1000}
+        )
+        with pytest.raises(TargetUnavailable, match=r"127\.0\.0\.1"):
+            await target.connect()
+        batch = [Envelope(1, "m", "q", b"x", {}, None, None)]
+        await target.close()
+        with pytest.raises(TargetUnavailable, match="not connected"):
+            await target.publish(batch)
+
+    asyncio.run(scenario())
+
+
+def test_the_idempotent_producer_can_be_turned_off(servers: str) -> None:
+    topic = new_topic(servers)
+
+    async def scenario() -> None:
+        for idempotent in (True, False):
+            target = Kafka(servers, topic=topic, idempotent=idempotent)
+            assert target.config["enable.idempotence"] is idempotent
+            await target.connect()
+            batch = [Envelope(i, f"m{i}", "q", b"x", {}, None, None) for i in range(3)]
+            assert await target.publish(batch) == [CONFIRMED] * 3
+            await target.close()
+
+    asyncio.run(scenario())
+    assert len(records(servers, topic, 6)) == 6
+
+
+def test_bad_settings_are_refused_with_what_to_fix() -> None:
+    with pytest.raises(ConfigurationError, match="non-empty"):
+        Kafka("")
+    with pytest.raises(ConfigurationError, match="not a valid template"):
+        Kafka("127.0.0.1:9092", topic="{queue")
+    with pytest.raises(ConfigurationError, match="unknown field"):
+        Kafka("127.0.0.1:9092", key="{tenant}")
+
+    async def scenario() -> None:
+        target = Kafka("127.0.0.1:9092", config={"no.such.setting": 1})
+        with pytest.raises(ConfigurationError, match=r"no\.such\.setting"):
+            await target.connect()
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_route_refuses_only_its_row(servers: str) -> None:
+    topic = new_topic(servers)
+
+    async def scenario() -> None:
+        target = Kafka(servers, topic=topic, key="{headers[tenant]}")
+        await target.connect()
+        batch = [
+            Envelope(1, "m1", "q", b"x", {"tenant": "a"}, None, None),
+            Envelope(2, "m2", "q", b"y", {}, None, None),
+        ]
+        first, second = await target.publish(batch)
+        assert first == CONFIRMED
+        assert second.outcome is Outcome.NACKED
+        assert "tenant" in str(second.reason)
+        await target.close()
+
+    asyncio.run(scenario())
