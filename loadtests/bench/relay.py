@@ -17,7 +17,7 @@ naive run but the shared one at 32 relays --naive-rows / 5 rows. Beside them, fo
 relay's own target publishing the same envelopes batch by batch with no database and no farm: relay
 / target alone is what the database and the farm cost. Each broker is checked to hold every message
 after the relay's run. For Kafka, the other well-kept client (aiokafka) is measured alone too, as
-the ceiling was: the measurement the relay's choice of client rests on. """
+the ceiling was: the measurement the relay's choice of client rests on."""
 
 from __future__ import annotations
 
