@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -160,3 +161,32 @@ def tansu(
     finally:
         proc.kill()
         proc.wait()
+
+
+def kafka_records(servers: str, topic: str, count: int, timeout: float = 60) -> list[Any]:
+    """At least `count` records of `topic`, every partition read from its start (no group
+    offsets), then whatever else is there; fails if fewer arrive within `timeout`."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": servers, "group.id": "of_test", "enable.auto.commit": False}
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                for p in meta.partitions
+            ]
+        )
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            batch = consumer.consume(num_messages=1000, timeout=1.0)
+            out += [msg for msg in batch if msg.error() is None]
+            if len(out) >= count and not batch:
+                return out
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(out)} of {count} records in {topic} after {timeout}s")
+    finally:
+        consumer.close()

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from brokers import Proxy, free_port, tansu
+from brokers import kafka_records as records
 
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.errors import ConfigurationError
@@ -38,30 +39,6 @@ def new_topic(servers: str, partitions: int = 1) -> str:
     futures = client.create_topics([admin.NewTopic(name, num_partitions=partitions)])
     futures[name].result(timeout=30)
     return name
-
-
-def records(servers: str, topic: str, count: int, timeout: float = 60) -> list[Any]:
-    """At least `count` records of `topic`, every partition read from its start (no group
-    offsets), then whatever else is there; fails if fewer arrive within `timeout`."""
-    consumer = kafka.Consumer(
-        {"bootstrap.servers": servers, "group.id": "of_test", "enable.auto.commit": False}
-    )
-    try:
-        meta = consumer.list_topics(topic, timeout=30).topics[topic]
-        consumer.assign(
-            [kafka.TopicPartition(topic, p, kafka.OFFSET_BEGINNING) for p in meta.partitions]
-        )
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            batch = consumer.consume(num_messages=1000, timeout=1.0)
-            out += [msg for msg in batch if msg.error() is None]
-            if len(out) >= count and not batch:
-                return out
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{len(out)} of {count} records in {topic} after {timeout}s")
-    finally:
-        consumer.close()
 
 
 def publish(dsn: str, farm: Farm, count: int, **kwargs: Any) -> None:
