@@ -75,10 +75,12 @@ def relay_consumer(args: argparse.Namespace, dsn: str, work: Path) -> Iterator[C
         if args.relay == "kafka":
             servers = stack.enter_context(kafka_servers(args.kafka))
             where = f"Kafka {servers}"
+            hint = "is Kafka running? set --kafka or LOADTEST_KAFKA, or neither for a tansu broker"
             command = ["--kafka", servers]
             env = {"LOADTEST_RELAY": "kafka", "LOADTEST_KAFKA": servers}
         else:
             where = f"RabbitMQ {redact_url(args.amqp)}"
+            hint = "is RabbitMQ running? set --amqp or LOADTEST_AMQP"
             command = ["--amqp", args.amqp, "--queue", name]
             env = {"LOADTEST_RELAY": "rabbitmq", "LOADTEST_AMQP": args.amqp}
         command = [sys.executable, str(HERE / "relay_consumer.py"), *command]
@@ -94,10 +96,7 @@ def relay_consumer(args: argparse.Namespace, dsn: str, work: Path) -> Iterator[C
             if first != "ready":
                 proc.wait(timeout=30)
                 tail = (work / "consumer.log").read_text(errors="replace")[-1500:]
-                raise SetupError(
-                    f"the relay consumer could not start on {where} (is it running? set "
-                    f"--amqp / LOADTEST_AMQP or --kafka / LOADTEST_KAFKA):\n{tail}"
-                )
+                raise SetupError(f"the relay consumer could not start on {where} ({hint}):\n{tail}")
             yield consumer
         finally:
             consumer.stop()

