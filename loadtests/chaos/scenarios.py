@@ -30,7 +30,7 @@ from loadtests.ledger import create_schema
 
 from .farms import FarmRun, Server, farm, farm_backends, merged, terminate
 from .load import PRODUCER, Load
-from .outage import FakeClock, StoppableServer, faketime_missing, wall_clock_offset
+from .outage import FakeClock, StoppableServer, TcpProxy, faketime_missing, wall_clock_offset
 
 NAMES = scenario.TABLE, scenario.DLQ_TABLE
 STEADY = {"ok": 70.0, "flaky": 15.0, "poison": 5.0, "reject": 5.0, "maxdel": 5.0}
@@ -580,6 +580,61 @@ def restart_during_crashes(ctx: Context) -> Result:
     return result
 
 
+def relay_kafka(ctx: Context) -> Result:
+    """A `--procs 2` farm relays to Kafka (tansu) through a proxy that drops every packet for
+    10 s, twice, under load, while a consumer records what arrives: nothing is lost, a record
+    arrives twice only against an unconfirmed publish, no row is acked without its delivery
+    report, unroutable rows (a topic that does not exist) end in the DLQ, the farm stays up."""
+    import argparse
+
+    from loadtests.kafkabroker import free_port, tansu
+    from loadtests.relaymode import RELAY_WEIGHTS, relay_consumer
+
+    result = Result("relay-kafka")
+    listen = free_port()
+    with (
+        TcpProxy(("127.0.0.1", listen)) as proxy,
+        tansu(listen, proxy.port),
+        database(ctx.admin) as dsn,
+    ):
+        args = argparse.Namespace(relay="kafka", kafka=f"127.0.0.1:{proxy.port}", amqp="")
+        with relay_consumer(args, dsn, ctx.work) as consumer, farm(
+            dsn, 2, ctx.work, app="loadtests.relayapp:farm", name="relay-kafka",
+            extra_env=consumer.env,
+        ) as run:  # fmt: skip
+            weights = {q: w for q, w in scenario.parse_weights(RELAY_WEIGHTS).items() if w}
+            load = Load(dsn, 300, weights).start()
+            time.sleep(ctx.seconds(8))
+            for _ in range(2):
+                proxy.blackhole()
+                time.sleep(ctx.seconds(10))
+                proxy.restore()
+                time.sleep(ctx.seconds(5))
+            ended = time.monotonic()
+            result.published = load.stop()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                drained = wait_for_drain(conn, run.url + "/metrics", DRAIN_TIMEOUT).drained
+            consumer.stop()  # after the drain: it has recorded all that arrived
+            result.findings.append(
+                Finding(
+                    "consumer-finished",
+                    consumer.summary is not None,
+                    str(consumer.summary or "the consumer did not finish: see consumer.log"),
+                )
+            )
+            survived(result, run)
+            if drained:
+                settle(result, dsn, [run], fault_ended=ended)
+            else:
+                result.findings.append(Finding("drains", False, "rows left after the load"))
+            unconfirmed = run.scrape().total("outbox_farm_relay_unconfirmed_total")
+            result.note = (
+                f"2 x {ctx.seconds(10):.0f}s without a packet; {unconfirmed:g} publishes "
+                f"unconfirmed, re-sent; {proxy.accepted} connections through the proxy"
+            )
+    return result
+
+
 # -- helpers ---------------------------------------------------------------------------------
 
 
@@ -759,4 +814,5 @@ SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "procs-8": procs_8,
     "clock-step": clock_step,
     "restart-during-crashes": restart_during_crashes,
+    "relay-kafka": relay_kafka,
 }
