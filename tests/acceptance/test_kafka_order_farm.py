@@ -4,11 +4,6 @@ consumer reading the topic finds each key on one partition, its records in publi
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -19,12 +14,11 @@ import psycopg
 import pytest
 
 from outbox_farm import Farm
+from tests.acceptance.drained_farm import drain_with_farm
 from tests.integration.brokers import kafka_records, tansu
 
 kafka = pytest.importorskip("confluent_kafka")
 admin = pytest.importorskip("confluent_kafka.admin")
-
-CLI = Path(sys.executable).parent / "outbox-farm"
 
 KAFKAAPP = '''\
 """Relays queue q to Kafka; one route in five fails at random, so its row is retried."""
@@ -60,8 +54,8 @@ farm.relay(
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with tansu(tmp_path_factory.mktemp("tansu") / "tansu.log") as address:
+def servers() -> Iterator[str]:
+    with tansu() as address:
         yield address
 
 
@@ -79,34 +73,9 @@ def test_two_processes_keep_each_keys_order_in_kafka(
         farm.publish(conn, b"%d" % n, queue="q", ordering_key=key)
         published[key].append(n)
     conn.commit()
-    (tmp_path / "kafkaapp.py").write_text(KAFKAAPP)
     pids = tmp_path / "pids"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
-    env |= {
-        "KAFKAAPP_SERVERS": servers,
-        "KAFKAAPP_TOPIC": topic,
-        "KAFKAAPP_PIDS": str(pids),
-        "TMPDIR": str(tmp_path),
-    }
-    command = [str(CLI), "start", "kafkaapp:farm", "--procs", "2", "--dsn", dsn]
-    command += ["--metrics-bind", "127.0.0.1:0", "--metrics-dir", str(tmp_path / "metrics")]
-    with (tmp_path / "farm.log").open("wb") as log:
-        proc = subprocess.Popen(
-            command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while _count(conn) and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "farm.log").read_text()
-            time.sleep(0.2)
-        assert _count(conn) == 0, "the farm did not drain"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    env = {"KAFKAAPP_SERVERS": servers, "KAFKAAPP_TOPIC": topic, "KAFKAAPP_PIDS": str(pids)}
+    drain_with_farm(tmp_path, "kafkaapp", KAFKAAPP, conn, dsn, env=env, timeout=120)
 
     assert len(set(pids.read_text().split())) == 2, "both processes took part"
     partitions: dict[str, set[int]] = defaultdict(set)
@@ -120,10 +89,3 @@ def test_two_processes_keep_each_keys_order_in_kafka(
     assert all(len(p) == 1 for p in partitions.values()), "a key on more than one partition"
     assert len(set().union(*partitions.values())) > 1
     assert dict(order) == dict(published), "a key's records out of publish order"
-
-
-def _count(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM outbox").fetchone()
-    conn.commit()
-    assert row is not None
-    return int(row[0])

@@ -5,11 +5,6 @@ runs of one key never overlap and its rows succeed in publish order."""
 from __future__ import annotations
 
 import itertools
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,8 +12,7 @@ from typing import Any
 import psycopg
 
 from outbox_farm import Farm
-
-CLI = Path(sys.executable).parent / "outbox-farm"
+from tests.acceptance.drained_farm import drain_with_farm
 
 ORDERAPP = '''\
 """Records every run in `ledger`; fails one run in five at random."""
@@ -68,28 +62,7 @@ def test_two_processes_keep_each_keys_order_under_random_failures(
         assert row_id is not None
         published[key].append(row_id)
     conn.commit()
-    (tmp_path / "orderapp.py").write_text(ORDERAPP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
-    env |= {"ORDERAPP_DSN": dsn, "TMPDIR": str(tmp_path)}
-    command = [str(CLI), "start", "orderapp:farm", "--procs", "2", "--dsn", dsn]
-    command += ["--metrics-bind", "127.0.0.1:0", "--metrics-dir", str(tmp_path / "metrics")]
-    with (tmp_path / "farm.log").open("wb") as log:
-        proc = subprocess.Popen(
-            command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 90
-        while _count(conn, "SELECT count(*) FROM outbox") and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "farm.log").read_text()
-            time.sleep(0.2)
-        assert _count(conn, "SELECT count(*) FROM outbox") == 0, "the farm did not drain"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    drain_with_farm(tmp_path, "orderapp", ORDERAPP, conn, dsn, env={"ORDERAPP_DSN": dsn})
 
     runs = conn.execute("SELECT id, key, pid, began, ended, ok FROM ledger").fetchall()
     assert len({pid for _, _, pid, _, _, _ in runs}) == 2, "both processes took part"
@@ -106,10 +79,3 @@ def test_two_processes_keep_each_keys_order_under_random_failures(
             assert after[0] >= before[1], f"{key}: row {after[2]} began while {before[2]} ran"
         assert succeeded[key] == published[key], f"{key} succeeded out of publish order"
     assert sorted(succeeded[None]) == published[None]
-
-
-def _count(conn: psycopg.Connection[Any], query: str) -> int:
-    row = conn.execute(query).fetchone()
-    conn.commit()
-    assert row is not None
-    return int(row[0])

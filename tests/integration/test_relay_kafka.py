@@ -15,9 +15,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from brokers import Proxy, free_port, tansu
+from brokers import Proxy, tansu
 from brokers import kafka_records as records
 
+from loadtests.kafkabroker import free_port
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.errors import ConfigurationError
 from outbox_farm.relay import CONFIRMED, Envelope, Kafka, Outcome, TargetUnavailable
@@ -28,8 +29,8 @@ admin = pytest.importorskip("confluent_kafka.admin")
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with tansu(tmp_path_factory.mktemp("tansu") / "tansu.log") as address:
+def servers() -> Iterator[str]:
+    with tansu() as address:
         yield address
 
 
@@ -234,7 +235,7 @@ def test_cut_connections_lose_nothing_and_ack_only_reported_rows(dsn: str, tmp_p
         async with proxy.running():
             await scenario()
 
-    with tansu(tmp_path / "tansu.log", advertised_port=proxy.port, port=listen):
+    with tansu(advertised_port=proxy.port, port=listen):
         asyncio.run(proxied())
 
 
