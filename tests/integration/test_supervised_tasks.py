@@ -213,6 +213,18 @@ def test_a_lease_heartbeat_that_fails_once_is_restarted_and_keeps_the_lease(
     asyncio.run(scenario())
 
 
+def signalling_farm(queue: str) -> tuple[Farm, asyncio.Event]:
+    """A farm (with a DLQ) whose handler of `queue` sets the event it returns."""
+    farm = Farm(dlq_table="outbox_dlq")
+    handled = asyncio.Event()
+
+    @farm.handler(queue)
+    async def handle(msg: Message) -> None:
+        handled.set()
+
+    return farm, handled
+
+
 def test_a_listener_that_fails_once_is_restarted(
     dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -220,12 +232,7 @@ def test_a_listener_that_fails_once_is_restarted(
     caplog.set_level(logging.INFO)
     Fault(listener.listen).patch(monkeypatch, listener, "listen")  # type: ignore[attr-defined]
     queue = qname("listen")
-    farm = Farm(dlq_table="outbox_dlq")
-    handled = asyncio.Event()
-
-    @farm.handler(queue)
-    async def handle(msg: Message) -> None:
-        handled.set()
+    farm, handled = signalling_farm(queue)
 
     async def scenario() -> None:
         async with (
@@ -274,12 +281,7 @@ def test_a_chore_that_always_fails_is_reported_but_never_fatal(
     caplog.set_level(logging.INFO)
     Fault(gauges.refresh, times=None).patch(monkeypatch, gauges, "refresh")
     queue = qname("chore")
-    farm = Farm(dlq_table="outbox_dlq")
-    handled = asyncio.Event()
-
-    @farm.handler(queue)
-    async def handle(msg: Message) -> None:
-        handled.set()
+    farm, handled = signalling_farm(queue)
 
     async def scenario() -> None:
         async with (
