@@ -477,6 +477,26 @@ def test_after_a_backward_wall_clock_step_crashes_stay_crashes(
     assert code == 0, farm.log_tail()
 
 
+@contextlib.contextmanager
+def proxied_farm(
+    app_dir: Path, server: StoppableServer, dsn: str, *, graceful: float
+) -> Iterator[tuple[TcpProxy, RunningFarm]]:
+    """The supervisor app's farm, reaching `server` through a proxy the test can blackhole."""
+    with (
+        TcpProxy(server.socket_path) as proxy,
+        farm_process(
+            app_dir,
+            via(dsn, proxy.port),
+            "--log-format",
+            "json",
+            graceful=graceful,
+            app=APP,
+            SUPAPP_DSN=dsn,
+        ) as farm,
+    ):
+        yield proxy, farm
+
+
 def wait_healthy(farm: RunningFarm, procs: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and farm.proc.poll() is None:
@@ -560,18 +580,7 @@ def test_a_blackholed_database_never_blocks_the_arbiter(
     everything is delivered."""
     server, dsn = private_db
     problems: list[str] = []
-    with (
-        TcpProxy(server.socket_path) as proxy,
-        farm_process(
-            app_dir,
-            via(dsn, proxy.port),
-            "--log-format",
-            "json",
-            graceful=5,
-            app=APP,
-            SUPAPP_DSN=dsn,
-        ) as farm,
-    ):
+    with proxied_farm(app_dir, server, dsn, graceful=5) as (proxy, farm):
         wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
         with Publisher(dsn) as load, HealthWatch(farm, every=0.05) as health:
             wait_for(lambda: len(load.ids) >= 50, 30, "rows published", farm)
@@ -638,18 +647,7 @@ def test_sigterm_during_a_blackhole_exits_within_the_graceful_timeout(
     back comes back when its leases expire."""
     server, dsn = private_db
     graceful = 5.0
-    with (
-        TcpProxy(server.socket_path) as proxy,
-        farm_process(
-            app_dir,
-            via(dsn, proxy.port),
-            "--log-format",
-            "json",
-            graceful=graceful,
-            app=APP,
-            SUPAPP_DSN=dsn,
-        ) as farm,
-    ):
+    with proxied_farm(app_dir, server, dsn, graceful=graceful) as (proxy, farm):
         wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
         with Publisher(dsn) as load:
             wait_for(lambda: len(load.ids) >= 50, 30, "rows published", farm)
