@@ -86,6 +86,7 @@ _PRODUCER_STATE = frozenset(
 """The idempotent producer's state was lost on the broker's side (not the record's fault): the
 record counts as unconfirmed and the producer is made anew, with a fresh producer id."""
 POLL_SECONDS = 0.1  # the poller thread's longest wait in librdkafka between two stop checks
+QUEUE_FULL_WAIT = 0.005  # seconds between tries while librdkafka's local queue is full
 
 Key = str | Callable[[Envelope], str | bytes | None] | None
 
@@ -222,13 +223,17 @@ class Kafka:
                 reports.known(i, Delivery(Outcome.NACKED, f"key {self.key!r} failed: {exc!r}"))
                 settled += 1
                 continue
-            if not await self._produce(producer, reports, i, topic, key, envelope):
+            queued = self._produce(producer, reports, i, topic, key, envelope)
+            while queued is None:  # librdkafka's queue is full: the poller drains it
+                await asyncio.sleep(QUEUE_FULL_WAIT)
+                queued = self._produce(producer, reports, i, topic, key, envelope)
+            if not queued:
                 settled += 1
         await reports.wait(settled, self.confirm_timeout + 5)
         self._broken = self._broken or reports.state_lost
         return reports.deliveries()
 
-    async def _produce(
+    def _produce(
         self,
         producer: Producer,
         reports: _Reports,
@@ -236,38 +241,32 @@ class Kafka:
         topic: str,
         key: str | bytes | None,
         envelope: Envelope,
-    ) -> bool:
-        """Hand one record to librdkafka; False when it was refused at once (the reason is
-        recorded). A full local queue is waited out: the poller drains it as reports come."""
-        headers: list[tuple[str, str | bytes | None]] = [
-            (name, value.encode()) for name, value in envelope.headers.items()
-        ]
-        headers.append((MESSAGE_ID, envelope.message_id.encode()))
+    ) -> bool | None:
+        """Hand one record to librdkafka: True; False when it was refused at once (the reason
+        is recorded); None when librdkafka's local queue is full (try again shortly). A plain
+        function, not a coroutine: it runs once per row, and never waits."""
+        headers: list[tuple[str, str | bytes | None]] = list(envelope.headers.items())
+        headers.append((MESSAGE_ID, envelope.message_id))
         if envelope.correlation_id:
-            headers.append((CORRELATION_ID, envelope.correlation_id.encode()))
+            headers.append((CORRELATION_ID, envelope.correlation_id))
         if envelope.content_type:
-            headers.append((CONTENT_TYPE, envelope.content_type.encode()))
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    envelope.body,
-                    key,
-                    headers=headers,
-                    on_delivery=partial(reports.report, i),
-                )
-                return True
-            except BufferError:
-                await asyncio.sleep(0.005)
-            except (KafkaException, TypeError, ValueError) as exc:
-                # librdkafka's own checks (too large, a topic it knows is missing) answer at
-                # once, with the codes a delivery report would carry.
-                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-                if isinstance(error, KafkaError):
-                    reports.known(i, _delivery(error))
-                else:
-                    reports.known(i, Delivery(Outcome.NACKED, f"cannot be produced: {exc!r}"))
-                return False
+            headers.append((CONTENT_TYPE, envelope.content_type))
+        try:
+            producer.produce(
+                topic, envelope.body, key, headers=headers, on_delivery=partial(reports.report, i)
+            )
+        except BufferError:
+            return None
+        except (KafkaException, TypeError, ValueError) as exc:
+            # librdkafka's own checks (too large, a topic it knows is missing) answer at once,
+            # with the codes a delivery report would carry.
+            error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            if isinstance(error, KafkaError):
+                reports.known(i, _delivery(error))
+            else:
+                reports.known(i, Delivery(Outcome.NACKED, f"cannot be produced: {exc!r}"))
+            return False
+        return True
 
     def _key(self, envelope: Envelope) -> str | bytes | None:
         key = self.key
