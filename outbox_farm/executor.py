@@ -26,8 +26,8 @@ from .completer import Completer
 from .db.connect import AsyncConnection
 from .db.transactions import Completion
 from .decision import Verdict
-from .fetcher import Fetcher
 from .handler import HandlerSpec
+from .inflight import Ledger
 from .message import Message
 from .middleware import chain
 from .observe import Observer
@@ -111,7 +111,7 @@ class Executors:
         self,
         spec: HandlerSpec,
         inbox: asyncio.Queue[Message | None],
-        fetcher: Fetcher,
+        ledger: Ledger,
         completer: Completer,
         observer: Observer,
         complete: Complete | None = None,
@@ -119,9 +119,8 @@ class Executors:
         self.spec = spec
         self.observer = observer
         self.inbox = inbox
-        self.fetcher = fetcher
         self.completer = completer
-        self.ledger = fetcher.ledger
+        self.ledger = ledger
         self._timeout = spec.effective_timeout
         self._slots: list[_Slot] = []
         self._tasks: list[asyncio.Task[None]] = []

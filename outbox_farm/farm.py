@@ -121,21 +121,21 @@ class Farm:
 
         def register(func: F) -> F:
             self.handlers[queue] = HandlerSpec(
-                queue,
-                func,
-                concurrency,
-                max_deliveries,
-                retry,
-                policy,
-                lease_ttl,
-                timeout,
-                prefetch,
-                heartbeat,
-                on_failure if on_failure is not None else self.on_failure,
-                batch,
-                linger,
-                chain,
-                transactional,
+                queue=queue,
+                func=func,
+                concurrency=concurrency,
+                max_deliveries=max_deliveries,
+                retry=retry,
+                ack=policy,
+                lease_ttl=lease_ttl,
+                timeout=timeout,
+                prefetch=prefetch,
+                heartbeat=heartbeat,
+                on_failure=on_failure if on_failure is not None else self.on_failure,
+                batch=batch,
+                linger=linger,
+                middleware=chain,
+                transactional=transactional,
             )
             return func
 

@@ -30,7 +30,7 @@ class AckPolicy(enum.Enum):
     MANUAL = "manual"  # the handler calls msg.ack()/nack()/reject(); no decision: nack
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HandlerSpec:
     """One queue's handler and policy.
 

@@ -19,7 +19,11 @@ class Decision(enum.Enum):
     REJECT = "reject"
 
 
-@dataclass(eq=False)
+CONTENT_TYPE = "content-type"  # the headers the producer writes and `Message` reads
+CORRELATION_ID = "correlation_id"
+
+
+@dataclass(eq=False, kw_only=True)
 class Message:
     """One claimed outbox row.
 
@@ -62,12 +66,12 @@ class Message:
 
     @property
     def correlation_id(self) -> str | None:
-        value = self.headers.get("correlation_id")
+        value = self.headers.get(CORRELATION_ID)
         return str(value) if value is not None else None
 
     @property
     def content_type(self) -> str | None:
-        value = self.headers.get("content-type")
+        value = self.headers.get(CONTENT_TYPE)
         return str(value) if value is not None else None
 
     def json(self) -> Any:

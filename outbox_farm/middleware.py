@@ -8,8 +8,8 @@ final result. Whatever escapes the chain is the run's exception, decided by the 
 like a handler's own, and the chain as a whole is under the handler's timeout.
 
 `Farm(middleware=[...])` wraps every queue's handler, outside the handler's own
-(`farm.handler(..., middleware=[...])`); each list is outermost first. Tracing, per-key
-ordering and relays are built as middleware.
+(`farm.handler(..., middleware=[...])`); each list is outermost first. Tracing wraps the whole
+chain; per-key ordering is the claim's (SQL), and a relay is a batch handler, not middleware.
 """
 
 from __future__ import annotations

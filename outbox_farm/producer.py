@@ -19,11 +19,11 @@ import orjson
 from .db.connect import AsyncConnection, Connection
 from .db.publish import Due, NewBatch, NewRow, Publisher
 from .errors import ConfigurationError
+from .message import CONTENT_TYPE, CORRELATION_ID
 from .observe import tracing
 from .queries import Queries
 
 TimerConflict = Literal["ignore", "extend"]
-CONTENT_TYPE = "content-type"
 MAX_NAME = 255  # queue and timer_id are varchar(255)
 
 
@@ -93,7 +93,7 @@ def encode_headers(
     if trace:
         tracing.inject(merged)
     if correlation_id is not None:
-        merged["correlation_id"] = _check_name(correlation_id, "correlation_id")
+        merged[CORRELATION_ID] = _check_name(correlation_id, "correlation_id")
     if "correlation_id" not in merged:
         merged["correlation_id"] = os.urandom(16).hex()  # a random id, 4x cheaper than uuid4
     try:

@@ -149,7 +149,7 @@ class Runtime:
             )
             self.ledgers[spec.queue] = fetcher.ledger
             executors = Executors(
-                spec, inbox, fetcher, self.completer, self.observer, complete=complete
+                spec, inbox, fetcher.ledger, self.completer, self.observer, complete=complete
             )
             self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
             if isinstance(spec.func, Relay):

@@ -20,9 +20,8 @@ from typing import Any
 
 import orjson
 
-from ..message import Message
+from ..message import CONTENT_TYPE, CORRELATION_ID, Message
 from ..metrics import relay_metrics
-from ..producer import CONTENT_TYPE
 from .base import Delivery, Envelope, Outcome, Target, TargetUnavailable
 
 log = logging.getLogger("outbox_farm.relay")
@@ -81,7 +80,7 @@ def envelope(table: str, msg: Message) -> Envelope:
     headers = {
         key: value if isinstance(value, str) else orjson.dumps(value).decode()
         for key, value in msg.headers.items()
-        if key not in (CONTENT_TYPE, "correlation_id")
+        if key not in (CONTENT_TYPE, CORRELATION_ID)
     }
     return Envelope(
         msg.id,
@@ -120,23 +119,21 @@ class Relay:
         msgs, batch = self._envelopes(msgs)
         if not batch:
             return
-        while True:
-            await self._connected()
-            began = time.perf_counter()
-            try:
-                deliveries = await self.target.publish(batch)
-            except TargetUnavailable as exc:
-                self._down(exc)
-                deliveries = [Delivery(Outcome.UNCONFIRMED, str(exc))] * len(batch)
-            if len(deliveries) != len(batch):
-                raise RuntimeError(
-                    f"relay target {self.label} returned {len(deliveries)} deliveries for a "
-                    f"batch of {len(batch)}: a bug in the target"
-                )
-            m.publish_seconds.labels(self.label).observe(time.perf_counter() - began)
-            m.batch_size.labels(self.label).observe(len(batch))
-            m.published.labels(self.label).inc(len(batch))
-            break
+        await self._connected()
+        began = time.perf_counter()
+        try:
+            deliveries = await self.target.publish(batch)
+        except TargetUnavailable as exc:
+            self._down(exc)
+            deliveries = [Delivery(Outcome.UNCONFIRMED, str(exc))] * len(batch)
+        if len(deliveries) != len(batch):
+            raise RuntimeError(
+                f"relay target {self.label} returned {len(deliveries)} deliveries for a "
+                f"batch of {len(batch)}: a bug in the target"
+            )
+        m.publish_seconds.labels(self.label).observe(time.perf_counter() - began)
+        m.batch_size.labels(self.label).observe(len(batch))
+        m.published.labels(self.label).inc(len(batch))
         self._settle(msgs, deliveries)
 
     def _envelopes(self, msgs: list[Message]) -> tuple[list[Message], list[Envelope]]:

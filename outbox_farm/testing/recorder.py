@@ -59,19 +59,21 @@ class _Row:
 
     def message(self, now: float) -> Message:
         return Message(
-            self.id,
-            self.queue,
-            self.body,
-            dict(self.headers),
-            self.deliveries_count,
-            self.attempts_count,
-            _at(self.created_at),
-            _at(self.due_at),
-            _at(self.first_attempt_at) if self.first_attempt_at is not None else None,
-            self.timer_id,
-            uuid.uuid4(),
-            _at(now),
-            self.ordering_key,
+            id=self.id,
+            queue=self.queue,
+            body=self.body,
+            headers=dict(self.headers),
+            deliveries_count=self.deliveries_count,
+            attempts_count=self.attempts_count,
+            created_at=_at(self.created_at),
+            next_attempt_at=_at(self.due_at),
+            first_attempt_at=(
+                _at(self.first_attempt_at) if self.first_attempt_at is not None else None
+            ),
+            timer_id=self.timer_id,
+            lease_token=uuid.uuid4(),
+            claimed_at=_at(now),
+            ordering_key=self.ordering_key,
             claimed_epoch=now,
             due_epoch=self.due_at,
         )

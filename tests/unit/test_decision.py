@@ -43,14 +43,27 @@ class Raises:
 
 
 def spec(**options: Any) -> HandlerSpec:
-    return HandlerSpec("q", lambda msg: None, **options)
+    return HandlerSpec(queue="q", func=lambda msg: None, **options)
 
 
 def message(
     *, deliveries: int = 1, attempts: int = 0, first: datetime | None = None, **decided: Any
 ) -> Message:
     at = datetime.fromtimestamp(NOW - 60, UTC)
-    msg = Message(42, "q", b"x", {}, deliveries, attempts, at, at, first, None, TOKEN, at)
+    msg = Message(
+        id=42,
+        queue="q",
+        body=b"x",
+        headers={},
+        deliveries_count=deliveries,
+        attempts_count=attempts,
+        created_at=at,
+        next_attempt_at=at,
+        first_attempt_at=first,
+        timer_id=None,
+        lease_token=TOKEN,
+        claimed_at=at,
+    )
     for name, value in decided.items():
         setattr(msg, name, value)
     return msg
