@@ -14,7 +14,6 @@ import contextlib
 import inspect
 import logging
 import math
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,8 +27,8 @@ from .db.transactions import Completion
 from .decision import Verdict
 from .handler import HandlerSpec
 from .inflight import Ledger
+from .invoke import Call, call_path, timed_out
 from .message import Message
-from .middleware import chain
 from .observe import Observer
 from .outcome import Outcome
 from .supervised import Supervisor
@@ -42,43 +41,6 @@ Complete = Callable[
 ]
 """Runs a transactional handler's work and completes its row in one transaction (the runtime
 binds `db.transactions.run_completing` to a pool of its own)."""
-
-
-class HandlerTimeout(TimeoutError):
-    """The handler (a batch handler: the whole call) ran past its timeout and was abandoned."""
-
-
-async def _in_thread(func: Callable[[Any], Any], name: str, arg: Any) -> Any:
-    """Run a sync handler in a thread of its own.
-
-    Not a shared pool: a hung handler that timed out keeps its thread, and in a pool it would
-    hold a slot that later messages then wait for (and time out in, without ever running). The
-    executor tasks already bound how many run at once; an abandoned thread holds no slot.
-
-    The handler's exception travels as a value and is raised here: an exception set on the
-    future would be thrown into the awaiting coroutine, and a thrown GeneratorExit closes it
-    instead of reaching its `except`.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[tuple[BaseException | None, Any]] = loop.create_future()
-
-    def settle(error: BaseException | None, result: object) -> None:
-        if not future.done():
-            future.set_result((error, result))
-
-    def target() -> None:
-        try:
-            result, error = func(arg), None
-        except BaseException as caught:
-            result, error = None, caught
-        with contextlib.suppress(RuntimeError):  # the loop closed: this run was abandoned
-            loop.call_soon_threadsafe(settle, error, result)
-
-    threading.Thread(target=target, daemon=True, name=name).start()
-    error, result = await future
-    if error is not None:
-        raise error
-    return result
 
 
 class _Slot:
@@ -131,17 +93,13 @@ class Executors:
         # The handler through its middleware; a sync one in a thread per call; a transactional
         # one inside its transaction (the middleware around it, a tracing span say, sees the
         # whole transaction).
-        handler: Callable[[Any], Awaitable[Any]]
+        handler: Call | None = None
         if spec.transactional:
             if complete is None:
                 raise ValueError(f"queue {spec.queue!r} is transactional: pass `complete`")
             self._complete = complete
             handler = self._in_transaction
-        elif spec.is_async:
-            handler = spec.func
-        else:
-            handler = partial(_in_thread, spec.func, f"outbox-farm-{spec.queue}")
-        self._call = chain(spec.middleware, handler)
+        self._call = call_path(spec, handler)
         self._committed: set[int] = set()  # rows a transactional handler completed itself
         self._closing = False  # set when the stop begins: no handler starts after that
 
@@ -352,10 +310,7 @@ class Executors:
             else:
                 slot.expired = False
                 task.uncancel()
-                exc = HandlerTimeout(
-                    f"handler of queue {self.spec.queue!r} exceeded its timeout of "
-                    f"{self._timeout:g}s"
-                )
+                exc = timed_out(self.spec)
         except BaseException as error:
             # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take
             # down the worker and every other row it holds; it is retried, then dead-lettered.

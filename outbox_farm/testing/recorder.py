@@ -5,8 +5,10 @@ real ones do (a bad call fails the same way) and keep the rows here instead of w
 the connection argument is not used, so a test may pass None. `Recorder.run()` then runs the
 handlers on the recorded rows under the runtime's own outcome rules (`decision`): retries,
 `max_deliveries`, manual acks, middleware, `on_failure`, per-key order. What it cannot be is a
-database: transactional handlers (they need a connection) are refused, and the lease, the
-heartbeat and timeouts of plain (sync) handlers have no meaning here.
+database: transactional handlers (they need a connection) are refused, and the lease and the
+heartbeat have no meaning here. Handlers are called exactly as the executor calls them
+(`outbox_farm.invoke`): behind their middleware, a plain function in a thread, under their
+timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,11 +30,10 @@ import orjson
 from .. import decision
 from ..db.publish import NewRow
 from ..errors import ConfigurationError
-from ..executor import HandlerTimeout
 from ..farm import Farm
 from ..handler import HandlerSpec
+from ..invoke import call_path, timed_out
 from ..message import Message
-from ..middleware import chain
 from ..outcome import Kind, Outcome
 from .results import Collector, Drained
 
@@ -289,27 +290,13 @@ class Recorder:
 
 
 async def _call(spec: HandlerSpec, arg: Any) -> BaseException | None:
-    """The handler through its middleware, as the executor calls it: None when it returned,
-    else what it raised (an async handler past its timeout: `HandlerTimeout`)."""
-    func = spec.func
-    handler: Callable[[Any], Any]
-    if spec.is_async:
-        handler = func
-    else:
-
-        async def handler(value: Any) -> Any:
-            return func(value)
-
+    """The handler through the executor's own call path (`invoke`): None when it returned,
+    else what it raised (past its timeout: `HandlerTimeout`)."""
     try:
         async with asyncio.timeout(spec.effective_timeout) as timer:
-            await chain(spec.middleware, handler)(arg)
+            await call_path(spec)(arg)
     except TimeoutError as error:
-        if timer.expired():
-            return HandlerTimeout(
-                f"handler of queue {spec.queue!r} exceeded its timeout of "
-                f"{spec.effective_timeout:g}s"
-            )
-        return error
+        return timed_out(spec) if timer.expired() else error
     except BaseException as error:
         return error
     return None

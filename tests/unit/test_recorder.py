@@ -20,7 +20,7 @@ from outbox_farm import (
     Outcome,
     Reason,
 )
-from outbox_farm.executor import HandlerTimeout
+from outbox_farm.invoke import HandlerTimeout
 from outbox_farm.testing import Recorder, record
 
 
