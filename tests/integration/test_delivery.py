@@ -41,6 +41,8 @@ from outbox_farm.completer import Completer
 from outbox_farm.metrics import metrics
 from outbox_farm.outcome import FRAMES_HEADER, TRUNCATED, Kind, Outcome, Reason
 from outbox_farm.problems import Problems
+from tests import samples
+from tests.samples import claims
 from tests.waits import eventually
 
 DLQ = "outbox_dlq"
@@ -66,13 +68,7 @@ def publish(farm: Farm, conn: psycopg.Connection, body: object, **options: Any) 
 
 
 def sample(name: str, **labels: str) -> float:
-    value = REGISTRY.get_sample_value(f"outbox_farm_{name}_total", labels)
-    return value or 0.0
-
-
-def claims(queue: str) -> float:
-    """Claim statements this process ran for `queue`, empty ones included (one per poll)."""
-    return REGISTRY.get_sample_value("outbox_farm_fetch_seconds_count", {"queue": queue}) or 0.0
+    return samples.sample(f"outbox_farm_{name}_total", **labels)
 
 
 @asynccontextmanager

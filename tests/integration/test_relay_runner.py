@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 import psycopg
 import pytest
-from prometheus_client import REGISTRY
 
 from outbox_farm import ConfigurationError, ConstantBackoff, Farm
 from outbox_farm.relay import CONFIRMED, Delivery, Envelope, Outcome, TargetUnavailable
 from outbox_farm.testing import adrain, drain
+from tests import samples
 
 
 class Scripted:
@@ -45,7 +45,7 @@ class Scripted:
 
 
 def sample(name: str, target: str) -> float:
-    return REGISTRY.get_sample_value(name, {"target": target}) or 0.0
+    return samples.sample(name, target=target)
 
 
 def publish(dsn: str, farm: Farm, bodies: list[bytes], **options: object) -> None:

@@ -13,7 +13,6 @@ server on another machine.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,17 +29,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import REGISTRY
 from psycopg import sql
 
 from outbox_farm import ConstantBackoff, Farm, Message
 from outbox_farm.db.leases import release_worker
 from outbox_farm.errors import ConfigurationError
 from outbox_farm.leases import token_range
-from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
 from outbox_farm.settings import RuntimeSettings
+from tests import samples
+from tests.samples import sample
+from tests.waits import eventually
 
 Q = "q"
 AConn = psycopg.AsyncConnection[Any]
@@ -89,34 +89,8 @@ def dsn(dsn: str) -> str:
     return dsn
 
 
-def sample(name: str, **labels: str) -> float:
-    """Current value of one process-global metric sample (0 when never touched)."""
-    metrics()  # registers the collectors on first use
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
 def claims(queue: str = Q) -> float:
-    """Claim statements this process ran for `queue`, empty ones included (one per poll)."""
-    return sample("outbox_farm_fetch_seconds_count", queue=queue)
-
-
-async def until(
-    predicate: Callable[[], Any | Awaitable[Any]],
-    timeout: float,
-    what: str,
-    interval: float = 0.01,
-) -> Any:
-    """Poll `predicate` (sync or async) until it is truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+    return samples.claims(queue)
 
 
 async def aconnect(dsn: str) -> AConn:
@@ -217,10 +191,10 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
             )
             offset = await clock_offset(aconn)
             async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0):
-                await until(
+                await eventually(
                     lambda: stale in started and legacy in started,
-                    1.0,
                     "the long-expired and the legacy lease taken over",
+                    timeout=1.0,
                 )
                 # Not before: while the database clock is short of the expiry, the row keeps
                 # the dead runner's lease.
@@ -236,7 +210,9 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
                     assert token == dead, f"claimed {remaining:.3f}s before the lease expired"
                     assert fresh not in started
                     await asyncio.sleep(0.01)
-                await until(lambda: fresh in started, 1.0, "the expiring lease taken over")
+                await eventually(
+                    lambda: fresh in started, "the expiring lease taken over", timeout=1.0
+                )
                 lateness = started[fresh][0] + offset - expires
                 assert lateness >= -0.002, f"claimed {-lateness:.4f}s before the lease expired"
                 assert lateness < 0.2, f"claimed {lateness:.3f}s after the lease expired"
@@ -289,7 +265,7 @@ def test_delayed_rows_fire_within_100ms_of_their_due_time(dsn: str) -> None:
                 )
                 due = {row_id: await due_epoch(aconn, row_id) for row_id in ids}
                 assert abs(due[ids[3]] - soon.timestamp()) < 1e-5
-                await until(lambda: all(i in started for i in ids), 4.0, "all timers")
+                await eventually(lambda: all(i in started for i in ids), "all timers", timeout=4.0)
             lateness = [started[i] + offset - due[i] for i in ids]
             print("\ntimer lateness (ms):", ", ".join(f"{x * 1000:.1f}" for x in lateness))
             for value in lateness:
@@ -322,8 +298,10 @@ def test_retry_is_redelivered_within_100ms_of_its_due_time(dsn: str) -> None:
                 # One claim, three failures, one retry flush: nothing else wakes the fetcher
                 # before its 0.5 s poll, so only the retry's own due time can be on time.
                 ids = await farm.apublish_batch(aconn, [{"n": n} for n in range(3)], queue=Q)
-                await until(
-                    lambda: all(len(runs.get(i, ())) == 2 for i in ids), 4.0, "second attempts"
+                await eventually(
+                    lambda: all(len(runs.get(i, ())) == 2 for i in ids),
+                    "second attempts",
+                    timeout=4.0,
                 )
             assert sample("outbox_farm_retried_total", queue=Q) - retried == 3
             lateness = []
@@ -370,17 +348,17 @@ def test_timer_id_deduplicates_end_to_end(dsn: str) -> None:
                 assert first is not None
                 assert other is not None
                 assert again is None
-                await until(lambda: len(delivered) >= 2, 3.0, "the two timers")
-                await until(lambda: is_empty(aconn), 2.0, "acks")
+                await eventually(lambda: len(delivered) >= 2, "the two timers", timeout=3.0)
+                await eventually(lambda: is_empty(aconn), "acks", timeout=2.0)
                 # Several more polls (counted, not assumed from a sleep), any of which would have
                 # delivered a duplicate.
                 polls = claims()
-                await until(lambda: claims() >= polls + 3, 10.0, "three more polls")
+                await eventually(lambda: claims() >= polls + 3, "three more polls", timeout=10.0)
                 assert sorted(delivered) == [(first, {"v": 1}), (other, {"v": 3})]
                 # The de-duplication covers live timers only: once delivered, the id is free.
                 later = await farm.apublish(aconn, {"v": 4}, queue=Q, timer_id="t-1")
                 assert later is not None
-                await until(lambda: len(delivered) == 3, 2.0, "the re-used timer id")
+                await eventually(lambda: len(delivered) == 3, "the re-used timer id", timeout=2.0)
                 assert delivered[-1] == (later, {"v": 4})
         finally:
             await aconn.close()
@@ -405,7 +383,7 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
         sent = time.monotonic()
         row_id = await farm.apublish(aconn, "wake", queue=Q)
         assert row_id is not None
-        await until(lambda: row_id in started, limit, f"delivery within {limit}s")
+        await eventually(lambda: row_id in started, f"delivery within {limit}s", timeout=limit)
         return started[row_id] - sent
 
     async def scenario() -> None:
@@ -413,8 +391,10 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
         try:
             async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0) as rt:
                 assert rt.listener is not None
-                await until(rt.listener.connected.is_set, 5.0, "LISTEN")
-                pids = await until(lambda: column(aconn, LISTENER_PIDS), 2.0, "listener backend")
+                await eventually(rt.listener.connected.is_set, "LISTEN", timeout=5.0)
+                pids = await eventually(
+                    lambda: column(aconn, LISTENER_PIDS), "listener backend", timeout=2.0
+                )
                 assert len(pids) == 1, pids
                 await asyncio.sleep(0.3)  # past the wake-up every (re)connect gives
                 first = await publish_and_time(aconn, 0.2)
@@ -428,9 +408,9 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
                     now = await column(aconn, LISTENER_PIDS)
                     return now if now and pids[0] not in now else []
 
-                again = await until(new_listener, 5.0, "the listener to reconnect")
+                again = await eventually(new_listener, "the listener to reconnect", timeout=5.0)
                 assert len(again) == 1, again
-                await until(rt.listener.connected.is_set, 2.0, "LISTEN again")
+                await eventually(rt.listener.connected.is_set, "LISTEN again", timeout=2.0)
                 await asyncio.sleep(0.3)
                 after = await publish_and_time(aconn, 0.2)
                 print(
@@ -464,7 +444,9 @@ def test_polling_alone_delivers_when_listen_is_off(dsn: str) -> None:
                     sent = time.monotonic()
                     row_id = await farm.apublish(aconn, "poll", queue=Q)
                     assert row_id is not None
-                    await until(lambda i=row_id: i in started, 1.0, "a polled delivery")
+                    await eventually(
+                        lambda i=row_id: i in started, "a polled delivery", timeout=1.0
+                    )
                     assert started[row_id] - sent < 0.4
                     await asyncio.sleep(0.05)
             assert await outbox_count(aconn) == 0
@@ -502,14 +484,14 @@ def test_graceful_stop_finishes_running_handlers_and_releases_the_rest(dsn: str)
             acked = sample("outbox_farm_acked_total", queue=Q)
             released = sample("outbox_farm_released_total", queue=Q)
             async with farm.running(dsn, poll_interval=0.5, graceful_timeout=5.0) as rt:
-                await until(lambda: len(running) == 2, 3.0, "two running handlers")
+                await eventually(lambda: len(running) == 2, "two running handlers", timeout=3.0)
 
                 async def full() -> set[int]:
                     leased = await column(aconn, LEASED)
                     return set(leased) if len(leased) == 4 else set()
 
                 # Capacity 4 (2 executors + 2 prefetched), claimed in halves.
-                claimed = await until(full, 2.0, "the fetcher to fill its capacity")
+                claimed = await eventually(full, "the fetcher to fill its capacity", timeout=2.0)
                 assert running <= claimed
                 waiting = claimed - running  # claimed into the inbox, never started
                 began = time.monotonic()
@@ -533,11 +515,13 @@ def test_graceful_stop_finishes_running_handlers_and_releases_the_rest(dsn: str)
 
             began = time.monotonic()
             async with after.running(dsn, poll_interval=5.0, graceful_timeout=2.0):
-                await until(
-                    lambda: len(second) == len(rows), 1.0, "the released rows to be taken at once"
+                await eventually(
+                    lambda: len(second) == len(rows),
+                    "the released rows to be taken at once",
+                    timeout=1.0,
                 )
                 taken = time.monotonic() - began
-                await until(lambda: is_empty(aconn), 1.0, "acks")
+                await eventually(lambda: is_empty(aconn), "acks", timeout=1.0)
             assert set(second) == set(rows)
             assert set(second.values()) == {1}  # the stop did not burn a delivery
             print(
@@ -570,7 +554,7 @@ def test_handler_past_the_graceful_timeout_is_cancelled_and_its_lease_released(
         try:
             row_id = await farm.apublish(aconn, "x", queue=Q)
             async with farm.running(dsn, poll_interval=0.5, graceful_timeout=0.5) as rt:
-                await until(lambda: row_id in running, 3.0, "the handler to start")
+                await eventually(lambda: row_id in running, "the handler to start", timeout=3.0)
                 began = time.monotonic()
                 await rt.stop()
                 took = time.monotonic() - began
@@ -618,7 +602,7 @@ def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
             assert len(set(ids)) == 2000
             kills: list[tuple[int, int]] = []
             async with farm.running(dsn, poll_interval=0.5, graceful_timeout=3.0) as rt:
-                await until(lambda: handled, 3.0, "the first deliveries")
+                await eventually(lambda: handled, "the first deliveries", timeout=3.0)
                 for _ in range(3):
                     remaining = await outbox_count(aconn)
                     kills.append((int(await one(aconn, KILL_ALL)), remaining))
@@ -626,16 +610,20 @@ def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
                 # Rows whose claim committed but whose result was lost come back after the
                 # 2 s lease; the rest is handled as soon as the runtime has reconnected.
                 began = time.monotonic()
-                await until(lambda: is_empty(aconn), 15.0, "the outbox to drain", interval=0.05)
+                await eventually(lambda: is_empty(aconn), "the outbox to drain", timeout=15.0)
                 drained = time.monotonic() - began
                 assert set(ids) <= handled
                 # Still running: every component, and all 16 executors (16 handlers at once).
                 dead = _dead_components(rt)
                 assert not dead, dead
                 extra = await farm.apublish_batch(aconn, ["together"] * 16, queue=Q)
-                await until(lambda: len(together) == 16, 3.0, "a handler on every executor")
+                await eventually(
+                    lambda: len(together) == 16, "a handler on every executor", timeout=3.0
+                )
                 release.set()
-                await until(lambda: set(extra) <= handled, 3.0, "deliveries after the faults")
+                await eventually(
+                    lambda: set(extra) <= handled, "deliveries after the faults", timeout=3.0
+                )
             print(
                 f"\n(backends terminated, rows left) per kill: {kills}; drained "
                 f"{drained:.1f}s after the last kill"
@@ -677,11 +665,15 @@ def test_claims_resume_promptly_after_every_backend_is_killed(dsn: str) -> None:
                     clients = int(await one(aconn, CLIENT_BACKENDS))
                     return size >= 2 and stats["pool_available"] == size and clients == size + 1
 
-                await until(settled, 3.0, "an idle pool of two or more and the listener")
+                await eventually(
+                    settled, "an idle pool of two or more and the listener", timeout=3.0
+                )
                 assert int(await one(aconn, KILL_ALL)) >= 3
                 sent = time.monotonic()
                 row_id = await farm.apublish(aconn, "after the restart", queue=Q)
-                await until(lambda: row_id in handled, 10.0, "a delivery after the restart")
+                await eventually(
+                    lambda: row_id in handled, "a delivery after the restart", timeout=10.0
+                )
                 took = handled[row_id] - sent
                 print(f"\nfirst delivery after killing every backend: {took * 1000:.0f} ms")
                 assert took < 0.75, f"claims stalled for {took:.2f}s after the restart"
@@ -749,9 +741,9 @@ def test_rows_of_a_sigkilled_process_come_back_after_their_lease(
         try:
             began = time.monotonic()
             async with farm.running(dsn, poll_interval=0.2, graceful_timeout=2.0):
-                await until(lambda: len(deliveries) == 10, 5.0, "every row delivered")
+                await eventually(lambda: len(deliveries) == 10, "every row delivered", timeout=5.0)
                 took = time.monotonic() - began
-                await until(lambda: is_empty(aconn), 2.0, "acks")
+                await eventually(lambda: is_empty(aconn), "acks", timeout=2.0)
             return took
         finally:
             await aconn.close()
@@ -791,12 +783,14 @@ def test_a_prefetched_row_whose_lease_ran_short_is_handed_back_and_every_row_run
             acked = sample("outbox_farm_acked_total", queue=Q)
             ids = await farm.apublish_batch(aconn, ["first", "second"], queue=Q)
             async with farm.running(dsn, poll_interval=0.05, graceful_timeout=2.0):
-                await until(lambda: is_empty(aconn), 6.0, "both rows acked")
+                await eventually(lambda: is_empty(aconn), "both rows acked", timeout=6.0)
                 # A second run of either row, if one were still queued in this runtime, would
                 # start before a row published now (one executor, in order): run one.
                 control = await farm.apublish(aconn, "control", queue=Q)
-                await until(lambda: any(i == control for i, _ in runs), 6.0, "the control row")
-                await until(lambda: is_empty(aconn), 6.0, "the control row acked")
+                await eventually(
+                    lambda: any(i == control for i, _ in runs), "the control row", timeout=6.0
+                )
+                await eventually(lambda: is_empty(aconn), "the control row acked", timeout=6.0)
             assert sorted(i for i, _ in runs) == sorted([*ids, control]), runs
             assert {d for _, d in runs} == {1}  # the hand-back took its delivery back
             assert sample("outbox_farm_lease_lost_total", queue=Q, phase="start") == (
@@ -829,7 +823,7 @@ def test_the_heartbeat_lets_a_handler_outlive_its_lease_and_run_once(dsn: str) -
             acked = sample("outbox_farm_acked_total", queue=Q)
             row_id = await farms[0].apublish(aconn, "long", queue=Q)
             async with farms[0].running(dsn, poll_interval=0.05, graceful_timeout=6.0):
-                await until(lambda: runs, 3.0, "the handler to start")
+                await eventually(lambda: runs, "the handler to start", timeout=3.0)
                 first = await one(
                     aconn, "SELECT lease_expires_at FROM outbox WHERE id = %s", (row_id,)
                 )
@@ -837,19 +831,21 @@ def test_the_heartbeat_lets_a_handler_outlive_its_lease_and_run_once(dsn: str) -
                     # A full lease past the first expiry on the database clock, the other
                     # runtime polling all along: without the heartbeat it would take the row.
                     polls = claims()
-                    await until(
+                    await eventually(
                         lambda: one(
                             aconn, "SELECT clock_timestamp() > %s + interval '1 s'", (first,)
                         ),
-                        10.0,
                         "a lease past the first expiry",
+                        timeout=10.0,
                     )
-                    await until(lambda: claims() >= polls + 10, 10.0, "the runtimes polling")
+                    await eventually(
+                        lambda: claims() >= polls + 10, "the runtimes polling", timeout=10.0
+                    )
                     later = await one(
                         aconn, "SELECT lease_expires_at FROM outbox WHERE id = %s", (row_id,)
                     )
                     assert later > first  # moved on by the heartbeat
-                    await until(lambda: is_empty(aconn), 6.0, "the ack")
+                    await eventually(lambda: is_empty(aconn), "the ack", timeout=6.0)
             assert runs == [(0, 1)]
             assert sample("outbox_farm_acked_total", queue=Q) == acked + 1
             assert sample("outbox_farm_lease_lost_total", queue=Q, phase="ack") == lost
@@ -876,19 +872,19 @@ def test_a_runner_never_claims_again_a_row_it_still_runs(dsn: str) -> None:
         try:
             row_id = await farm.apublish(aconn, "x", queue=Q)
             async with farm.running(dsn, poll_interval=0.05, graceful_timeout=3.0) as rt:
-                await until(lambda: runs, 3.0, "the handler to start")
+                await eventually(lambda: runs, "the handler to start", timeout=3.0)
                 for heartbeat in rt.heartbeats:
                     await heartbeat.stop()
-                await until(
+                await eventually(
                     lambda: one(
                         aconn,
                         "SELECT lease_expires_at < now() FROM outbox WHERE id = %s",
                         (row_id,),
                     ),
-                    2.0,
                     "the lease to run out",
+                    timeout=2.0,
                 )
-                await until(lambda: is_empty(aconn), 3.0, "the first run's ack")
+                await eventually(lambda: is_empty(aconn), "the first run's ack", timeout=3.0)
             assert runs == [1]
         finally:
             await aconn.close()
@@ -916,35 +912,35 @@ def test_a_lease_lost_while_the_handler_runs_is_found_by_the_heartbeat_and_nothi
             acked = sample("outbox_farm_acked_total", queue=Q)
             row_id = await farm.apublish(aconn, "x", queue=Q)
             async with farm.running(dsn, poll_interval=0.05, graceful_timeout=2.0):
-                await until(lambda: runs, 3.0, "the handler to start")
+                await eventually(lambda: runs, "the handler to start", timeout=3.0)
                 other = uuid.uuid4()  # another runner took the row over
                 await aconn.execute(
                     "UPDATE outbox SET acquired_token = %s, acquired_at = now(), "
                     "lease_expires_at = now() + interval '1 hour' WHERE id = %s",
                     (other, row_id),
                 )
-                await until(
+                await eventually(
                     lambda: (
                         sample("outbox_farm_lease_lost_total", queue=Q, phase="heartbeat")
                         == lost + 1
                     ),
-                    2.0,
                     "the heartbeat to find the lease lost",
+                    timeout=2.0,
                 )
                 finished = sample("outbox_farm_handler_seconds_count", queue=Q)
                 gate.set()
-                await until(
+                await eventually(
                     lambda: sample("outbox_farm_handler_seconds_count", queue=Q) > finished,
-                    5.0,
                     "the handler to return",
+                    timeout=5.0,
                 )
                 # Its ack, were it written, goes out no later than that of a row published and
                 # run after it: wait for that one.
                 control = await farm.apublish(aconn, "control", queue=Q)
-                await until(
+                await eventually(
                     lambda: sample("outbox_farm_acked_total", queue=Q) > acked,
-                    5.0,
                     "a later row's ack",
+                    timeout=5.0,
                 )
                 assert control in runs
                 token = await one(
@@ -1006,8 +1002,10 @@ def test_release_worker_frees_only_that_workers_rows_and_keeps_their_deliveries(
                 await stack.enter_async_context(
                     farm.running(dsn, poll_interval=0.05, graceful_timeout=1.0, worker_id=worker)
                 )
-                await until(lambda w=worker: len(held[w]) == 2, 5.0, f"worker {worker} running")
-            await until(lambda: len(leased()) == 9, 3.0, "every row claimed")
+                await eventually(
+                    lambda w=worker: len(held[w]) == 2, f"worker {worker} running", timeout=5.0
+                )
+            await eventually(lambda: len(leased()) == 9, "every row claimed", timeout=3.0)
             before = leased()
             prefixes = {token.bytes[:4].hex() for token, _ in before.values()}
             assert {f"{0x80000000 | mine:08x}", f"{0x80000000 | other:08x}"} <= prefixes
@@ -1027,7 +1025,9 @@ def test_release_worker_frees_only_that_workers_rows_and_keeps_their_deliveries(
             assert release_worker(conn, farms[mine].queries, mine) == 0
             gate.set()
             # A stop starts no handler, so the prefetched rows are run before it begins.
-            await until(lambda: set(ids) <= set().union(*held.values()), 10.0, "every row handled")
+            await eventually(
+                lambda: set(ids) <= set().union(*held.values()), "every row handled", timeout=10.0
+            )
 
     asyncio.run(scenario())
     assert set(ids) == set().union(*held.values())

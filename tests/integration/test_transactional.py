@@ -11,11 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import REGISTRY
 
 from outbox_farm import ConfigurationError, ConstantBackoff, Farm, Message
 from outbox_farm.metrics import metrics
 from outbox_farm.settings import RuntimeSettings
+from tests.samples import sample
 
 metrics()  # register the collectors before the first sample is read
 SETTINGS = RuntimeSettings(poll_interval=0.05)
@@ -24,10 +24,6 @@ AConn = psycopg.AsyncConnection[Any]
 
 def qname() -> str:
     return f"tx_{uuid.uuid4().hex[:8]}"
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def drain(dsn: str, farm: Farm, done: Callable[[], bool], timeout: float = 30.0) -> None:
