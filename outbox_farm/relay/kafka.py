@@ -192,7 +192,7 @@ class Kafka:
         code = error.code()
         if code != KafkaError._ALL_BROKERS_DOWN and not error.fatal():
             return
-        self._down = f"{_words(error)}"
+        self._down = _words(error)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._purge, error.fatal())
@@ -223,10 +223,11 @@ class Kafka:
                 reports.known(i, Delivery(Outcome.NACKED, f"key {self.key!r} failed: {exc!r}"))
                 settled += 1
                 continue
-            queued = self._produce(producer, reports, i, topic, key, envelope)
+            headers = _headers(envelope)
+            queued = self._produce(producer, reports, i, topic, key, envelope.body, headers)
             while queued is None:  # librdkafka's queue is full: the poller drains it
                 await asyncio.sleep(QUEUE_FULL_WAIT)
-                queued = self._produce(producer, reports, i, topic, key, envelope)
+                queued = self._produce(producer, reports, i, topic, key, envelope.body, headers)
             if not queued:
                 settled += 1
         await reports.wait(settled, self.confirm_timeout + 5)
@@ -240,20 +241,15 @@ class Kafka:
         i: int,
         topic: str,
         key: str | bytes | None,
-        envelope: Envelope,
+        body: bytes,
+        headers: list[tuple[str, str | bytes | None]],
     ) -> bool | None:
         """Hand one record to librdkafka: True; False when it was refused at once (the reason
         is recorded); None when librdkafka's local queue is full (try again shortly). A plain
         function, not a coroutine: it runs once per row, and never waits."""
-        headers: list[tuple[str, str | bytes | None]] = list(envelope.headers.items())
-        headers.append((MESSAGE_ID, envelope.message_id))
-        if envelope.correlation_id:
-            headers.append((CORRELATION_ID, envelope.correlation_id))
-        if envelope.content_type:
-            headers.append((CONTENT_TYPE, envelope.content_type))
         try:
             producer.produce(
-                topic, envelope.body, key, headers=headers, on_delivery=partial(reports.report, i)
+                topic, body, key, headers=headers, on_delivery=partial(reports.report, i)
             )
         except BufferError:
             return None
@@ -293,6 +289,17 @@ class Kafka:
         if poller is not None:
             await asyncio.get_running_loop().run_in_executor(None, poller.join)
         producer.poll(0)
+
+
+def _headers(envelope: Envelope) -> list[tuple[str, str | bytes | None]]:
+    """A record's headers: the row's, then `message_id`, `correlation_id`, `content-type`."""
+    headers: list[tuple[str, str | bytes | None]] = list(envelope.headers.items())
+    headers.append((MESSAGE_ID, envelope.message_id))
+    if envelope.correlation_id:
+        headers.append((CORRELATION_ID, envelope.correlation_id))
+    if envelope.content_type:
+        headers.append((CONTENT_TYPE, envelope.content_type))
+    return headers
 
 
 class _LibrdkafkaLog:
