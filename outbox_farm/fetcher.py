@@ -40,6 +40,7 @@ DUE_SLACK = 0.001  # wake a hair late rather than early: an early claim finds no
 STALL_FAILURES = 5  # claims failed in a row that make the queue stalled ...
 STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
 STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
+FAR_EVERY = 2.0  # seconds between looks for rows due beyond what a client can load
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -78,6 +79,7 @@ class Fetcher:
         self.problems = problems or Problems()
         self.on_starved = on_starved
         self.operation = f"claim for queue {spec.queue}"
+        self._far_at = 0.0  # monotonic time of the next claim that also looks for far rows
         self.capacity = spec.capacity
         self.ledger = Ledger(spec.queue, self.capacity, observer)
         # Claim in halves of the capacity: one half is handled while the other half's outcomes
@@ -191,6 +193,7 @@ class Fetcher:
         # a deadline counted from here errs on the early side.
         sent = time.monotonic()
         token = lease_token(self.worker_id)
+        far = sent >= self._far_at
         rows = await claims.claim(
             self.pool,
             self.queries,
@@ -199,8 +202,11 @@ class Fetcher:
             lease_ttl=spec.lease_ttl,
             token=token,
             held=self.ledger.held(),
+            far=far,
         )
         received = time.monotonic()
+        if far and len(rows) < limit:  # a full claim may have left the far rows out
+            self._far_at = received + FAR_EVERY
         self.observer.claimed(spec.queue, len(rows), time.perf_counter() - started)
         if not rows:
             return 0

@@ -36,6 +36,7 @@ from .durations import When
 
 DEFAULT_BATCH = 1000
 UNFIT_SHOWN = 20  # rows a replay names one by one among those it normalises
+COUNT_CAP = 10_000  # rows `dlq_count` counts one by one before it estimates
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,27 @@ def _need_dlq(names: TableNames) -> None:
 
 
 def dlq_list(
-    conn: Connection, names: TableNames, where: DlqFilter, limit: int = 50
+    conn: Connection,
+    names: TableNames,
+    where: DlqFilter,
+    limit: int = 50,
+    *,
+    before: int | None = None,
 ) -> list[DlqRow]:
-    """The newest `limit` rows matching `where`, newest first."""
+    """The newest `limit` rows matching `where`, newest first; `before` (an id) starts the
+    page after the one that ended with it (keyset pagination: every page costs the same)."""
     _need_dlq(names)
-    return db.list_rows(conn, names, where.match(), limit)
+    return db.list_rows(conn, names, where.match(), limit, before)
+
+
+def dlq_count(
+    conn: Connection, names: TableNames, where: DlqFilter, cap: int = COUNT_CAP
+) -> tuple[int, bool]:
+    """How many rows `where` matches: exact (True) up to `cap`, above it the planner's
+    estimate (False). A full count of a DLQ of millions of rows takes seconds; a page that
+    says "of about 1,200,000" is as useful and answers at once."""
+    _need_dlq(names)
+    return db.count_rows(conn, names, where.match(), cap)
 
 
 def dlq_show(conn: Connection, names: TableNames, row_id: int) -> DlqEntry | None:

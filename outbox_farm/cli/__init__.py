@@ -14,6 +14,7 @@ import click
 
 from ..dsn import scrub
 from ..errors import OutboxFarmError
+from .console import console
 from .demo import demo
 from .dlq import dlq
 from .ops import doctor_command, stats
@@ -36,5 +37,5 @@ def main() -> None:
     """outbox_farm: deliver every committed outbox row to its handler, at least once."""
 
 
-for command in (migrate_command, check, sql, start, demo, stats, dlq, doctor_command):
+for command in (migrate_command, check, sql, start, demo, stats, dlq, doctor_command, console):
     main.add_command(command)

@@ -134,11 +134,20 @@ async def claim(
     lease_ttl: float,
     token: uuid.UUID,
     held: list[int],
+    far: bool = True,
 ) -> list[ClaimedRow]:
     """Take up to `limit` claimable rows of `queue` (expired leases first, then due rows) under
     `token`, for `lease_ttl` seconds on the database clock, counting a delivery on each. Rows
-    whose ids are in `held` are never taken, even when their lease ran out."""
-    params = {"queue": queue, "limit": limit, "lease_ttl": lease_ttl, "token": token, "held": held}
+    whose ids are in `held` are never taken, even when their lease ran out. `far`: look for
+    rows due beyond what a client can load as well (see the statement)."""
+    params = {
+        "queue": queue,
+        "limit": limit,
+        "lease_ttl": lease_ttl,
+        "token": token,
+        "held": held,
+        "far": far,
+    }
     with boundary():
         async with pool.connection() as conn:
             cursor = await conn.execute(queries["claim"], params, binary=True)

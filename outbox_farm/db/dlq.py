@@ -19,7 +19,7 @@ import psycopg
 from ..names import TableNames
 from .boundary import translate
 from .connect import Connection
-from .operator import AdminSql
+from .operator import AdminSql, Plan
 
 STATEMENT_FAILED = "DLQ statement failed"
 
@@ -121,10 +121,12 @@ def _all(conn: Connection, names: TableNames, statement: str, params: dict[str, 
         raise translate(exc, doing=STATEMENT_FAILED, names=names) from exc
 
 
-def list_rows(conn: Connection, names: TableNames, match: DlqMatch, limit: int) -> list[DlqRow]:
-    """The newest `limit` rows matching, newest first."""
+def list_rows(
+    conn: Connection, names: TableNames, match: DlqMatch, limit: int, before: int | None = None
+) -> list[DlqRow]:
+    """The newest `limit` rows matching with ids below `before` (None: any), newest first."""
     statement = AdminSql(names).render("admin_dlq_list", match="admin_dlq_match")
-    rows = _all(conn, names, statement, asdict(match) | {"limit": limit})
+    rows = _all(conn, names, statement, asdict(match) | {"limit": limit, "before": before})
     return [
         DlqRow(
             rid, original, queue, reason, deliveries, created, failed, size, _object(headers), exc
@@ -152,6 +154,20 @@ def read_row(conn: Connection, names: TableNames, row_id: int) -> DlqRecord | No
         exc,
         timer,
     )
+
+
+def count_rows(conn: Connection, names: TableNames, match: DlqMatch, cap: int) -> tuple[int, bool]:
+    """How many rows match: (count, True) when at most `cap` do, counted one by one; else
+    (the planner's estimate, False), so that a page over millions of rows stays fast."""
+    sql = AdminSql(names)
+    params = asdict(match) | {"cap": cap + 1}
+    statement = sql.render("admin_dlq_count", match="admin_dlq_match")
+    ((counted,),) = _all(conn, names, statement, params)
+    if counted <= cap:
+        return int(counted), True
+    explain = sql.render("admin_explain", statement="admin_dlq_count", match="admin_dlq_match")
+    ((explained,),) = _all(conn, names, explain, params)
+    return max(Plan.parse(explained).rows, int(counted)), False
 
 
 def summarize(conn: Connection, names: TableNames, match: DlqMatch) -> Summary:

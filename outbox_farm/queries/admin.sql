@@ -19,7 +19,9 @@ AND (%(grep)s::text IS NULL
      OR position(convert_to(%(grep)s::text, 'UTF8') IN d.payload) > 0)
 
 -- name: admin_dlq_list
--- Newest first. Only the exception's first line: the whole text (up to 8 KiB) is for `show`.
+-- Newest first, from the primary key backwards; `before` (an id, NULL for the newest) is the
+-- keyset of the next page, so page 1000 costs what page 1 does. Only the exception's first
+-- line: the whole text (up to 8 KiB) is for `show`.
 -- A `created_at` no client can load (an `invalid_row` dead-lettered with it: ±infinity, BC, year
 -- 10000 on) comes back NULL rather than failing the whole listing.
 SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count,
@@ -28,7 +30,7 @@ SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count,
        d.failed_at, octet_length(d.payload)::bigint, d.headers,
        split_part(coalesce(d.last_exception, ''), E'\n', 1)
 FROM {dlq} AS d
-WHERE {match}
+WHERE {match} AND (%(before)s::bigint IS NULL OR d.id < %(before)s::bigint)
 ORDER BY d.id DESC
 LIMIT %(limit)s
 
@@ -50,6 +52,13 @@ FROM {dlq} AS d
 WHERE {match}
 GROUP BY d.queue, d.failure_reason
 ORDER BY d.queue, d.failure_reason
+
+-- name: admin_dlq_count
+-- At most `cap` rows matching the filter, counted: exact below the cap, milliseconds whatever
+-- the DLQ's size. Past it the caller EXPLAINs this statement for the planner's estimate.
+SELECT count(*)::bigint FROM (
+    SELECT 1 FROM {dlq} AS d WHERE {match} LIMIT %(cap)s
+) AS capped
 
 -- name: admin_dlq_unfit
 -- What of a DLQ row the outbox's values check (migration 0006) refuses, as one line; NULL when

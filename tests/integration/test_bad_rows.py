@@ -283,6 +283,34 @@ def test_without_a_dlq_an_unloadable_row_is_set_aside_and_reported_by_id(
     assert "created_at: infinity is not a finite timestamp" in reports[0].getMessage()
 
 
+def test_a_row_due_beyond_year_9999_is_claimed_only_by_a_claim_that_looks_far(
+    dsn: str, conn: Conn
+) -> None:
+    """The fetcher asks for such rows every few seconds, not on every claim: a claim without
+    `far` leaves them alone (and costs nothing for them); one with `far` takes them."""
+    without_checks(conn)
+    bad = insert_bad(conn, "q", next_attempt_at="infinity")
+    conn.commit()
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        pool = await open_pool(dsn, 1)
+        try:
+            took = []
+            for far in (False, True):
+                rows = await claims.claim(
+                    pool, Queries(NAMES), queue="q", limit=10, lease_ttl=60.0,
+                    token=uuid.uuid4(), held=[], far=far,
+                )  # fmt: skip
+                took.append([row[0] for row in rows])
+            return took[0], took[1]
+        finally:
+            await pool.close()
+
+    near, far = asyncio.run(scenario())
+    assert near == []
+    assert far == [bad]
+
+
 # -- what reads the outbox besides the claim -----------------------------------------------
 
 

@@ -1,0 +1,109 @@
+"""The console as an ASGI application: `create_app(settings)`.
+
+Composition only: the settings, the signing key, the /metrics sampler (started and stopped
+with the application's lifespan), the templates (autoescaped, always), the routes of
+`views`, and the middleware that makes every request prove who it is (`security`). Served by
+uvicorn from `outbox-farm console`; a test drives it with Starlette's TestClient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from ..errors import OutboxFarmError
+from ..names import TableNames
+from . import actions, render, views
+from .database import Database
+from .farm import Sampler
+from .security import LOOPBACK_HOSTS, Signer, Tokens
+from .session import SessionMiddleware
+
+SAMPLE_EVERY = 5.0  # seconds between two readings of the farm's /metrics
+LIVE_EVERY = 2.0  # seconds between two refreshes of a page's live part
+PAGE_SIZE = 50
+
+
+@dataclass
+class ConsoleSettings:
+    """Everything a console serves from; made by the CLI (or a test)."""
+
+    database: Database
+    names: TableNames
+    tokens: Tokens = field(default_factory=lambda: Tokens({}))
+    read_only: bool = False
+    metrics_url: str | None = None
+    sample_every: float = SAMPLE_EVERY
+    live_every: float = LIVE_EVERY
+    page_size: int = PAGE_SIZE
+    count_cap: int = 10_000
+    allowed_hosts: list[str] | None = None  # None: loopback names only unless tokens are set
+
+
+def _templates() -> Jinja2Templates:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("outbox_farm.console", "templates"),
+        autoescape=True,  # every page, every fragment: never per file extension
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(age=render.age, number=render.number, when=render.when)
+    env.filters["pretty_json"] = render.pretty_json
+    return Jinja2Templates(env=env)
+
+
+def create_app(settings: ConsoleSettings) -> Starlette:
+    sampler = Sampler(settings.metrics_url, settings.sample_every)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(sampler.run(), name="console-sampler")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            settings.database.close()
+
+    hosts = settings.allowed_hosts
+    if hosts is None:
+        hosts = ["*"] if settings.tokens.required else list(LOOPBACK_HOSTS)
+    routes = [
+        Route("/", views.overview, name="overview"),
+        Route("/overview/live", views.overview_live, name="overview_live"),
+        Route("/dlq", views.dlq_list_page, name="dlq"),
+        Route("/dlq/{row_id:int}", views.dlq_row, name="dlq_row"),
+        Route("/dlq/preview", actions.preview, methods=["POST"], name="dlq_preview"),
+        Route("/dlq/run", actions.run, methods=["POST"], name="dlq_run"),
+        Route("/farm", views.farm, name="farm"),
+        Route("/farm/live", views.farm_live, name="farm_live"),
+        Route("/login", views.login_form, name="login"),
+        Route("/login", views.login, methods=["POST"], name="login_post"),
+        Route("/logout", views.logout, methods=["POST"], name="logout"),
+        Mount("/static", StaticFiles(packages=[("outbox_farm.console", "static")]), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+            Middleware(SessionMiddleware),
+        ],
+        exception_handlers={OutboxFarmError: views.database_error},
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.signer = Signer()
+    app.state.sampler = sampler
+    app.state.templates = _templates()
+    app.state.seen = set()
+    return app

@@ -1,0 +1,54 @@
+"""The console's connections: a few kept open between requests, none shared by two at once.
+
+A page is a handful of short reads; opening a connection for each would cost more than the
+reads on a server behind TLS. Up to `KEEP` idle connections are kept; a request takes one (or
+opens one), and gives it back only if it came back healthy and outside a transaction. Every
+connection is in autocommit mode, as the admin API requires (replay and purge commit batch
+by batch). Used from Starlette's thread pool, hence the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..db.connect import Connection, connect
+
+KEEP = 4
+IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open on the connection
+
+
+class Database:
+    """Connections to the server `url` (named `name` in messages: never the password)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self._url, self.name = url, name
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed:
+            conn = connect(self._url, autocommit=True, name=self.name)
+        try:
+            yield conn
+        except BaseException:
+            conn.close()  # whatever state it is in, it is not handed to the next request
+            raise
+        if conn.broken or conn.closed or conn.info.transaction_status != IDLE:
+            conn.close()
+            return
+        with self._lock:
+            if len(self._idle) < KEEP:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

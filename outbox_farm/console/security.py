@@ -1,0 +1,157 @@
+"""Who may use the console, and proof that a POST came from one of its own pages.
+
+The console can move and delete dead letters, so the policy is strict and written once here:
+
+- **Bind.** Loopback (127.0.0.0/8, ::1, `localhost`) needs no token: whoever can reach it is
+  on this machine already. Any other address refuses to start without a token file, so the
+  console never faces a network unauthenticated by accident.
+- **Tokens.** A token file holds one token a line, `name:token` or just `token` (named
+  `token`); blank lines and `#` comments are skipped. A token is compared in constant time
+  (`hmac.compare_digest`) on every request: an `Authorization: Bearer` header (scripts), or
+  the session cookie the login form sets (browsers: HttpOnly, SameSite=Strict, signed).
+- **Sessions and CSRF.** A session is a signed cookie naming who it is (a token's name, or
+  `loopback`); the signing key is made at start and lives in this process only, so a restart
+  logs everyone out and no key sits on disk. Every POST carries a CSRF token, an HMAC of the
+  session under that key, checked in constant time; a bearer client's "session" is its token
+  name. A request whose `Origin` is another site is refused too.
+- **Host.** Without a token, only loopback host names are served: a page of another site
+  whose name resolves to 127.0.0.1 (DNS rebinding) gets a 400, not the console.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigurationError
+
+TOKEN_ENV = "OUTBOX_FARM_CONSOLE_TOKEN_FILE"
+COOKIE = "outbox_farm_console"
+SESSION_SECONDS = 12 * 3600.0
+MIN_TOKEN_LENGTH = 16
+LOOPBACK_NAME = "loopback"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine
+    only. Names other than `localhost` are not resolved: they might resolve elsewhere later."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The accepted tokens by name; empty: no token file (loopback only)."""
+
+    by_name: dict[str, str]
+
+    @classmethod
+    def load(cls, path: str | None) -> Tokens:
+        """The tokens of the file at `path` (None: none). Refused, saying how to fix it: an
+        unreadable or empty file, a token shorter than `MIN_TOKEN_LENGTH`, a name twice."""
+        if path is None:
+            return cls({})
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(
+                f"cannot read the token file {path}: {exc}; point --token-file at a readable file"
+            ) from None
+        found: dict[str, str] = {}
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, colon, token = line.partition(":")
+            name, token = (name.strip(), token.strip()) if colon else ("token", name.strip())
+            where = f"{path} line {number}"
+            if not name:
+                raise ConfigurationError(f"{where}: a name before ':' is empty; write name:token")
+            if len(token) < MIN_TOKEN_LENGTH:
+                raise ConfigurationError(
+                    f"{where}: the token of {name!r} is shorter than {MIN_TOKEN_LENGTH} "
+                    f"characters; make one with {MAKE_ONE}"
+                )
+            if name in found:
+                raise ConfigurationError(f"{where}: the name {name!r} is given twice")
+            found[name] = token
+        if not found:
+            raise ConfigurationError(
+                f"the token file {path} holds no token; write one a line (name:token or token), "
+                f"e.g. made with {MAKE_ONE}"
+            )
+        return cls(found)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.by_name)
+
+    def who(self, given: str) -> str | None:
+        """The name of the token `given`, or None. Every token is compared, each in constant
+        time, so the time taken says nothing about which one nearly matched."""
+        match = None
+        for name, token in self.by_name.items():
+            if hmac.compare_digest(given.encode(), token.encode()):
+                match = name
+        return match
+
+
+def check_bind(host: str, tokens: Tokens) -> None:
+    """Refuse a bind the network can reach unless a token protects it."""
+    if not is_loopback(host) and not tokens.required:
+        raise ConfigurationError(
+            f"--bind {host} is reachable from other machines and the console can replay and "
+            f"delete dead letters: give --token-file PATH (or {TOKEN_ENV}) with a token a line "
+            f"(name:token; make one with {MAKE_ONE}), or bind 127.0.0.1"
+        )
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+class Signer:
+    """Sessions and CSRF tokens under one key made for this process."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key or os.urandom(32)
+
+    def _mac(self, purpose: str, text: str) -> str:
+        return _b64(hmac.new(self._key, f"{purpose}\n{text}".encode(), hashlib.sha256).digest())
+
+    def session(self, who: str, now: float | None = None) -> str:
+        """A cookie value naming `who`, valid for SESSION_SECONDS."""
+        issued = int(now if now is not None else time.time())
+        body = f"{_b64(who.encode())}.{issued}.{secrets.token_urlsafe(12)}"
+        return f"{body}.{self._mac('session', body)}"
+
+    def read_session(self, value: str, now: float | None = None) -> tuple[str, str] | None:
+        """(who, session id) of a cookie this process signed and that has not expired."""
+        body, _, mac = value.rpartition(".")
+        if not body or not hmac.compare_digest(mac, self._mac("session", body)):
+            return None
+        encoded, issued, _nonce = body.split(".")
+        if (now if now is not None else time.time()) - int(issued) > SESSION_SECONDS:
+            return None
+        padded = encoded + "=" * (-len(encoded) % 4)
+        return base64.urlsafe_b64decode(padded).decode(), body
+
+    def csrf(self, session_id: str) -> str:
+        return self._mac("csrf", session_id)
+
+    def check_csrf(self, session_id: str, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self.csrf(session_id).encode())

@@ -1,0 +1,117 @@
+"""The check every request passes before any page: who is asking, and may they do this.
+
+Sets `request.state.who` (a token's name, or `loopback`), `request.state.session` (what the
+CSRF token is bound to) and `request.state.csrf`. Refuses, before any route runs:
+- without a valid bearer token or session cookie when tokens are required: a browser asking
+  for a page is sent to the login form, anyone else gets 401;
+- any POST under --read-only (403), but the login and logout forms;
+- a POST whose Origin header names another site (403): a browser always sends Origin with a
+  cross-site POST, so this stops a forged form even before its CSRF token is checked.
+The CSRF token itself is checked by each action (`views.checked_form`), which reads the form.
+Every answer carries headers that keep the pages in their own frame and scripts to this origin.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+
+from .security import COOKIE, LOOPBACK_NAME, SESSION_SECONDS, Signer
+
+OPEN_PATHS = ("/login", "/static/")
+FORM_PATHS = ("/login", "/logout")  # POSTs allowed under --read-only
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def set_session_cookie(response: Response, value: str, secure: bool) -> None:
+    response.set_cookie(
+        COOKIE,
+        value,
+        max_age=int(SESSION_SECONDS),
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+        path="/",
+    )
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return urllib.parse.urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+class SessionMiddleware(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await self._guarded(request, call_next)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        if not request.url.path.startswith("/static/"):
+            response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    async def _guarded(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        settings = request.app.state.settings
+        signer: Signer = request.app.state.signer
+        path = request.url.path
+        fresh: str | None = None  # a cookie to set: a loopback visitor's first session
+        who: str | None = None
+        session = ""
+        bearer = _bearer(request)
+        cookie = request.cookies.get(COOKIE)
+        read = signer.read_session(cookie) if cookie else None
+        if bearer is not None:
+            who = settings.tokens.who(bearer) if settings.tokens.required else LOOPBACK_NAME
+            if who is None:
+                return PlainTextResponse("invalid bearer token\n", status_code=401)
+            session = f"bearer:{who}"
+        elif read is not None and (
+            read[0] in settings.tokens.by_name
+            or (not settings.tokens.required and read[0] == LOOPBACK_NAME)
+        ):
+            who, session = read
+        elif not settings.tokens.required:
+            fresh = signer.session(LOOPBACK_NAME)
+            who, session = LOOPBACK_NAME, fresh.rpartition(".")[0]
+        elif not path.startswith(OPEN_PATHS):
+            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+                target = urllib.parse.quote(
+                    request.url.path + ("?" + request.url.query if request.url.query else "")
+                )
+                return RedirectResponse(f"/login?next={target}", status_code=303)
+            return PlainTextResponse(
+                "authentication required: send Authorization: Bearer <token>, or log in at "
+                "/login\n",
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if request.method not in ("GET", "HEAD"):
+            if not _same_origin(request):
+                return PlainTextResponse("cross-site request refused\n", status_code=403)
+            if settings.read_only and path not in FORM_PATHS:
+                return PlainTextResponse(
+                    "this console is read-only (--read-only): no action is allowed\n",
+                    status_code=403,
+                )
+        request.state.who = who
+        request.state.session = session
+        request.state.csrf = signer.csrf(session) if who is not None else ""
+        response = await call_next(request)
+        if fresh is not None:
+            set_session_cookie(response, fresh, request.url.scheme == "https")
+        return response
