@@ -30,8 +30,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from outbox_farm.db import scratch
 from outbox_farm.dsn import redact
-from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
+from outbox_farm.ops.migrate import migrate
 
 CLI = Path(sys.executable).parent / "outbox-farm"
 
@@ -79,7 +79,7 @@ def admin_server(
             yield candidate
             return
         say(f"{redact(candidate)} is not reachable ({problem})")
-    from outbox_farm.embedded import start_embedded
+    from outbox_farm.ops.embedded import start_embedded
 
     data = Path(tempfile.mkdtemp(prefix="outbox-farm-scratch-pg-")) / "pgdata"
     say(f"no server given: starting an embedded Postgres in {data}")

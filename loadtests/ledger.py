@@ -1,7 +1,7 @@
 """The load test's record of a run, and how the checker reads it beside the outbox and DLQ.
 
 Two tables of the load test's own sit beside the farm's (which come from
-`outbox_farm.migrate`): `loadtest_expected`, one row per published message, written by the
+`outbox_farm.ops.migrate`): `loadtest_expected`, one row per published message, written by the
 publisher in the same transaction as the outbox row, with the fate the message must meet; and
 `loadtest_ledger`, one row per handler run, written by the handler itself. The checker reads
 them, the outbox and the DLQ through `Db`, so its queries name the farm's tables whatever they
@@ -42,7 +42,7 @@ CREATE INDEX IF NOT EXISTS loadtest_ledger_msg_idx ON loadtest_ledger (msg_id);
 
 
 def create_schema(conn: psycopg.Connection[Any]) -> None:
-    """The load test's own tables (the outbox and DLQ come from `outbox_farm.migrate`)."""
+    """The load test's own tables (the outbox and DLQ come from `outbox_farm.ops.migrate`)."""
     conn.execute(SCHEMA)
 
 

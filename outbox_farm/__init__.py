@@ -23,9 +23,9 @@ from .handler import AckPolicy
 from .message import Message
 from .middleware import CallNext, Middleware
 from .observe import Observer
+from .ops.schema_check import check_schema
 from .outcome import Kind, Outcome, Reason
 from .retry import ConstantBackoff, ExponentialBackoff, LinearBackoff, NoRetry, RetryStrategy
-from .schema_check import check_schema
 from .settings import RuntimeSettings
 
 __all__ = [

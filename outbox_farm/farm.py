@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .observe import Observer
     from .relay.base import Target
     from .relay.runner import Relay
-    from .runtime import Runtime
+    from .worker.runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -208,7 +208,7 @@ class Farm:
         `queues=`, ...): see `RuntimeSettings`. `observers`: `outbox_farm.Observer`s told of
         every claim, handler run, verdict and write, after the metrics and logs.
         """
-        from .runtime import Runtime
+        from .worker.runtime import Runtime
 
         if options:
             settings = dataclasses.replace(settings or RuntimeSettings(), **options)

@@ -11,9 +11,31 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
-from .exposition import DEFAULT_BIND, parse_bind
-from .leases import check_worker_id
 from .retry import check_seconds
+from .tokens import check_worker_id
+
+DEFAULT_BIND = "127.0.0.1:9464"  # where `start` serves /metrics and /healthz
+_EXAMPLE = "e.g. 127.0.0.1:9464, [::1]:9464, or empty to turn /metrics and /healthz off"
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """`host:port` as `socket.create_server` takes it; refused with the reason otherwise.
+
+    An IPv6 host goes in brackets; an empty host (`:9464`) is loopback, never every interface:
+    /metrics says how busy the farm is and should not face the network by accident. The host
+    is resolved only when binding.
+    """
+    host, colon, port = bind.strip().rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ConfigurationError(
+            f"{bind!r} is not host:port with a port from 0 to 65535 ({_EXAMPLE})"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ConfigurationError(f"{bind!r}: put an IPv6 address in brackets ({_EXAMPLE})")
+    return host or "127.0.0.1", int(port)
+
 
 # The arbiter judges a worker by a heartbeat file touched about once a second: any shorter
 # timeout would kill healthy workers.

@@ -24,8 +24,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox_farm.embedded import is_private
 from outbox_farm.names import TableNames
+from outbox_farm.ops.embedded import is_private
 from outbox_farm.testing.databases import Templates
 
 _RUN_DIR = Path(tempfile.mkdtemp(prefix="outbox-farm-test-"))

@@ -39,7 +39,7 @@ from loadtests.harness import note
 from loadtests.kafkabroker import tansu
 from outbox_farm import Farm
 from outbox_farm.farm import RELAY_BATCH
-from outbox_farm.relay import Envelope, Outcome, Target
+from outbox_farm.relay import BrokerReply, Envelope, Target
 from outbox_farm.relay.kafka import Kafka
 from outbox_farm.relay.nats import NatsJetStream
 from outbox_farm.relay.rabbitmq import RabbitMQ
@@ -99,7 +99,7 @@ async def target_alone(kind: str, url: str, count: int, batch: int) -> None:
                 for i in range(start, min(start + batch, count))
             ]
             deliveries = await target.publish(envelopes)
-            if any(d.outcome is not Outcome.CONFIRMED for d in deliveries):
+            if any(d.outcome is not BrokerReply.CONFIRMED for d in deliveries):
                 raise SystemExit(f"{kind}: the target alone was refused: {deliveries[0]}")
     finally:
         await target.close()

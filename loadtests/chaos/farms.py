@@ -28,7 +28,7 @@ import psycopg
 
 from loadtests.farmproc import GRACEFUL, farm_subprocess, get, log_tail
 from loadtests.harness import Metrics, kill_farm, stop_farm
-from outbox_farm.child import WORKER_NAME
+from outbox_farm.prefork.child import WORKER_NAME
 
 LOADTESTS = Path(__file__).resolve().parents[1]
 _DIED = re.compile(r"worker (\d+) ")
@@ -184,7 +184,7 @@ class Server:
     """A Postgres of the suite's own, from the embedded wheel, that it may restart."""
 
     def __init__(self) -> None:
-        from outbox_farm.embedded import start_embedded
+        from outbox_farm.ops.embedded import start_embedded
 
         self._dir = tempfile.TemporaryDirectory(prefix="outbox-farm-chaos-pg-")
         self.dsn, self._handle = start_embedded(Path(self._dir.name) / "pgdata", delete=True)

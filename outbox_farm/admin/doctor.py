@@ -21,8 +21,8 @@ from ..db.connect import Connection
 from ..db.operator import DoctorProbes
 from ..errors import DatabaseError
 from ..names import QualifiedName, TableNames
-from ..privileges import check_privileges
-from ..schema_check import check_schema
+from ..ops.privileges import check_privileges
+from ..ops.schema_check import check_schema
 from .stats import STALL_AFTER, stall_reason
 
 MIN_SERVER = 120000  # VACUUM (SKIP_LOCKED, TRUNCATE false) and vacuum_truncate: PostgreSQL 12

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..errors import OutboxFarmError
-from ..exposition import DEFAULT_BIND
+from ..settings import DEFAULT_BIND
 
 DEFAULT_METRICS_URL = f"http://{DEFAULT_BIND}/metrics"  # where `start` serves by default
 PREFIX = "outbox_farm_"

@@ -14,7 +14,7 @@ import click
 from ..admin import DlqFilter, Done, Summary, dlq_summary
 from ..db.connect import Connection
 from ..names import TableNames
-from ..server import connected
+from ..ops.server import connected
 from .output import echo_json, notice, text_table
 
 Progress = Callable[[int], None]

@@ -12,10 +12,10 @@ import click
 
 from ..admin.rates import DEFAULT_METRICS_URL
 from ..errors import ConfigurationError
-from ..exposition import parse_bind
-from ..logs import configure
 from ..names import TableNames
-from ..server import located
+from ..ops.log_setup import configure
+from ..ops.server import located
+from ..settings import parse_bind
 from .options import EPILOG, dsn_options, table_options
 from .output import notice
 

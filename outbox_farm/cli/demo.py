@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..demo import publish, run_farm
-from ..server import resolve
+from ..demo.run import publish, run_farm
+from ..ops.server import resolve
 from .options import EPILOG, dsn_options
 from .output import notice
 
@@ -36,14 +36,14 @@ def demo(dsn: str | None, messages: int, procs: int) -> None:
 
     Creates the demo's own tables (outbox_demo, outbox_demo_dlq; your outbox is not touched),
     publishes --messages messages, starts `outbox-farm start --procs N` on
-    outbox_farm.demo_app (every 50th message fails once and is retried, every 1,000th goes to
+    outbox_farm.demo.app (every 50th message fails once and is retried, every 1,000th goes to
     the DLQ), prints its progress every second from its /metrics, stops it and sums up.
     Without --dsn it runs on the embedded Postgres under ./.outbox-farm/.
     """
     with resolve(dsn, notice) as url, tempfile.TemporaryDirectory(prefix="outbox-farm-") as tmp:
         with click.progressbar(length=messages, label="publishing") as bar:
             publish(url, messages, bar.update)
-        click.echo(f"starting outbox-farm start --procs {procs} on outbox_farm.demo_app ...")
+        click.echo(f"starting outbox-farm start --procs {procs} on outbox_farm.demo.app ...")
         summary = run_farm(url, messages, procs, click.echo, Path(tmp))
     lag = (
         f"{summary.lag_p50 * 1000:,.0f} ms / {summary.lag_p99 * 1000:,.0f} ms"

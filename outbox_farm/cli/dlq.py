@@ -18,8 +18,8 @@ from ..admin import DlqFilter, Done, When, dlq_list, dlq_purge, dlq_replay, dlq_
 from ..admin.dlq import DEFAULT_BATCH, dlq_unfit
 from ..db.connect import Connection
 from ..names import TableNames
+from ..ops.server import connected
 from ..outcome import Reason
-from ..server import connected
 from .bulk import Bulk, Progress
 from .options import (
     EPILOG,

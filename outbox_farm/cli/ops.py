@@ -18,7 +18,7 @@ from ..admin.stats import EXACT_LIMIT, OUTBOX_COUNTS, STALL_AFTER
 from ..db.connect import connect
 from ..errors import OutboxFarmError
 from ..names import TableNames
-from ..server import connected, located
+from ..ops.server import connected, located
 from .options import EPILOG, dsn_options, duration, json_option, table_options
 from .output import echo_json, notice, text_table
 

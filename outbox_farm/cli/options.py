@@ -19,7 +19,7 @@ import click
 from ..admin import When, parse_duration
 from ..errors import ConfigurationError, OutboxFarmError
 from ..names import TableNames
-from ..server import read_dsn_file
+from ..ops.server import read_dsn_file
 
 EPILOG = "Every option can also be set from the environment variable shown in its help."
 DSN_FILE_HINT = "'--dsn-file' / OUTBOX_FARM_DSN_FILE"

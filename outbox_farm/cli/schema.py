@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from ..migrate import ddl, migrate
 from ..names import TableNames
-from ..readiness import schema_report
-from ..server import connected
+from ..ops.migrate import ddl, migrate
+from ..ops.readiness import schema_report
+from ..ops.server import connected
 from .options import EPILOG, dsn_options, table_options
 from .output import notice
 

@@ -8,10 +8,9 @@ import sys
 
 import click
 
-from ..exposition import DEFAULT_BIND, parse_bind
-from ..logs import configure
-from ..metrics_dir import prepare_metrics_dir
-from ..settings import RuntimeSettings, SupervisorSettings
+from ..ops.log_setup import configure
+from ..prefork.metrics_dir import prepare_metrics_dir
+from ..settings import DEFAULT_BIND, RuntimeSettings, SupervisorSettings, parse_bind
 from .options import (
     DSN_SOURCES,
     EPILOG,
@@ -216,7 +215,7 @@ def start(
     with usage_error(METRICS_DIR_HINT):
         prepare_metrics_dir(metrics_dir)
     # Only now: nothing may import prometheus_client before its directory is set.
-    from ..launch import load_app, run_farm
+    from ..prefork.launch import load_app, run_farm
 
     settings = SupervisorSettings(
         procs=procs,

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import jinja2
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -26,7 +25,7 @@ from ..names import TableNames
 from . import actions, render, views
 from .database import Database
 from .farm import Sampler
-from .security import LOOPBACK_HOSTS, Signer, Tokens
+from .security import Signer, Tokens
 from .session import SessionMiddleware
 
 SAMPLE_EVERY = 5.0  # seconds between two readings of the farm's /metrics
@@ -47,7 +46,6 @@ class ConsoleSettings:
     live_every: float = LIVE_EVERY
     page_size: int = PAGE_SIZE
     count_cap: int = 10_000
-    allowed_hosts: list[str] | None = None  # None: loopback names only unless tokens are set
 
 
 def _templates() -> Jinja2Templates:
@@ -75,9 +73,6 @@ def create_app(settings: ConsoleSettings) -> Starlette:
                 await task
             settings.database.close()
 
-    hosts = settings.allowed_hosts
-    if hosts is None:
-        hosts = ["*"] if settings.tokens.required else list(LOOPBACK_HOSTS)
     routes = [
         Route("/", views.overview, name="overview"),
         Route("/overview/live", views.overview_live, name="overview_live"),
@@ -95,7 +90,6 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
-            Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
             Middleware(SessionMiddleware),
         ],
         exception_handlers={OutboxFarmError: views.database_error},

@@ -4,7 +4,8 @@ A page is a handful of short reads; opening a connection for each would cost mor
 reads on a server behind TLS. Up to `KEEP` idle connections are kept; a request takes one (or
 opens one), and gives it back only if it came back healthy and outside a transaction. Every
 connection is in autocommit mode, as the admin API requires (replay and purge commit batch
-by batch). Used from Starlette's thread pool, hence the lock.
+by batch). At most `OPEN` are in use at once, whatever the number of requests: the farm's
+database is not the console's to crowd. Used from Starlette's thread pool, hence the lock.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..db.connect import Connection, connect
+from ..errors import OutboxFarmError
 
 KEEP = 4
+OPEN = 8  # connections open at once at most: a console is a few people, not a load test
+WAIT = 30.0  # seconds a request waits for one of them before it is refused
 IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open on the connection
 
 
@@ -26,9 +30,23 @@ class Database:
         self._url, self.name = url, name
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(OPEN)
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
+        if not self._slots.acquire(timeout=WAIT):
+            raise OutboxFarmError(
+                f"all {OPEN} of the console's connections stayed busy for {WAIT:.0f}s "
+                "(a long replay or purge?); try again in a moment"
+            )
+        try:
+            with self._borrowed() as conn:
+                yield conn
+        finally:
+            self._slots.release()
+
+    @contextmanager
+    def _borrowed(self) -> Iterator[Connection]:
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         if conn is None or conn.closed:

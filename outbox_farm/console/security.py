@@ -8,7 +8,9 @@ The console can move and delete dead letters, so the policy is strict and writte
 - **Tokens.** A token file holds one token a line, `name:token` or just `token` (named
   `token`); blank lines and `#` comments are skipped. A token is compared in constant time
   (`hmac.compare_digest`) on every request: an `Authorization: Bearer` header (scripts), or
-  the session cookie the login form sets (browsers: HttpOnly, SameSite=Strict, signed).
+  the session cookie the login form sets (browsers: HttpOnly, SameSite=Strict, signed). The
+  file is read at start: to revoke a token, remove it and restart the console (which also
+  ends every session).
 - **Sessions and CSRF.** A session is a signed cookie naming who it is (a token's name, or
   `loopback`); the signing key is made at start and lives in this process only, so a restart
   logs everyone out and no key sits on disk. Every POST carries a CSRF token, an HMAC of the
@@ -37,7 +39,6 @@ COOKIE = "outbox_farm_console"
 SESSION_SECONDS = 12 * 3600.0
 MIN_TOKEN_LENGTH = 16
 LOOPBACK_NAME = "loopback"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 

@@ -6,7 +6,9 @@ CSRF token is bound to) and `request.state.csrf`. Refuses, before any route runs
   for a page is sent to the login form, anyone else gets 401;
 - any POST under --read-only (403), but the login and logout forms;
 - a POST whose Origin header names another site (403): a browser always sends Origin with a
-  cross-site POST, so this stops a forged form even before its CSRF token is checked.
+  cross-site POST, so this stops a forged form even before its CSRF token is checked;
+- without tokens, a Host header that is not a loopback name (400): a page of another site
+  whose name resolves to 127.0.0.1 (DNS rebinding) must not reach an open console.
 The CSRF token itself is checked by each action (`views.checked_form`), which reads the form.
 Every answer carries headers that keep the pages in their own frame and scripts to this origin.
 """
@@ -19,7 +21,7 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from .security import COOKIE, LOOPBACK_NAME, SESSION_SECONDS, Signer
+from .security import COOKIE, LOOPBACK_NAME, SESSION_SECONDS, Signer, is_loopback
 
 OPEN_PATHS = ("/login", "/static/")
 FORM_PATHS = ("/login", "/logout")  # POSTs allowed under --read-only
@@ -28,7 +30,8 @@ SECURITY_HEADERS = {
     "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it a browser sends `Origin: null` with the console's own forms.
+    "Referrer-Policy": "same-origin",
 }
 
 
@@ -47,6 +50,14 @@ def set_session_cookie(response: Response, value: str, secure: bool) -> None:
 def _bearer(request: Request) -> str | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _hostname(request: Request) -> str:
+    """The Host header's name, without its port (an IPv6 address without its brackets)."""
+    try:
+        return urllib.parse.urlsplit("//" + request.headers.get("host", "")).hostname or ""
+    except ValueError:
+        return ""
 
 
 def _same_origin(request: Request) -> bool:
@@ -72,6 +83,12 @@ class SessionMiddleware(BaseHTTPMiddleware):
         fresh: str | None = None  # a cookie to set: a loopback visitor's first session
         who: str | None = None
         session = ""
+        if not settings.tokens.required and not is_loopback(_hostname(request)):
+            return PlainTextResponse(
+                "without a token this console answers to loopback names only (127.0.0.1, "
+                "localhost, [::1])\n",
+                status_code=400,
+            )
         bearer = _bearer(request)
         cookie = request.cookies.get(COOKIE)
         read = signer.read_session(cookie) if cookie else None

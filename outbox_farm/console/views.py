@@ -22,7 +22,7 @@ from starlette.responses import RedirectResponse, Response
 from ..admin import DlqFilter, QueueStats, When, dlq_count, dlq_list, dlq_show, queue_stats
 from ..db.operator import DoctorProbes, StatsReader, XminHolder
 from ..dsn import scrub
-from ..errors import ConfigurationError, OutboxFarmError
+from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError
 from ..outcome import Reason
 from .farm import FarmView, Health, Unreachable, read_health
 from .render import Chart, StoredException, correlation
@@ -44,7 +44,6 @@ def page(request: Request, name: str, status: int = 200, **context: Any) -> Resp
         read_only=settings.read_only,
         tokens_required=settings.tokens.required,
         live_every_ms=int(settings.live_every * 1000),
-        database=settings.database.name,
     )
     templates = request.app.state.templates
     return templates.TemplateResponse(request, name, context, status_code=status)  # type: ignore[no-any-return]
@@ -151,7 +150,7 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
     with settings.database.connection() as conn:
         queues = StatsReader(conn, settings.names).queues()
         if flt.error:
-            return {"rows": [], "total": (0, True), "queues": queues}
+            return {"rows": [], "total": (0, True), "queues": queues, "cap": settings.count_cap}
         rows = dlq_list(conn, settings.names, flt.where, settings.page_size + 1, before=before)
         total = dlq_count(conn, settings.names, flt.where, settings.count_cap)
     more = len(rows) > settings.page_size
@@ -161,6 +160,7 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
         "rows": rows,
         "total": total,
         "queues": queues,
+        "cap": settings.count_cap,
         "more": more,
         "first": first,
         "last": first + len(rows) - 1,
@@ -240,6 +240,9 @@ def _farm(request: Request) -> FarmPage:
     try:
         with settings.database.connection() as conn:
             xmin = DoctorProbes(conn, settings.names).xmin_holder()
+    except ConnectionLost:
+        xmin_error = "the database cannot be reached (the console's log says why)"
+        log.warning("console: the xmin probe failed", exc_info=True)
     except OutboxFarmError as exc:
         xmin_error = scrub(str(exc))
     return FarmPage(farm, health, health_error, xmin, xmin_error)
@@ -314,15 +317,12 @@ def who(request: Request) -> str:
 
 
 async def database_error(request: Request, exc: Exception) -> Response:
-    """The database refused or could not be reached: a page saying so (never the DSN's
-    secret), status 503; the next request tries again."""
+    """The database refused or could not be reached: a page saying so, status 503 (the next
+    request tries again). A page never names the server: its address is for the log."""
+    if isinstance(exc, ConfigurationError):
+        return page(request, "error.html", 400, title="Not possible", message=str(exc))
     log.warning("console: %s", scrub(str(exc)), extra={"event": "console_database_error"})
-    return page(
-        request,
-        "error.html",
-        status=503 if not isinstance(exc, ConfigurationError) else 400,
-        title="The database did not answer"
-        if not isinstance(exc, ConfigurationError)
-        else "Not possible",
-        message=scrub(str(exc)),
-    )
+    message = scrub(str(exc))
+    if isinstance(exc, ConnectionLost):  # its message names the server: the log has it
+        message = "The database cannot be reached (the console's log says why); reload to retry."
+    return page(request, "error.html", 503, title="The database did not answer", message=message)

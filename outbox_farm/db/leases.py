@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from ..leases import token_range
 from ..queries import Queries
+from ..tokens import token_range
 from .boundary import boundary
 from .pool import Pool
 

@@ -306,6 +306,7 @@ class DoctorProbes(_Reader):
             "lease_ttl": PROBE_LEASE_TTL,
             "token": uuid.uuid4(),
             "held": [],
+            "far": True,
         }
         try:
             with self._conn.transaction():

@@ -1,7 +1,7 @@
 """The schema tools' statements: the migration records under their advisory lock, the live
 shape of a table for the schema check, and whether the farm's tables exist.
 
-Migrations are decided in `outbox_farm.migrate` and compared in `outbox_farm.schema_check`;
+Migrations are decided in `outbox_farm.ops.migrate` and compared in `outbox_farm.ops.schema_check`;
 what runs here only reads and writes. Catalog lookups take a table's name as quoted text
 (`to_regclass`), so nothing is composed into them.
 """

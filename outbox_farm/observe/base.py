@@ -75,6 +75,17 @@ class Observer:
         """`queue` stalled (its claims keep failing, or a ready row ages while the farm is
         idle), `reason` saying why; None: it flows again."""
 
+    def relay_sent(self, target: str, rows: int, seconds: float) -> None:
+        """A relay sent a batch of `rows` messages to `target`; its last confirm came
+        `seconds` after the first send."""
+
+    def relay_settled(self, target: str, outcome: str, rows: int) -> None:
+        """`rows` messages of a batch to `target` ended as `outcome` (confirmed, nacked,
+        returned or unconfirmed)."""
+
+    def relay_connection(self, target: str, up: bool) -> None:
+        """The relay to `target` connected (`up`) or lost its broker."""
+
 
 _EVENTS = [name for name in vars(Observer) if not name.startswith("_")]
 

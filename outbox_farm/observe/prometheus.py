@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..message import Message
-from ..metrics import metrics
+from ..metrics import RelayMetrics, metrics, relay_metrics
 from ..outcome import Kind, Outcome
 from .base import Observer
 
@@ -40,6 +40,7 @@ class PrometheusObserver(Observer):
         self.m = metrics()
         self._queues: dict[str, _Queue] = {}
         self._written = {"ack": self.m.acked, "retry": self.m.retried, "release": self.m.released}
+        self._relay: RelayMetrics | None = None  # made by the first relay event of the process
 
     def _add_queue(self, queue: str) -> _Queue:
         children = self._queues[queue] = _Queue(queue)
@@ -103,3 +104,20 @@ class PrometheusObserver(Observer):
 
     def stalled(self, queue: str, reason: str | None) -> None:
         self.m.queue_stalled.labels(queue).set(0 if reason is None else 1)
+
+    def _relays(self) -> RelayMetrics:
+        if self._relay is None:
+            self._relay = relay_metrics()
+        return self._relay
+
+    def relay_sent(self, target: str, rows: int, seconds: float) -> None:
+        m = self._relays()
+        m.publish_seconds.labels(target).observe(seconds)
+        m.batch_size.labels(target).observe(rows)
+        m.published.labels(target).inc(rows)
+
+    def relay_settled(self, target: str, outcome: str, rows: int) -> None:
+        getattr(self._relays(), outcome).labels(target).inc(rows)
+
+    def relay_connection(self, target: str, up: bool) -> None:
+        self._relays().up.labels(target).set(1 if up else 0)

@@ -5,8 +5,10 @@ is shaped so. Those whole-line comments stay in the files and are dropped from t
 the server, with each line's indentation: psycopg caches the parsing of a statement only up to
 4 KiB of text, and the claim's explanation alone is longer than its SQL. (No string literal in
 these files spans lines, so no literal loses its spaces.) Table names are `{placeholders}`
-filled with `psycopg.sql.Identifier` once per `Queries` object; parameters are `%(name)s`. No
-SQL text is built any other way.
+filled with `psycopg.sql.Identifier` once per `Queries` object; parameters are `%(name)s`.
+Placeholders that are not table names (a NOTIFY channel, a role, a privilege list, a scratch
+table) are filled the same way, with `psycopg.sql`, by the `db` module that runs the block: no
+SQL text is ever pasted together from strings.
 """
 
 from __future__ import annotations

@@ -8,15 +8,15 @@ is the contract a target implements; `runner` the broker-agnostic handler that s
 
 import importlib
 
-from .base import CONFIRMED, Delivery, Envelope, Outcome, Route, Target, TargetUnavailable
+from .base import CONFIRMED, BrokerReply, Delivery, Envelope, Route, Target, TargetUnavailable
 
 __all__ = [
     "CONFIRMED",
+    "BrokerReply",
     "Delivery",
     "Envelope",
     "Kafka",
     "NatsJetStream",
-    "Outcome",
     "RabbitMQ",
     "RedisStream",
     "Route",

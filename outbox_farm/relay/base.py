@@ -42,7 +42,7 @@ class Envelope:
     ordering_key: str | None = None
 
 
-class Outcome(enum.Enum):
+class BrokerReply(enum.Enum):
     CONFIRMED = "confirmed"
     """The broker took responsibility for the message: the row may be acked."""
     NACKED = "nacked"
@@ -59,13 +59,13 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    outcome: Outcome
+    outcome: BrokerReply
     reason: str | None = None
     """What the broker said, for every outcome but CONFIRMED: it becomes the retry's error and,
     should the strategy give up, the DLQ row's `last_exception`."""
 
 
-CONFIRMED = Delivery(Outcome.CONFIRMED)
+CONFIRMED = Delivery(BrokerReply.CONFIRMED)
 
 
 class TargetUnavailable(OutboxFarmError):
@@ -144,7 +144,7 @@ def routed(route: Route, batch: Sequence[Envelope]) -> list[str | Delivery]:
         try:
             out.append(resolve(route, envelope))
         except Exception as exc:
-            out.append(Delivery(Outcome.NACKED, f"route {route!r} failed: {exc!r}"))
+            out.append(Delivery(BrokerReply.NACKED, f"route {route!r} failed: {exc!r}"))
     return out
 
 

@@ -39,9 +39,9 @@ from ..dsn import scrub
 from ..errors import ConfigurationError
 from .base import (
     CONFIRMED,
+    BrokerReply,
     Delivery,
     Envelope,
-    Outcome,
     Route,
     TargetUnavailable,
     check_route,
@@ -220,7 +220,7 @@ class Kafka:
             try:
                 key = self._key(envelope)
             except Exception as exc:
-                reports.known(i, Delivery(Outcome.NACKED, f"key {self.key!r} failed: {exc!r}"))
+                reports.known(i, Delivery(BrokerReply.NACKED, f"key {self.key!r} failed: {exc!r}"))
                 settled += 1
                 continue
             headers = _headers(envelope)
@@ -260,7 +260,7 @@ class Kafka:
             if isinstance(error, KafkaError):
                 reports.known(i, _delivery(error))
             else:
-                reports.known(i, Delivery(Outcome.NACKED, f"cannot be produced: {exc!r}"))
+                reports.known(i, Delivery(BrokerReply.NACKED, f"cannot be produced: {exc!r}"))
             return False
         return True
 
@@ -355,7 +355,7 @@ class _Reports:
             pass  # librdkafka reports every record within its message timeout; never rely on it
 
     def deliveries(self) -> list[Delivery]:
-        lost = Delivery(Outcome.UNCONFIRMED, "no delivery report")
+        lost = Delivery(BrokerReply.UNCONFIRMED, "no delivery report")
         return [lost if result is None else result for result in self._results]
 
 
@@ -363,10 +363,10 @@ def _delivery(error: KafkaError) -> Delivery:
     """One failed delivery report, as a `Delivery` with the broker's (or librdkafka's) words."""
     code = error.code()
     if code in _UNROUTABLE:
-        return Delivery(Outcome.RETURNED, f"no such topic: {_words(error)}")
+        return Delivery(BrokerReply.RETURNED, f"no such topic: {_words(error)}")
     if code in _UNKNOWN or code in _PRODUCER_STATE or error.retriable() or error.fatal():
-        return Delivery(Outcome.UNCONFIRMED, _words(error))
-    return Delivery(Outcome.NACKED, f"refused by the broker: {_words(error)}")
+        return Delivery(BrokerReply.UNCONFIRMED, _words(error))
+    return Delivery(BrokerReply.NACKED, f"refused by the broker: {_words(error)}")
 
 
 def _words(error: KafkaError | Exception) -> str:

@@ -27,9 +27,9 @@ from nats.aio.msg import Msg
 from ..dsn import redact_url, scrub
 from .base import (
     CONFIRMED,
+    BrokerReply,
     Delivery,
     Envelope,
-    Outcome,
     Route,
     TargetUnavailable,
     check_route,
@@ -110,11 +110,13 @@ class NatsJetStream:
         except (OSError, nats.errors.Error) as exc:
             # The rest of the batch never left; the acks of what did may never come.
             reason = scrub(f"connection lost while publishing: {exc!r}", self.url)
-            results.extend([Delivery(Outcome.UNCONFIRMED, reason)] * (len(batch) - len(results)))
+            results.extend(
+                [Delivery(BrokerReply.UNCONFIRMED, reason)] * (len(batch) - len(results))
+            )
         futures = [r for r in results if isinstance(r, asyncio.Future)]
         if futures:
             await asyncio.wait(futures, timeout=self.confirm_timeout)
-        lost = Delivery(Outcome.UNCONFIRMED, f"no ack within {self.confirm_timeout:g}s")
+        lost = Delivery(BrokerReply.UNCONFIRMED, f"no ack within {self.confirm_timeout:g}s")
         out = []
         for result in results:
             if isinstance(result, asyncio.Future):
@@ -133,19 +135,21 @@ class NatsJetStream:
             return
         if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
             future.set_result(
-                Delivery(Outcome.NACKED, "no JetStream stream listens on the subject")
+                Delivery(BrokerReply.NACKED, "no JetStream stream listens on the subject")
             )
             return
         try:
             answer = orjson.loads(msg.data)
         except orjson.JSONDecodeError:
-            future.set_result(Delivery(Outcome.UNCONFIRMED, f"unreadable ack {msg.data[:200]!r}"))
+            future.set_result(
+                Delivery(BrokerReply.UNCONFIRMED, f"unreadable ack {msg.data[:200]!r}")
+            )
             return
         error = answer.get("error") if isinstance(answer, dict) else None
         if error:
             future.set_result(
                 Delivery(
-                    Outcome.NACKED,
+                    BrokerReply.NACKED,
                     f"refused by the stream: {error.get('description')} "
                     f"(code {error.get('code')}, err_code {error.get('err_code')})",
                 )

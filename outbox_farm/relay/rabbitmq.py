@@ -20,9 +20,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from ..dsn import redact_url, scrub
 from .base import (
     CONFIRMED,
+    BrokerReply,
     Delivery,
     Envelope,
-    Outcome,
     Route,
     TargetUnavailable,
     check_route,
@@ -148,10 +148,10 @@ def _delivery(result: object) -> Delivery:
             getattr(returned, f, "?") for f in ("reply_code", "reply_text", "routing_key")
         )
         return Delivery(
-            Outcome.RETURNED, f"returned unroutable: {code} {text} (routing key {key!r})"
+            BrokerReply.RETURNED, f"returned unroutable: {code} {text} (routing key {key!r})"
         )
     if isinstance(result, aiormq.exceptions.DeliveryError):
-        return Delivery(Outcome.NACKED, f"nacked by the broker: {result.frame!r}")
+        return Delivery(BrokerReply.NACKED, f"nacked by the broker: {result.frame!r}")
     if isinstance(result, BaseException):
-        return Delivery(Outcome.UNCONFIRMED, f"no confirm: {result!r}")
+        return Delivery(BrokerReply.UNCONFIRMED, f"no confirm: {result!r}")
     return CONFIRMED

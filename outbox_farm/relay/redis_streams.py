@@ -27,9 +27,9 @@ from redis.backoff import NoBackoff
 from ..dsn import redact_url, scrub
 from .base import (
     CONFIRMED,
+    BrokerReply,
     Delivery,
     Envelope,
-    Outcome,
     Route,
     TargetUnavailable,
     check_route,
@@ -121,7 +121,9 @@ class RedisStream:
         if not replies:
             raise await self._unavailable(reason) from None
         await self.close()
-        return replies + [Delivery(Outcome.UNCONFIRMED, reason)] * (len(commands) - len(replies))
+        return replies + [Delivery(BrokerReply.UNCONFIRMED, reason)] * (
+            len(commands) - len(replies)
+        )
 
     async def _unavailable(self, why: BaseException | str) -> TargetUnavailable:
         """Drop the client (the next connect makes a new one) and say why Redis is out of reach."""
@@ -163,5 +165,5 @@ async def _reply(conn: AbstractConnection) -> Delivery:
     try:
         await conn.read_response(disable_decoding=True)
     except redis.exceptions.ResponseError as exc:
-        return Delivery(Outcome.NACKED, f"refused by Redis: {exc}")
+        return Delivery(BrokerReply.NACKED, f"refused by Redis: {exc}")
     return CONFIRMED

@@ -16,13 +16,12 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 
 from ..message import CONTENT_TYPE, CORRELATION_ID, Message
-from ..metrics import relay_metrics
-from .base import Delivery, Envelope, Outcome, Target, TargetUnavailable
+from ..observe.base import Observer
+from .base import BrokerReply, Delivery, Envelope, Target, TargetUnavailable
 
 log = logging.getLogger("outbox_farm.relay")
 
@@ -48,10 +47,10 @@ class Unconfirmed(Exception):
     is published again; the broker may see it twice, with the same message id."""
 
 
-_ERRORS: dict[Outcome, type[Exception]] = {
-    Outcome.NACKED: BrokerRefused,
-    Outcome.RETURNED: Unroutable,
-    Outcome.UNCONFIRMED: Unconfirmed,
+_ERRORS: dict[BrokerReply, type[Exception]] = {
+    BrokerReply.NACKED: BrokerRefused,
+    BrokerReply.RETURNED: Unroutable,
+    BrokerReply.UNCONFIRMED: Unconfirmed,
 }
 
 
@@ -109,13 +108,12 @@ class Relay:
         self.problem: str | None = None  # why the broker is unreachable, for /healthz
         self._up = False
         self._lock = asyncio.Lock()
-        self._metrics: Any = None
+        self.observer = Observer()  # the runtime's, once it serves this relay's queue
 
     def __repr__(self) -> str:
         return f"Relay(to={self.label})"
 
     async def __call__(self, msgs: list[Message]) -> None:
-        m = self._bind()
         msgs, batch = self._envelopes(msgs)
         if not batch:
             return
@@ -125,15 +123,13 @@ class Relay:
             deliveries = await self.target.publish(batch)
         except TargetUnavailable as exc:
             self._down(exc)
-            deliveries = [Delivery(Outcome.UNCONFIRMED, str(exc))] * len(batch)
+            deliveries = [Delivery(BrokerReply.UNCONFIRMED, str(exc))] * len(batch)
         if len(deliveries) != len(batch):
             raise RuntimeError(
                 f"relay target {self.label} returned {len(deliveries)} deliveries for a "
                 f"batch of {len(batch)}: a bug in the target"
             )
-        m.publish_seconds.labels(self.label).observe(time.perf_counter() - began)
-        m.batch_size.labels(self.label).observe(len(batch))
-        m.published.labels(self.label).inc(len(batch))
+        self.observer.relay_sent(self.label, len(batch), time.perf_counter() - began)
         self._settle(msgs, deliveries)
 
     def _envelopes(self, msgs: list[Message]) -> tuple[list[Message], list[Envelope]]:
@@ -163,27 +159,21 @@ class Relay:
         return ready, batch
 
     def _settle(self, msgs: Sequence[Message], deliveries: Sequence[Delivery]) -> None:
-        m = self._bind()
-        counts = dict.fromkeys(Outcome, 0)
+        counts = dict.fromkeys(BrokerReply, 0)
         for msg, delivery in zip(msgs, deliveries, strict=True):
             counts[delivery.outcome] += 1
-            if delivery.outcome is Outcome.CONFIRMED:
+            if delivery.outcome is BrokerReply.CONFIRMED:
                 msg.ack()
             else:
                 error = _ERRORS[delivery.outcome](
                     f"{self.label}: {delivery.reason or delivery.outcome.value}"
                 )
                 msg.nack(error=error)
-        if counts[Outcome.UNCONFIRMED]:
+        if counts[BrokerReply.UNCONFIRMED]:
             self._up = False  # maybe a broken connection: the next batch checks it first
-        for outcome, counter in (
-            (Outcome.CONFIRMED, m.confirmed),
-            (Outcome.NACKED, m.nacked),
-            (Outcome.RETURNED, m.returned),
-            (Outcome.UNCONFIRMED, m.unconfirmed),
-        ):
-            if counts[outcome]:
-                counter.labels(self.label).inc(counts[outcome])
+        for outcome, rows in counts.items():
+            if rows:
+                self.observer.relay_settled(self.label, outcome.value, rows)
 
     async def _connected(self) -> None:
         """Return once the target is connected: at once while it is; else reconnect with a
@@ -201,7 +191,7 @@ class Relay:
                     delay = min(delay * 2, RECONNECT_CAP)
                     continue
                 self._up, self.problem = True, None
-                self._bind().up.labels(self.label).set(1)
+                self.observer.relay_connection(self.label, True)
                 log.info(
                     "relay to %s connected",
                     self.label,
@@ -217,12 +207,7 @@ class Relay:
                 extra={"event": "relay_down", "target": self.label},
             )
         self._up, self.problem = False, reason
-        self._bind().up.labels(self.label).set(0)
-
-    def _bind(self) -> Any:
-        if self._metrics is None:
-            self._metrics = relay_metrics()
-        return self._metrics
+        self.observer.relay_connection(self.label, False)
 
     async def close(self) -> None:
         await self.target.close()

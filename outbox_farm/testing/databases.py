@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..db import scratch
 from ..db.connect import connect
-from ..migrate import migrate
 from ..names import TableNames
+from ..ops.migrate import migrate
 
 DSN_VARIABLE = "OUTBOX_FARM_TEST_DSN"
 
@@ -65,7 +65,7 @@ def server() -> Iterator[str]:
 
 
 def _embedded() -> Iterator[str]:
-    from ..embedded import start_embedded
+    from ..ops.embedded import start_embedded
 
     # Everything of the server in one directory made here and removed after: its data, and,
     # unless the environment names one, the runtime directory the wheel keeps its lock in.

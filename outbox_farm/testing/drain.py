@@ -17,7 +17,7 @@ from ..db import scratch
 from ..db.connect import AsyncConnection
 from ..errors import ConfigurationError, OutboxFarmError
 from ..farm import Farm
-from ..runtime import Runtime
+from ..worker.runtime import Runtime
 from .results import Collector, Drained
 
 IDLE_CHECK = 0.005  # seconds between looks at the outbox while rows are held or due

@@ -7,7 +7,7 @@ handlers on the recorded rows under the runtime's own outcome rules (`decision`)
 `max_deliveries`, manual acks, middleware, `on_failure`, per-key order. What it cannot be is a
 database: transactional handlers (they need a connection) are refused, and the lease and the
 heartbeat have no meaning here. Handlers are called exactly as the executor calls them
-(`outbox_farm.invoke`): behind their middleware, a plain function in a thread, under their
+(`outbox_farm.worker.invoke`): behind their middleware, a plain function in a thread, under their
 timeout.
 """
 
@@ -32,9 +32,9 @@ from ..db.publish import NewRow
 from ..errors import ConfigurationError
 from ..farm import Farm
 from ..handler import HandlerSpec
-from ..invoke import call_path, timed_out
 from ..message import Message
 from ..outcome import Kind, Outcome
+from ..worker.invoke import call_path, timed_out
 from .results import Collector, Drained
 
 log = logging.getLogger("outbox_farm.testing")

@@ -52,13 +52,13 @@ DRIVER = """\
 import sys
 from pathlib import Path
 
-from outbox_farm.logs import configure
-from outbox_farm.metrics_dir import prepare_metrics_dir
+from outbox_farm.ops.log_setup import configure
+from outbox_farm.prefork.metrics_dir import prepare_metrics_dir
 
 configure("text", "INFO")
 prepare_metrics_dir(str(Path("metrics").absolute()))
 
-from outbox_farm.arbiter import Arbiter
+from outbox_farm.prefork.arbiter import Arbiter
 from outbox_farm.settings import SupervisorSettings
 
 sys.path.insert(0, "")

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 
 BROKENAPP = '''\
 """A farm whose `broken` queue cannot claim: its fetcher raises a bug, every time."""
-from outbox_farm import Farm, Message, fetcher
+from outbox_farm import Farm, Message
+from outbox_farm.worker import fetcher
 
 farm = Farm(table="outbox", dlq_table="outbox_dlq")
 _claim = fetcher.Fetcher._claim

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox_farm.migrate import selected
 from outbox_farm.names import TableNames
+from outbox_farm.ops.migrate import selected
 
 
 def _script() -> str:

@@ -25,8 +25,8 @@ import psycopg
 import pytest
 
 from loadtests.chaos.outage import FakeClock, faketime_missing
-from outbox_farm import exposition as exposition_module
-from outbox_farm.exposition import REQUEST_DEADLINE, Exposition
+from outbox_farm.prefork import exposition as exposition_module
+from outbox_farm.prefork.exposition import REQUEST_DEADLINE, Exposition
 from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, preload, wait_for
 
 T = TypeVar("T")

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from loadtests.farmproc import get
-from outbox_farm.child import WORKER_NAME
+from outbox_farm.prefork.child import WORKER_NAME
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import psycopg
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
+from outbox_farm.chores.retention import expire_once, run
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
-from outbox_farm.retention import expire_once, run
 
 QUERIES = Queries(TableNames.build("outbox", "outbox_dlq"))
 DAY = 86400.0

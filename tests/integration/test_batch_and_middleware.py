@@ -34,16 +34,8 @@ from outbox_farm import (
     Retry,
 )
 from outbox_farm.middleware import chain
-from tests.integration.test_delivery import (
-    DLQ,
-    POLL,
-    Db,
-    database,
-    eventually,
-    publish,
-    qname,
-    records,
-)
+from tests.integration.delivery_kit import DLQ, POLL, Db, database, publish, qname, records
+from tests.waits import eventually
 
 
 async def empty(db: Db, queue: str) -> bool:

@@ -12,11 +12,11 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
-from outbox_farm.completer import Completer
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.queries import Queries
+from outbox_farm.worker.completer import Completer
 
 metrics()  # register the collectors before the first sample is read
 

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 
 from outbox_farm.errors import MigrationError
-from outbox_farm.migrate import MigrateResult, ddl, migrate
 from outbox_farm.names import TableNames
-from outbox_farm.schema_check import check_schema
+from outbox_farm.ops.migrate import MigrateResult, ddl, migrate
+from outbox_farm.ops.schema_check import check_schema
 
 DEFAULT = TableNames.build("outbox", "outbox_dlq")
 

@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox_farm.migrate import migrate, selected
 from outbox_farm.names import TableNames
-from outbox_farm.schema_check import check_schema
+from outbox_farm.ops.migrate import migrate, selected
+from outbox_farm.ops.schema_check import check_schema
 
 Conn = psycopg.Connection[Any]
 NAMES = TableNames.build("outbox", "outbox_dlq")

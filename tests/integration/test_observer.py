@@ -16,7 +16,8 @@ import psycopg
 import pytest
 
 from outbox_farm import ConstantBackoff, DeadLetter, Farm, Message, Observer, Outcome
-from tests.integration.test_delivery import DLQ, POLL, Db, database, eventually, publish, qname
+from tests.integration.delivery_kit import DLQ, POLL, Db, database, publish, qname
+from tests.waits import eventually
 
 
 class Recorder(Observer):

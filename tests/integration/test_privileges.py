@@ -17,9 +17,9 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
-from outbox_farm.privileges import check_privileges
+from outbox_farm.ops.migrate import migrate
+from outbox_farm.ops.privileges import check_privileges
 from tests.acceptance.test_cli import run
 from tests.acceptance.test_farm import FARMAPP
 

@@ -13,8 +13,8 @@ import pytest
 
 from outbox_farm import Farm
 from outbox_farm.errors import ConfigurationError, DatabaseError, SchemaError
-from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
+from outbox_farm.ops.migrate import migrate
 
 Conn = psycopg.Connection[Any]
 CHANNEL = "outbox_outbox"

@@ -21,7 +21,7 @@ from brokers import kafka_records as records
 from loadtests.kafkabroker import free_port
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.errors import ConfigurationError
-from outbox_farm.relay import CONFIRMED, Envelope, Kafka, Outcome, TargetUnavailable
+from outbox_farm.relay import CONFIRMED, BrokerReply, Envelope, Kafka, TargetUnavailable
 from outbox_farm.testing import adrain
 
 kafka = pytest.importorskip("confluent_kafka")
@@ -304,7 +304,7 @@ def test_a_failing_route_refuses_only_its_row(servers: str) -> None:
         ]
         first, second = await target.publish(batch)
         assert first == CONFIRMED
-        assert second.outcome is Outcome.NACKED
+        assert second.outcome is BrokerReply.NACKED
         assert "tenant" in str(second.reason)
         await target.close()
 

@@ -16,7 +16,7 @@ from brokers import REDIS, Proxy, require
 
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import RedisStream
-from outbox_farm.relay.base import Envelope, Outcome, TargetUnavailable
+from outbox_farm.relay.base import BrokerReply, Envelope, TargetUnavailable
 from outbox_farm.testing import adrain
 
 redis_asyncio = pytest.importorskip("redis.asyncio")
@@ -167,7 +167,7 @@ def test_a_connection_lost_mid_batch_confirms_only_the_replies_read(url: str) ->
             proxy.cut_after_lines(3 * 2)  # an XADD's reply is two lines: "$<length>", the id
             deliveries = await target.publish(batch)
             outcomes = [d.outcome for d in deliveries]
-            assert outcomes == [Outcome.CONFIRMED] * 3 + [Outcome.UNCONFIRMED] * 7
+            assert outcomes == [BrokerReply.CONFIRMED] * 3 + [BrokerReply.UNCONFIRMED] * 7
             assert "connection lost while publishing" in str(deliveries[3].reason)
             held = {fields[b"message_id"] for fields in await entries(admin, key)}
             assert {b"m0", b"m1", b"m2"} <= held
@@ -175,7 +175,7 @@ def test_a_connection_lost_mid_batch_confirms_only_the_replies_read(url: str) ->
                 await target.connect()
             await proxy.restore()
             await target.connect()
-            assert {d.outcome for d in await target.publish(batch[3:])} == {Outcome.CONFIRMED}
+            assert {d.outcome for d in await target.publish(batch[3:])} == {BrokerReply.CONFIRMED}
             held = {fields[b"message_id"] for fields in await entries(admin, key)}
             assert held == {b"m%d" % i for i in range(10)}
         finally:

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from outbox_farm import ConfigurationError, ConstantBackoff, Farm
-from outbox_farm.relay import CONFIRMED, Delivery, Envelope, Outcome, TargetUnavailable
+from outbox_farm.relay import CONFIRMED, BrokerReply, Delivery, Envelope, TargetUnavailable
 from outbox_farm.testing import adrain, drain
 from tests import samples
 
@@ -79,8 +79,10 @@ def test_confirmed_rows_are_acked_and_carry_a_stable_id_and_the_headers(dsn: str
 
 def test_refusals_follow_the_retry_strategy_to_the_dlq_with_the_brokers_words(dsn: str) -> None:
     target = Scripted("scripted-refuse")
-    target.answers[b"nacked"] = Delivery(Outcome.NACKED, "nacked by the broker: queue full")
-    target.answers[b"returned"] = Delivery(Outcome.RETURNED, "returned unroutable: 312 NO_ROUTE")
+    target.answers[b"nacked"] = Delivery(BrokerReply.NACKED, "nacked by the broker: queue full")
+    target.answers[b"returned"] = Delivery(
+        BrokerReply.RETURNED, "returned unroutable: 312 NO_ROUTE"
+    )
     farm = Farm()
     farm.relay("events", to=target, retry=ConstantBackoff(1, max_attempts=2))
     publish(dsn, farm, [b"ok", b"nacked", b"returned"])
@@ -102,7 +104,7 @@ def test_refusals_follow_the_retry_strategy_to_the_dlq_with_the_brokers_words(ds
 
 def test_an_unconfirmed_row_is_never_acked(dsn: str) -> None:
     target = Scripted("scripted-unconfirmed")
-    target.answers[b"lost"] = Delivery(Outcome.UNCONFIRMED, "connection lost mid-batch")
+    target.answers[b"lost"] = Delivery(BrokerReply.UNCONFIRMED, "connection lost mid-batch")
     farm = Farm()
     farm.relay("events", to=target, retry=ConstantBackoff(1, max_attempts=3))
     publish(dsn, farm, [b"lost", b"fine"])

@@ -9,9 +9,9 @@ import pytest
 
 from outbox_farm import Farm
 from outbox_farm.errors import DatabaseError
-from outbox_farm.migrate import migrate
 from outbox_farm.names import TableNames
-from outbox_farm.schema_check import FIX_HINT, Problem, check_schema
+from outbox_farm.ops.migrate import migrate
+from outbox_farm.ops.schema_check import FIX_HINT, Problem, check_schema
 
 Conn = psycopg.Connection[Any]
 NAMES = TableNames.build("outbox", "outbox_dlq")

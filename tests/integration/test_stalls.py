@@ -17,8 +17,9 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from outbox_farm import Farm, Message, fetcher
+from outbox_farm import Farm, Message
 from outbox_farm.metrics import metrics
+from outbox_farm.worker import fetcher
 from tests.waits import eventually
 
 metrics()  # the collectors exist before the first sample is read

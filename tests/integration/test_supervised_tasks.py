@@ -20,13 +20,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox_farm import Farm, Message, decision, gauges, listener, retention, vacuum
-from outbox_farm import heartbeat as heartbeat_module
-from outbox_farm.completer import Completer
-from outbox_farm.executor import Executors
-from outbox_farm.fetcher import Fetcher
+from outbox_farm import Farm, Message, decision
+from outbox_farm.chores import gauges, retention, vacuum
 from outbox_farm.observe import PrometheusObserver
-from outbox_farm.runtime import Runtime
+from outbox_farm.worker import heartbeat as heartbeat_module
+from outbox_farm.worker import listener
+from outbox_farm.worker.completer import Completer
+from outbox_farm.worker.executor import Executors
+from outbox_farm.worker.fetcher import Fetcher
+from outbox_farm.worker.runtime import Runtime
 from tests.waits import eventually
 
 POLL = 0.05

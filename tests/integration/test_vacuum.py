@@ -22,11 +22,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm import Farm, Message
+from outbox_farm.chores.vacuum import MIN_DEAD_TUPLES, Pass, run, vacuum_once
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
-from outbox_farm.runtime import Runtime
 from outbox_farm.settings import RuntimeSettings
-from outbox_farm.vacuum import MIN_DEAD_TUPLES, Pass, run, vacuum_once
+from outbox_farm.worker.runtime import Runtime
 
 QUERIES = Queries(TableNames.build("outbox", "outbox_dlq"))
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'"

@@ -14,7 +14,6 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from outbox_farm.child import unreachable
 from outbox_farm.db.pool import probe
 from outbox_farm.errors import (
     ConfigurationError,
@@ -22,7 +21,8 @@ from outbox_farm.errors import (
     PrivilegeError,
     SchemaError,
 )
-from outbox_farm.restarts import MAX_DELAY, QUICK_CRASH, RestartBackoff
+from outbox_farm.prefork.child import unreachable
+from outbox_farm.prefork.restarts import MAX_DELAY, QUICK_CRASH, RestartBackoff
 
 DSN = "host=127.0.0.1 port=1 user=postgres password=Sup3rS3cretPW dbname=nothing"
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from outbox_farm import Farm
-from outbox_farm import arbiter as arbiter_module
-from outbox_farm.arbiter import STACK_DUMP_GRACE, Arbiter
-from outbox_farm.child import BOOT_ERROR, STACK_DUMP, Child, Pulse
-from outbox_farm.restarts import MAX_BOOT_FAILURES
+from outbox_farm.prefork import arbiter as arbiter_module
+from outbox_farm.prefork.arbiter import STACK_DUMP_GRACE, Arbiter
+from outbox_farm.prefork.child import BOOT_ERROR, STACK_DUMP, Child, Pulse
+from outbox_farm.prefork.restarts import MAX_BOOT_FAILURES
 from outbox_farm.settings import SupervisorSettings
 
 TIMEOUT = 30.0  # the farm's heartbeat timeout here

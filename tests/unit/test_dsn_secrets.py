@@ -11,9 +11,17 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox_farm import dsn as dsn_module
-from outbox_farm.dsn import MASK, check_dsn, redact, redact_url, remember, scrub, secret_fragments
+from outbox_farm.dsn import (
+    MASK,
+    check_dsn,
+    redact,
+    redact_url,
+    remember,
+    scrub,
+    secret_fragments,
+)
 from outbox_farm.errors import ConfigurationError
-from outbox_farm.logs import JsonFormatter, TextFormatter
+from outbox_farm.ops.log_setup import JsonFormatter, TextFormatter
 
 FRAGMENTS = ("Sup3r", "S3cretPW", "ssS3cretPW")
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from outbox_farm.errors import ConfigurationError
-from outbox_farm.exposition import listen, parse_bind
+from outbox_farm.prefork.exposition import listen
+from outbox_farm.settings import parse_bind
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from outbox_farm import (
     Outcome,
     Reason,
 )
-from outbox_farm.invoke import HandlerTimeout
 from outbox_farm.testing import Recorder, record
+from outbox_farm.worker.invoke import HandlerTimeout
 
 
 def test_publishes_are_recorded_encoded_and_checked_and_the_farm_restored() -> None:

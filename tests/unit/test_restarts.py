@@ -3,7 +3,7 @@ monotonic time as an argument, so every schedule is checked at exact instants.""
 
 from __future__ import annotations
 
-from outbox_farm.restarts import MAX_BOOT_FAILURES, MAX_DELAY, QUICK_CRASH, RestartBackoff
+from outbox_farm.prefork.restarts import MAX_BOOT_FAILURES, MAX_DELAY, QUICK_CRASH, RestartBackoff
 
 
 def test_crashes_far_apart_are_replaced_at_once() -> None:

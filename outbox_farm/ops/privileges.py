@@ -1,0 +1,86 @@
+"""Whether the database role may do what the farm does, checked before it runs.
+
+Without this a role lacking privileges passes `check` ("schema OK") and `start`'s start-up
+check, and then every worker retries "permission denied" forever. Each missing privilege is
+reported with the exact GRANT an owner runs to fix it. Only VACUUM is optional: the farm's own
+VACUUM needs ownership (or MAINTAIN on PostgreSQL 17+); without it the farm leaves the table to
+autovacuum, which is a note, not a problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..db.connect import Connection
+from ..db.privileges import grant_schema, grant_sequence, grant_table, table_access
+from ..names import QualifiedName, TableNames
+
+# What the farm and its producers do: claim (SELECT, UPDATE), ack (DELETE), publish (INSERT).
+OUTBOX_NEEDS = ("SELECT", "INSERT", "UPDATE", "DELETE")
+# The DLQ move INSERTs ... RETURNING, and the gauges count rows: both need SELECT.
+DLQ_NEEDS = ("SELECT", "INSERT")
+
+
+@dataclass
+class PrivilegeReport:
+    problems: list[str] = field(default_factory=list)  # each ends with the GRANT to run
+    notes: list[str] = field(default_factory=list)  # fine, but worth knowing
+
+    @property
+    def schema_usage_missing(self) -> bool:
+        """True when a table's schema cannot be used at all (nothing else can be looked at)."""
+        return any("USAGE on schema" in problem for problem in self.problems)
+
+
+def _check_table(
+    conn: Connection,
+    table: QualifiedName,
+    needs: tuple[str, ...],
+    vacuum: bool,
+    report: PrivilegeReport,
+) -> None:
+    access = table_access(conn, table)
+    if access is None:
+        return  # missing table: the schema check says so, with what to run
+    role = access.role
+    if not access.schema_usage:
+        grant = grant_schema(access.schema, role)
+        report.problems.append(
+            f"{table}: role {role} lacks USAGE on schema {access.schema}; run {grant}"
+        )
+    held = {
+        "SELECT": access.select,
+        "INSERT": access.insert,
+        "UPDATE": access.update,
+        "DELETE": access.delete,
+    }
+    lacking = [privilege for privilege in needs if not held[privilege]]
+    if lacking:
+        grant = grant_table(lacking, table, role)
+        report.problems.append(
+            f"{table}: role {role} lacks {', '.join(lacking)} on the table; run {grant}"
+        )
+    if "INSERT" in needs and access.sequence is not None and not access.sequence_usage:
+        grant = grant_sequence(access.sequence, role)
+        report.problems.append(
+            f"{table}: role {role} lacks USAGE on the id sequence {access.sequence}, which "
+            f"every INSERT needs; run {grant}"
+        )
+    if vacuum and not access.maintain:
+        report.notes.append(
+            f"{table}: role {role} neither owns the table nor holds MAINTAIN on it (PostgreSQL "
+            "17+), so the farm's own VACUUM will be skipped and the table left to autovacuum "
+            "(see --vacuum-interval)"
+        )
+
+
+def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
+    """Every privilege the current role lacks for the farm's tables, with the GRANT to run.
+
+    A failing catalog read is a `DatabaseError`.
+    """
+    report = PrivilegeReport()
+    _check_table(conn, names.outbox, OUTBOX_NEEDS, True, report)
+    if names.dlq is not None:
+        _check_table(conn, names.dlq, DLQ_NEEDS, False, report)
+    return report

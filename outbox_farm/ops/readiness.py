@@ -1,0 +1,60 @@
+"""Whether a database is ready for the farm: what `check` reports, and what `start` refuses
+to begin without.
+
+`check` is for an operator between `migrate` and a deploy: every schema difference and
+missing privilege at once. `start` looks once, more cheaply, for what would make its workers
+fail in a loop (a missing table, a missing privilege) and stops with the reason instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..db.connect import Connection
+from ..db.schema import missing_tables
+from ..errors import OutboxFarmError, SchemaError
+from ..names import TableNames
+from .migrate import migrate
+from .privileges import check_privileges
+from .schema_check import check_schema
+
+
+@dataclass(frozen=True)
+class SchemaReport:
+    problems: list[str]  # schema drift and missing privileges, each saying what to run
+    notes: list[str]  # fine, but worth knowing
+
+
+def schema_report(conn: Connection, names: TableNames) -> SchemaReport:
+    """The live schema and this role's privileges against what the farm needs."""
+    access = check_privileges(conn, names)
+    problems: list[str] = []
+    if not access.schema_usage_missing:  # else the catalog lookups are refused
+        problems += [str(problem) for problem in check_schema(conn, names)]
+    return SchemaReport(problems + access.problems, access.notes)
+
+
+def check_ready(conn: Connection, names: TableNames, apply: bool, log: logging.Logger) -> None:
+    """Migrate if `apply`, then refuse (OutboxFarmError) when the tables are missing or the
+    role lacks privileges the workers need; the privilege notes are logged."""
+    if apply:
+        result = migrate(conn, names)
+        log.info(
+            "migrate: %d applied",
+            len(result.applied),
+            extra={"event": "migrated", "applied": result.applied},
+        )
+    access = check_privileges(conn, names)
+    missing = [] if access.schema_usage_missing else [str(t) for t in missing_tables(conn, names)]
+    if missing:
+        raise SchemaError(
+            f"table(s) {', '.join(missing)} do not exist: run `outbox-farm migrate` first"
+        )
+    if access.problems:
+        raise OutboxFarmError(
+            "the database role lacks privileges the farm needs:\n  - "
+            + "\n  - ".join(access.problems)
+        )
+    for note in access.notes:
+        log.warning(note, extra={"event": "privileges_note"})

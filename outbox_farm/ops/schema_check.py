@@ -1,0 +1,250 @@
+"""Compare the live database with the schema the farm needs, and report every difference.
+
+Never run implicitly: a running migration and an always-on check would race, and operators
+must be able to roll a schema forward without sending every worker into a crash loop. Run it
+between `migrate` and deploy (`outbox-farm check`), or from a health probe.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..db.connect import Connection
+from ..db.schema import LiveColumn, LiveIndex, read_table
+from ..names import QualifiedName, TableNames
+
+TSTZ = "timestamp with time zone"
+VARCHAR = "character varying(255)"
+
+# column -> (type, NOT NULL, must have a default)
+OUTBOX_COLUMNS: dict[str, tuple[str, bool, bool]] = {
+    "id": ("bigint", True, True),
+    "queue": (VARCHAR, True, False),
+    "payload": ("bytea", True, False),
+    "headers": ("jsonb", False, False),
+    "attempts_count": ("bigint", True, True),
+    "deliveries_count": ("bigint", True, True),
+    "created_at": (TSTZ, True, True),
+    "next_attempt_at": (TSTZ, True, True),
+    "first_attempt_at": (TSTZ, False, False),
+    "last_attempt_at": (TSTZ, False, False),
+    "acquired_at": (TSTZ, False, False),
+    "acquired_token": ("uuid", False, False),
+    "lease_expires_at": (TSTZ, False, False),
+    "timer_id": (VARCHAR, False, False),
+    "ordering_key": (VARCHAR, False, False),
+}
+
+DLQ_COLUMNS: dict[str, tuple[str, bool, bool]] = {
+    "id": ("bigint", True, True),
+    "original_id": ("bigint", True, False),
+    "queue": (VARCHAR, True, False),
+    "payload": ("bytea", True, False),
+    "headers": ("jsonb", False, False),
+    "deliveries_count": ("bigint", True, False),
+    "created_at": (TSTZ, True, False),
+    "failed_at": (TSTZ, True, True),
+    "failure_reason": ("character varying(64)", True, False),
+    "last_exception": ("text", False, False),
+    "timer_id": (VARCHAR, False, False),
+}
+
+
+@dataclass(frozen=True)
+class ExpectedIndex:
+    role: str
+    columns: tuple[str, ...]
+    unique: bool
+    predicate: str | None  # as pg_get_expr renders it, after normalising
+
+
+OUTBOX_INDEXES = (
+    ExpectedIndex("pending index", ("queue", "next_attempt_at"), False, "acquired_token IS NULL"),
+    ExpectedIndex(
+        "lease index", ("queue", "lease_expires_at"), False, "acquired_token IS NOT NULL"
+    ),
+    ExpectedIndex("timer index", ("queue", "timer_id"), True, "timer_id IS NOT NULL"),
+    ExpectedIndex(
+        "ordering index", ("queue", "ordering_key", "id"), False, "ordering_key IS NOT NULL"
+    ),
+)
+DLQ_INDEXES = (ExpectedIndex("failure index", ("queue", "failed_at"), False, None),)
+FIX_HINT = (
+    "run `outbox-farm migrate`, or for a drifted index or CHECK drop it and recreate it as "
+    "`outbox-farm sql` prints it"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    table: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.table}: {self.message}"
+
+
+def _normalise(expr: str | None) -> str | None:
+    if expr is None:
+        return None
+    return re.sub(r"[()\s]+", " ", expr).strip().lower()
+
+
+def _lease_check_ok(definition: str) -> bool:
+    flat = _normalise(definition) or ""
+    return flat in {
+        "check acquired_token is null = acquired_at is null",
+        "check acquired_at is null = acquired_token is null",
+    }
+
+
+@dataclass(frozen=True)
+class ExpectedCheck:
+    """A CHECK matched by what it mentions (normalised, as pg_get_constraintdef renders it):
+    its constants come out in the session's time zone, so the whole text cannot be compared."""
+
+    role: str
+    mentions: tuple[str, ...]
+    columns: tuple[str, ...]  # one missing or of another type is reported as such, alone
+
+    def found_in(self, definitions: list[str]) -> bool:
+        return any(
+            all(part in (_normalise(definition) or "") for part in self.mentions)
+            for definition in definitions
+        )
+
+
+OUTBOX_CHECKS = (
+    ExpectedCheck(
+        "counters CHECK (0 <= deliveries_count, attempts_count < bigint max; migration 0006)",
+        (
+            "deliveries_count >= 0",
+            "deliveries_count < '9223372036854775807'::bigint",
+            "attempts_count >= 0",
+            "attempts_count < '9223372036854775807'::bigint",
+        ),
+        ("deliveries_count", "attempts_count"),
+    ),
+    ExpectedCheck(
+        "values CHECK (finite timestamps within the years 1 to 9999, headers an object; "
+        "migration 0006)",
+        (
+            "acquired_token is not null or",
+            "created_at >=",
+            "created_at <=",
+            "next_attempt_at >=",
+            "next_attempt_at <=",
+            "first_attempt_at is null or",
+            "last_attempt_at is null or",
+            "headers is null or jsonb_typeof headers = 'object'::text",
+        ),
+        (
+            "acquired_token",
+            "created_at",
+            "next_attempt_at",
+            "first_attempt_at",
+            "last_attempt_at",
+            "headers",
+        ),
+    ),
+)
+
+
+def _column_ok(
+    live: dict[str, LiveColumn], name: str, columns: dict[str, tuple[str, bool, bool]]
+) -> bool:
+    """Whether column `name` exists with its expected type: a CHECK on it can exist only then
+    (dropping the column, or changing its type, takes the CHECK with it)."""
+    return name in live and live[name].type == columns[name][0]
+
+
+def _check_columns(
+    label: str, live: dict[str, LiveColumn], columns: dict[str, tuple[str, bool, bool]]
+) -> list[Problem]:
+    problems: list[Problem] = []
+    for name, (typ, notnull, needs_default) in columns.items():
+        if name not in live:
+            problems.append(Problem(label, f"column {name} is missing (expected {typ})"))
+            continue
+        found = live[name]
+        if found.type != typ:
+            problems.append(Problem(label, f"column {name} is {found.type}, expected {typ}"))
+        if found.not_null != notnull:
+            expected = "NOT NULL" if notnull else "nullable"
+            problems.append(Problem(label, f"column {name} should be {expected}"))
+        if needs_default and not found.has_default:
+            problems.append(Problem(label, f"column {name} has lost its default"))
+    return problems
+
+
+def _check_index(label: str, want: ExpectedIndex, live_indexes: list[LiveIndex]) -> Problem | None:
+    candidates = [
+        (index.name, index.unique, _normalise(index.predicate))
+        for index in live_indexes
+        if index.columns == want.columns
+    ]
+    wanted_pred = _normalise(want.predicate)
+    if any(u == want.unique and p == wanted_pred for _, u, p in candidates):
+        return None
+    cols = ", ".join(want.columns)
+    if not candidates:
+        return Problem(label, f"{want.role} on ({cols}) is missing; {FIX_HINT}")
+    index_name, _, pred = candidates[0]
+    if pred == wanted_pred:
+        issue = "must be UNIQUE" if want.unique else "must not be UNIQUE"
+    elif pred is None:
+        issue = f"is not partial (expected WHERE {want.predicate})"
+    elif wanted_pred is None:
+        issue = f"is partial (WHERE {pred}) but must cover every row"
+    else:
+        issue = f"has predicate WHERE {pred}, expected WHERE {want.predicate}"
+    return Problem(label, f"{want.role} {index_name} on ({cols}) {issue}; {FIX_HINT}")
+
+
+def _check_table(
+    conn: Connection,
+    table: QualifiedName,
+    columns: dict[str, tuple[str, bool, bool]],
+    indexes: tuple[ExpectedIndex, ...],
+    lease_check: bool,
+) -> list[Problem]:
+    label = str(table)
+    live = read_table(conn, table)
+    if live is None:
+        return [Problem(label, "table does not exist; run `outbox-farm migrate`")]
+
+    problems = _check_columns(label, live.columns, columns)
+    if not any(index.primary and index.columns == ("id",) for index in live.indexes):
+        problems.append(Problem(label, "primary key on id is missing"))
+    problems += [p for want in indexes if (p := _check_index(label, want, live.indexes))]
+
+    if lease_check and not any(_lease_check_ok(definition) for definition in live.checks):
+        problems.append(
+            Problem(
+                label,
+                "lease CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)) is missing "
+                f"or wrong; {FIX_HINT}",
+            )
+        )
+    if lease_check:
+        problems += [
+            Problem(label, f"{want.role} is missing or wrong; {FIX_HINT}")
+            for want in OUTBOX_CHECKS
+            if all(_column_ok(live.columns, name, columns) for name in want.columns)
+            and not want.found_in(live.checks)
+        ]
+    return problems
+
+
+def check_schema(conn: Connection, names: TableNames) -> list[Problem]:
+    """Every difference between the live schema and what the farm needs; empty when fine.
+
+    Extra user columns and indexes are allowed. Index and CHECK names do not matter: they are
+    matched by columns and predicate, so schemas made by Alembic or Django pass too. The DLQ
+    is checked only when `names` has one. A failing catalog read is a `DatabaseError`.
+    """
+    problems = _check_table(conn, names.outbox, OUTBOX_COLUMNS, OUTBOX_INDEXES, True)
+    if names.dlq is not None:
+        problems += _check_table(conn, names.dlq, DLQ_COLUMNS, DLQ_INDEXES, False)
+    return problems

@@ -1,0 +1,479 @@
+"""The arbiter: forks N worker processes and keeps them alive (prefork, like gunicorn's).
+
+Signal handlers only queue the signal and poke a self-pipe; one main loop wakes at least once a
+second and, in order: handles queued signals (each through its `handle_<name>` method), reaps
+dead children, kills children whose heartbeat went stale, spawns or retires children until the
+target count runs, and publishes its health for /healthz. Nothing in a turn waits on anyone:
+/metrics and /healthz are served by a process of their own (`exposition`), rows are handed back
+by short-lived processes (`handback`), and liveness is read from files. The arbiter holds no
+event loop, thread or database connection when it forks. Every time is monotonic: a step of the
+wall clock (NTP, a resumed VM) changes nothing here.
+
+A worker that died for any reason but a failed boot is a crash: it is replaced at once and, if
+it had booted, the rows it held are handed back at once; when to fork again, and when to give
+up because workers cannot boot (exit status 3 instead of fork-looping), is `restarts`'
+decision. A worker waiting for an unreachable database is not failing to boot: it stays, beats
+and reports itself unready.
+
+Signals: TERM/INT graceful drain (children get TERM, then KILL at the deadline); QUIT immediate;
+HUP rolling restart, one child at a time, each replacement booted before its predecessor is
+told to drain; TTIN / TTOU one child more / less.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigurationError
+from ..farm import Farm
+from ..metrics import supervisor_metrics
+from ..settings import SupervisorSettings
+from ..worker.runtime import PAST_DEADLINE
+from .app import AppLoader
+from .child import ARBITER_SIGNALS, BOOT_ERROR, STACK_DUMP, Child, describe_exit, forked, run_child
+from .exposition import Exposition
+from .handback import HANDBACK_NAME, HandBacks, run_hand_back
+from .reloader import SourceWatcher
+from .restarts import RestartBackoff
+from .wakeup import Wakeup
+
+log = logging.getLogger("outbox_farm.arbiter")
+BOOT_TIMEOUT = 60.0
+GAUGES_INTERVAL = 5.0  # seconds between the housekeeper's refreshes of the database gauges
+# Seconds a draining worker may take past its graceful deadline: its stop's longest overrun
+# (`runtime.PAST_DEADLINE`, a flush the database still answers) and a second to exit.
+PAST_GRACEFUL = PAST_DEADLINE + 1.0
+STOP_AT_ONCE = 5.0  # seconds an immediate stop waits before it kills
+STACK_DUMP_GRACE = 1.0  # seconds a stuck worker gets to write its stacks before SIGKILL
+TURN = 1.0  # the longest the loop sleeps when no signal wakes it
+HANDBACK_AT_EXIT = 2.0  # seconds the arbiter's exit waits for hand-backs still under way
+EXPOSITION_RESTART = 1.0  # seconds between two starts of the /metrics and /healthz server
+
+
+@dataclass
+class Arbiter:
+    """Supervises the worker processes running `farm` against `dsn`, as `settings` say.
+
+    With a `loader` and without `settings.preload`, each child imports the app afresh after
+    the fork; `settings.reload` needs the loader, to know the app's files. Everything here is
+    owned by the one arbiter thread; signal handlers only queue the signal (`Wakeup`).
+    """
+
+    farm: Farm
+    dsn: str
+    state_dir: Path  # heartbeat and problem files of the children
+    settings: SupervisorSettings
+    loader: AppLoader | None = None
+    procs: int = field(init=False)  # the target count: settings.procs, then TTIN / TTOU
+    children: dict[int, Child] = field(init=False, default_factory=dict)
+    _backoff: RestartBackoff = field(init=False, default_factory=RestartBackoff)
+    _rolling: list[int] = field(init=False, default_factory=list)  # pids awaiting a replacement
+    _watcher: SourceWatcher | None = field(init=False, default=None)  # --reload
+    _stopping: bool | None = field(init=False, default=None)  # True graceful, False immediate
+    _exposition: Exposition | None = field(init=False, default=None)
+    _exposition_due: float | None = field(init=False, default=None)  # restart it then
+    _exposition_started: float = field(init=False, default=0.0)
+    _handbacks: HandBacks = field(init=False, default_factory=HandBacks)
+    _wakeup: Wakeup = field(init=False)  # from `run` on
+
+    def __post_init__(self) -> None:
+        if self.settings.reload and self.loader is None:
+            raise ConfigurationError("reload needs the app's loader, to know which files to watch")
+        self.procs = self.settings.procs
+
+    def run(self) -> int:
+        """Supervise until told to stop; the process exit status."""
+        supervisor_metrics()  # made here, after the multiprocess directory was set
+        bind = self.settings.metrics_bind
+        self._exposition = Exposition(bind, self.state_dir) if bind else None
+        self._wakeup = Wakeup(ARBITER_SIGNALS)
+        if self.settings.reload and self.loader is not None:
+            self._watcher = SourceWatcher(self.loader)
+        bound = self._exposition.address if self._exposition is not None else "(off)"
+        log.info(
+            "arbiter started: %d processes, metrics on %s%s",
+            self.procs,
+            bound,
+            ", reloading on code changes" if self._watcher else "",
+            extra={"event": "arbiter_started", "metrics_bind": bound},
+        )
+        try:
+            if self._exposition is not None:
+                self._publish()  # before the server's first answer: "starting", not "no news"
+                self._start_exposition()
+            return self._loop()
+        finally:
+            if self._exposition is not None:
+                self._exposition.close()
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep until a signal or `timeout`, then publish the health: every turn of every loop
+        passes here, so /healthz is never older than one turn."""
+        self._wakeup.wait(timeout)
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._exposition is None:
+            return
+        healthy, detail = self._health()
+        self._exposition.publish(healthy, detail)
+        if self._exposition_due is not None and time.monotonic() >= self._exposition_due:
+            self._start_exposition()
+
+    def _start_exposition(self) -> None:
+        assert self._exposition is not None
+        self._exposition_due = None
+        self._exposition_started = time.monotonic()
+        self._exposition.start()
+
+    def _next_turn(self) -> float:
+        """Seconds until something is due: a stuck worker's SIGKILL, or at most `TURN`."""
+        now = time.monotonic()
+        due = [c.kill_at - now for c in self.children.values() if c.kill_at is not None]
+        if self._exposition_due is not None:
+            due.append(self._exposition_due - now)
+        return max(min([TURN, *due]), 0.0)
+
+    def _loop(self) -> int:
+        while True:
+            self._wait(self._next_turn())
+            while self._wakeup.pending and self._stopping is None:
+                name = signal.Signals(self._wakeup.pending.pop(0)).name
+                getattr(self, f"handle_{name[3:].lower()}", lambda: None)()
+            if self._stopping is not None:
+                return self._stop(graceful=self._stopping)
+            self._reap()
+            if self._backoff.given_up:
+                log.error(
+                    "workers failed to boot %d times in a row; giving up. The log lines above "
+                    "say why (the app no longer imports? bad settings? schema missing: run "
+                    "`outbox-farm migrate`? a privilege missing: run `outbox-farm check`); fix "
+                    "it, then start the farm again",
+                    self._backoff.boot_failures,
+                    extra={"event": "halt"},
+                )
+                self._stop(graceful=False)
+                return BOOT_ERROR
+            self._murder_stale()
+            self._end_overdue_handbacks()
+            self._watch_sources()
+            self._manage()
+
+    # -- signals -------------------------------------------------------------------------
+
+    def handle_term(self) -> None:
+        self._stopping = True
+
+    handle_int = handle_term
+
+    def handle_quit(self) -> None:
+        self._stopping = False
+
+    def handle_hup(self) -> None:
+        log.info(
+            "HUP: rolling restart of %d children",
+            len(self._active()),
+            extra={"event": "rolling_restart"},
+        )
+        self._rolling = [c.pid for c in self._active()]
+
+    def handle_ttin(self) -> None:
+        self.procs += 1
+        log.info("TTIN: %d processes", self.procs, extra={"event": "scaled", "procs": self.procs})
+
+    def handle_ttou(self) -> None:
+        if self.procs > 1:
+            self.procs -= 1
+            log.info(
+                "TTOU: %d processes", self.procs, extra={"event": "scaled", "procs": self.procs}
+            )
+
+    # -- children ------------------------------------------------------------------------
+
+    def _active(self) -> list[Child]:
+        return [c for c in self.children.values() if not c.retiring]
+
+    def _fork(self) -> int:
+        """`os.fork`, with the arbiter's signals blocked across it; in the new process (0 is
+        returned there) the arbiter's descriptors are closed and `forked` must follow."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, ARBITER_SIGNALS)
+        pid = os.fork()
+        if pid == 0:
+            if self._exposition is not None:
+                self._exposition.close_in_worker()
+            self._wakeup.close()
+            return 0
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
+        return pid
+
+    def _spawn(self, slot: int) -> None:
+        heartbeat, spawned_at = Child.new_heartbeat(self.state_dir, slot)
+        worker_id = int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF
+        # One process of the farm is the housekeeper: it alone refreshes the database-derived
+        # gauges, vacuums the table and prunes the DLQ.
+        settings = self.settings.runtime.for_worker(
+            worker_id, housekeeper=slot == 0, gauges_interval=GAUGES_INTERVAL
+        )
+        loader = None if self.settings.preload else self.loader
+        pid = self._fork()
+        if pid == 0:
+            run_child(self.farm, loader, self.dsn, heartbeat, settings)
+        self.children[pid] = Child(pid, slot, worker_id, spawned_at, heartbeat)
+        supervisor_metrics().processes.set(len(self.children))
+
+    def _retire(self, child: Child, sig: int = signal.SIGTERM) -> None:
+        child.retiring = True
+        self._kill(child.pid, sig)
+
+    @staticmethod
+    def _kill(pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+    def _hand_back(self, child: Child) -> None:
+        """Free the dead `child`'s rows now, from a process of its own (see `handback`)."""
+        if self._handbacks.full():
+            log.warning(
+                "%d hand-backs are still under way (is the database answering?); the rows of "
+                "dead worker %d are delivered again when their leases expire",
+                len(self._handbacks.running),
+                child.pid,
+                extra={"event": "release_skipped"},
+            )
+            return
+        pid = self._fork()
+        if pid == 0:
+            forked(HANDBACK_NAME)
+            run_hand_back(self.dsn, self.farm.queries, child.worker_id, child.pid)
+        self._handbacks.started(pid, time.monotonic())
+
+    def _reap(self) -> None:
+        from prometheus_client import multiprocess
+
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            if self._exposition is not None and pid == self._exposition.pid:
+                self._exposition_died(code)
+                continue
+            if self._handbacks.reaped(pid):
+                continue
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+            supervisor_metrics().processes.set(len(self.children))
+            booted = child.booted()  # before the heartbeat file goes: it is the evidence
+            child.forget()
+            if code != 0 and booted:  # one that never booted took no lease
+                self._hand_back(child)
+            if not child.retiring:
+                self._died(child, booted, code)
+
+    def _exposition_died(self, code: int) -> None:
+        """The /metrics and /healthz server died: start another, at most once a second."""
+        self._exposition_due = max(time.monotonic(), self._exposition_started + EXPOSITION_RESTART)
+        log.error(
+            "the /metrics and /healthz server died (%s); starting another (a traceback above, "
+            "if any, says why; a signal means something outside the farm killed it)",
+            describe_exit(code),
+            extra={"event": "exposition_died"},
+        )
+
+    def _died(self, child: Child, booted: bool, code: int) -> None:
+        """Account for a child that died without being told to, and schedule its successor.
+
+        Only a child that says it cannot boot (`BOOT_ERROR`) is a boot failure: one killed or
+        crashed before it booted (by the OOM killer, or while waiting for its database) is a
+        crash, which never makes the farm give up.
+        """
+        how = describe_exit(code)
+        if not booted and self._replacing(child.slot):
+            # A HUP's replacement that cannot boot (a broken deploy): keep the running workers
+            # on the old code rather than trading them for ones that cannot start.
+            reason = "boot"
+            self._rolling.clear()
+            log.error(
+                "new worker %d failed to boot (%s); rolling restart abandoned, the running "
+                "workers keep the code they have",
+                child.pid,
+                how,
+                extra={"event": "rolling_restart_failed", "exit": how},
+            )
+        elif code == BOOT_ERROR:
+            reason = "boot"
+            delay = self._backoff.boot_failed(time.monotonic())
+            log.warning(
+                "worker %d failed to boot (%s); retrying in %.1fs",
+                child.pid,
+                how,
+                delay,
+                extra={"event": "boot_failed", "exit": how},
+            )
+        else:
+            reason = "heartbeat" if child.stale else "crash"
+            delay = self._backoff.crashed(child.slot, time.monotonic())
+            log.warning(
+                "worker %d (slot %d) died%s (%s); %s",
+                child.pid,
+                child.slot,
+                "" if booted else " before it started",
+                how,
+                f"replacing it in {delay:.1f}s" if delay else "replacing it",
+                extra={"event": "worker_died", "reason": reason, "exit": how, "slot": child.slot},
+            )
+        supervisor_metrics().worker_restarts.labels(reason).inc()
+
+    def _replacing(self, slot: int) -> bool:
+        """Whether `slot` has an old worker waiting for its rolling-restart replacement."""
+        return any(
+            old is not None and old.slot == slot
+            for old in (self.children.get(pid) for pid in self._rolling)
+        )
+
+    def _murder_stale(self) -> None:
+        """Kill the children whose event loop stopped beating, in two steps: first STACK_DUMP,
+        so the log shows where each was stuck, and SIGKILL on a later turn, `STACK_DUMP_GRACE`
+        on (the loop does not wait for it)."""
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.kill_at is not None:
+                if now >= child.kill_at:
+                    child.kill_at = None
+                    self._kill(child.pid, signal.SIGKILL)
+                continue
+            if child.stale:
+                continue
+            # Until its first beat a worker is importing the app: that may take longer.
+            limit = self.settings.heartbeat_timeout if child.beating() else BOOT_TIMEOUT
+            silent = child.silent_for(now)
+            if silent > limit:
+                log.error(
+                    "worker %d sent no heartbeat for %.0fs (event loop blocked?); its Python "
+                    "stacks follow, then it is killed",
+                    child.pid,
+                    silent,
+                    extra={"event": "worker_stuck"},
+                )
+                child.stale = True
+                child.kill_at = now + STACK_DUMP_GRACE
+                self._kill(child.pid, STACK_DUMP)
+
+    def _watch_sources(self) -> None:
+        if self._watcher is None or self._rolling:
+            return
+        changed = self._watcher.changes()
+        if changed is not None:
+            log.info(
+                "code changed (%s); replacing every worker", changed, extra={"event": "reload"}
+            )
+            self._rolling = [c.pid for c in self._active()]
+
+    def _manage(self) -> None:
+        active = self._active()
+        if self._rolling:
+            self._roll(active)
+            return
+        if len(active) > self.procs:
+            for child in sorted(active, key=lambda c: c.slot)[self.procs :]:
+                self._retire(child)
+            return
+        if len(active) < self.procs:
+            now = time.monotonic()
+            used = {c.slot for c in active}
+            for slot in range(self.procs):
+                if slot not in used and self._backoff.may_spawn(slot, now):
+                    self._spawn(slot)
+
+    def _roll(self, active: list[Child]) -> None:
+        """One step of a HUP: replace the next old child once its replacement has booted."""
+        old_pid = self._rolling[0]
+        old = self.children.get(old_pid)
+        if old is None or old.retiring:
+            self._rolling.pop(0)
+            return
+        fresh = [c for c in active if c.pid not in self._rolling and c.slot == old.slot]
+        if not fresh:
+            self._spawn(old.slot)
+        elif fresh[0].booted():
+            self._retire(old)
+            self._rolling.pop(0)
+
+    def _health(self) -> tuple[bool, dict[str, object]]:
+        """Healthy when the target count of workers booted and beats, and none reports a
+        problem (a worker waiting for its database reports that it cannot reach it)."""
+        now = time.monotonic()
+        timeout = self.settings.heartbeat_timeout
+        active = [c for c in self._active() if not c.stale]
+        live = [c for c in active if c.booted() and c.silent_for(now) <= timeout]
+        problems = sorted({p for p in (c.problem() for c in active) if p})
+        detail: dict[str, object] = {"procs": self.procs, "alive": len(live), "pid": os.getpid()}
+        if problems:
+            detail["problems"] = problems
+        return len(live) >= self.procs and not problems, detail
+
+    def _stop(self, *, graceful: bool) -> int:
+        sig = signal.SIGTERM if graceful else signal.SIGQUIT
+        log.info(
+            "stopping %d children (%s)",
+            len(self.children),
+            "graceful" if graceful else "immediate",
+            extra={"event": "arbiter_stopping"},
+        )
+        for child in self.children.values():
+            self._retire(child, sig)
+        wait = self.settings.graceful_timeout + PAST_GRACEFUL if graceful else STOP_AT_ONCE
+        deadline = time.monotonic() + wait
+        while self.children and time.monotonic() < deadline:
+            self._wait(0.1)
+            stops = {signal.SIGQUIT, signal.SIGTERM, signal.SIGINT}
+            if graceful and stops & set(self._wakeup.pending):
+                log.info(
+                    "second stop signal: stopping at once", extra={"event": "arbiter_stopping"}
+                )
+                graceful = False
+                deadline = min(deadline, time.monotonic() + STOP_AT_ONCE)
+                for child in self.children.values():
+                    self._kill(child.pid, signal.SIGQUIT)
+            self._wakeup.pending.clear()
+            self._reap()
+            self._end_overdue_handbacks()
+        killed = list(self.children)
+        for pid in killed:
+            log.error(
+                "worker %d did not stop in time; killing it", pid, extra={"event": "worker_killed"}
+            )
+            self._kill(pid, signal.SIGKILL)
+        # The killed workers' rows are handed back as after any crash; that gets a short
+        # deadline of its own, as nothing is lost without it (the leases expire).
+        deadline = time.monotonic() + HANDBACK_AT_EXIT
+        while (self.children or self._handbacks.running) and time.monotonic() < deadline:
+            self._wait(0.05)
+            self._wakeup.pending.clear()
+            self._reap()
+        for pid in [*self.children, *self._handbacks.running]:
+            self._kill(pid, signal.SIGKILL)
+        supervisor_metrics().processes.set(0)
+        log.info("arbiter stopped", extra={"event": "arbiter_stopped"})
+        return 1 if killed else 0
+
+    def _end_overdue_handbacks(self) -> None:
+        for pid in self._handbacks.overdue(time.monotonic()):
+            log.warning(
+                "a hand-back (process %d) is still waiting for the database; killing it: the "
+                "rows it was to free are delivered again when their leases expire",
+                pid,
+                extra={"event": "release_failed"},
+            )
+            self._kill(pid, signal.SIGKILL)

@@ -1,0 +1,390 @@
+"""What a forked worker process runs: the runtime on its own uvloop, plus a heartbeat; and the
+arbiter's side of that heartbeat, the `Child` record.
+
+The heartbeat file holds two CLOCK_MONOTONIC readings (system-wide on Linux, so comparable
+across processes, and never stepped like the wall clock): when the runtime started (0 until it
+has) and the latest beat. The worker replaces it every second from its event loop, from the
+moment the loop runs, also while it waits for an unreachable database; an event loop blocked
+past the arbiter's timeout stops replacing it, and the worker is replaced. The readings are the
+file's content, not its timestamps: file times are wall-clock values to every other tool (and
+tools that fake the clock for tests rewrite what stat returns). Beside it, a second file holds
+why the worker is not serving: an unreachable database while it waits to start, then the
+runtime's current permanent problem (a missing privilege or table); empty while there is none.
+The arbiter's /healthz reports it. Both sides of these files live here, so their meaning is
+written down once.
+
+A worker whose database cannot be reached at boot (refused, timed out, starting up or shutting
+down) waits it out with jittered backoff; only failures that retrying cannot fix (the app does
+not import, bad settings, a missing table or privilege) end it with `BOOT_ERROR`, which the
+arbiter counts toward giving up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import faulthandler
+import logging
+import os
+import signal
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from ..backoff import Backoff
+from ..db.boundary import translate
+from ..dsn import scrub
+from ..errors import ConnectionLost, OutboxFarmError
+from ..farm import Farm
+from ..settings import RuntimeSettings
+from ..worker.problems import one_line
+from ..worker.runtime import Runtime
+
+if TYPE_CHECKING:
+    from .app import AppLoader
+
+log = logging.getLogger("outbox_farm.child")
+BOOT_ERROR = 3  # exit status of a child whose runtime cannot start, however often it tries
+# What the arbiter handles itself; a fresh child puts them back to their defaults.
+ARBITER_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGCHLD,
+)
+# Sent by the arbiter to a worker whose heartbeat went silent, shortly before SIGKILL: the
+# worker's Python stacks go to stderr, so the log shows where its event loop was stuck.
+# (faulthandler may not take SIGABRT, which gunicorn uses: that one is faulthandler's own.)
+STACK_DUMP = signal.SIGUSR2
+HEARTBEAT_EVERY = 1.0
+WORKER_NAME = "outbox-worker"  # what ps and top show for a worker (the arbiter keeps its own)
+RETRY_FIRST = 0.5  # seconds before the second attempt to reach the database at boot
+RETRY_CAP = 5.0  # the longest wait between two attempts
+RETRY_LOG_EVERY = 30.0  # seconds between two log lines saying the database is still unreachable
+_BEAT = struct.Struct("<dd")  # booted at (0: not yet), last beat; monotonic seconds
+
+
+class BootError(Exception):
+    """The runtime could not start, and retrying will not change that."""
+
+
+def problem_path(heartbeat: Path) -> Path:
+    return heartbeat.with_name(heartbeat.name + ".problem")
+
+
+def _partial_path(heartbeat: Path) -> Path:
+    return heartbeat.with_name(heartbeat.name + ".next")
+
+
+def describe_exit(code: int) -> str:
+    """`status 1` or `signal SIGKILL`, from `os.waitstatus_to_exitcode`."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+def unreachable(exc: Exception, dsn: str) -> str | None:
+    """Why the database could not be reached, when that is all `exc` (raised while starting the
+    runtime) says; None for an error that retrying does not fix.
+
+    Unreachable is what the storage layer's one translation calls a lost connection: no
+    connection could be had or it broke (no SQLSTATE from a connection attempt, class 08, the
+    server starting up, shutting down or full). The connection probe raises a
+    ConfigurationError whose context is the driver's error, so that context is translated too.
+    The reason is the error's first line, with anything of the DSN's secret masked: it goes to
+    /healthz.
+    """
+    driver = exc.__cause__ or exc.__context__
+    if isinstance(translate(exc), ConnectionLost) or (
+        driver is not None and isinstance(translate(driver), ConnectionLost)
+    ):
+        return scrub(one_line(exc), dsn)
+    return None
+
+
+@dataclass
+class Child:
+    """The arbiter's record of one worker it forked; written and read by the arbiter only.
+
+    Whether the worker booted, and how long it has been silent, are read from its heartbeat
+    file (see the module's docstring); times are `time.monotonic()` readings.
+    """
+
+    pid: int
+    slot: int
+    worker_id: int  # carried in every lease token the worker takes
+    spawned_at: float
+    heartbeat: Path
+    retiring: bool = False  # told to drain (HUP, TTOU); not counted towards the target
+    stale: bool = False  # its heartbeat went silent: asked for its stacks, then killed
+    kill_at: float | None = None  # when a stale worker gets SIGKILL, once it had time to dump
+
+    @staticmethod
+    def new_heartbeat(state_dir: Path, slot: int) -> tuple[Path, float]:
+        """A fresh, empty heartbeat file for a worker about to be forked, and its spawn time."""
+        heartbeat = state_dir / f"heartbeat-{slot}-{time.monotonic_ns()}"
+        heartbeat.touch()
+        return heartbeat, time.monotonic()
+
+    def _beat(self) -> tuple[float, float] | None:
+        """(booted at, last beat) as the worker last wrote them; None before its first beat."""
+        try:
+            data = self.heartbeat.read_bytes()
+        except FileNotFoundError:
+            return None
+        return _BEAT.unpack(data) if len(data) == _BEAT.size else None
+
+    def booted(self) -> bool:
+        """Whether the worker's runtime started (it may be waiting for its database)."""
+        beat = self._beat()
+        return beat is not None and beat[0] > 0
+
+    def beating(self) -> bool:
+        """Whether the worker's event loop runs: it beat at least once."""
+        return self._beat() is not None
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the last beat (since the spawn, before the first) at monotonic `now`."""
+        beat = self._beat()
+        return now - (beat[1] if beat is not None else self.spawned_at)
+
+    def problem(self) -> str | None:
+        """Why the worker is not serving (database unreachable, a permanent error), if so."""
+        try:
+            return problem_path(self.heartbeat).read_text() or None
+        except FileNotFoundError:
+            return None
+
+    def forget(self) -> None:
+        """Remove the worker's files once it is reaped."""
+        for path in (self.heartbeat, _partial_path(self.heartbeat), problem_path(self.heartbeat)):
+            path.unlink(missing_ok=True)
+
+
+class Pulse:
+    """The worker's side of its heartbeat and problem files; owned by the worker's event loop.
+
+    Until the runtime starts, `unready` says why it has not (the problem the arbiter shows);
+    after `booted`, the runtime's own problem is shown instead.
+    """
+
+    def __init__(self, path: Path, arbiter: int, stop: asyncio.Event) -> None:
+        self.path = path
+        self.arbiter = arbiter
+        self.stop = stop
+        self.unready: str | None = None
+        self._runtime: Runtime | None = None
+        self._booted_at = 0.0
+        self._reported: str | None = None
+
+    def booted(self, runtime: Runtime) -> None:
+        """The runtime started: say so at once (a rolling restart waits for it)."""
+        self._runtime = runtime
+        self.unready = None
+        self._booted_at = time.monotonic()
+        self.beat()
+
+    def beat(self) -> None:
+        problem = self._runtime.problem if self._runtime is not None else self.unready
+        if problem != self._reported:
+            problem_path(self.path).write_text(problem or "")
+            self._reported = problem
+        # Replaced, not rewritten: the arbiter never reads half a beat.
+        partial = _partial_path(self.path)
+        partial.write_bytes(_BEAT.pack(self._booted_at, time.monotonic()))
+        os.replace(partial, self.path)
+
+    async def run(self) -> None:
+        while True:
+            if os.getppid() != self.arbiter:  # the arbiter died (OOM killer, SIGKILL)
+                log.error("arbiter %d is gone; draining", self.arbiter, extra={"event": "orphaned"})
+                self.stop.set()
+                return
+            self.beat()
+            await asyncio.sleep(HEARTBEAT_EVERY)
+
+
+def forked(name: str) -> None:
+    """In a process the arbiter just forked: named `name` for ps and top, the arbiter's signals
+    back to their default handling, then unblocked. The arbiter forks with them blocked: one
+    delivered before the reset would run the arbiter's handler, in this copy of the arbiter,
+    and be lost."""
+    # Linux keeps 15 bytes of it; elsewhere there is no such file, and the name stays.
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(name[:15])
+    for sig in ARBITER_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
+
+
+def run_child(
+    farm: Farm,
+    loader: AppLoader | None,
+    dsn: str,
+    heartbeat: Path,
+    settings: RuntimeSettings,
+) -> NoReturn:
+    """Entry point right after fork; never returns (os._exit skips the parent's atexit).
+
+    With a `loader`, the app is imported again here, from the files on disk, so a HUP rolls out
+    new code. `settings` are this worker's own (see `RuntimeSettings.for_worker`).
+    """
+    faulthandler.register(STACK_DUMP, all_threads=True, chain=False)
+    forked(WORKER_NAME)
+    code = 0
+    arbiter = os.getppid()
+    try:
+        import uvloop
+
+        if loader is not None:
+            try:
+                farm = loader.reload()
+            except OutboxFarmError as exc:
+                raise BootError(str(exc)) from exc
+        code = uvloop.run(_main(farm, dsn, heartbeat, settings, arbiter))
+    except BootError as exc:
+        # Our own errors say what to fix; anything else is a bug, whose traceback says where.
+        cause = exc.__cause__
+        trace = None if isinstance(cause, OutboxFarmError) else cause
+        log.error("worker could not start: %s", exc, exc_info=trace, extra={"event": "boot_failed"})
+        code = BOOT_ERROR
+    except BaseException:
+        log.exception("worker crashed", extra={"event": "worker_crashed"})
+        code = 1
+    finally:
+        logging.shutdown()
+    os._exit(code)
+
+
+async def _main(
+    farm: Farm,
+    dsn: str,
+    heartbeat: Path,
+    settings: RuntimeSettings,
+    arbiter: int,
+) -> int:
+    """The worker's life on its event loop; its exit status."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    # Immediate stop: no drain; claimed rows come back when their leases expire.
+    loop.add_signal_handler(signal.SIGQUIT, os._exit, 0)
+    pulse = Pulse(heartbeat, arbiter, stop)
+    beat = asyncio.create_task(pulse.run())
+    try:
+        runtime = await _boot(
+            lambda: Runtime(
+                list(farm.handlers.values()), farm.queries, dsn, settings, farm.observers
+            ),
+            dsn,
+            pulse,
+            stop,
+        )
+        if runtime is None:
+            return 0
+        pulse.booted(runtime)
+        return await _serve(runtime, stop)
+    finally:
+        beat.cancel()
+
+
+async def _boot(
+    make: Callable[[], Runtime], dsn: str, pulse: Pulse, stop: asyncio.Event
+) -> Runtime | None:
+    """A started runtime, once the database can be reached; None if told to stop first.
+
+    Each attempt gets a fresh runtime: a failed start closes what it opened and cannot run
+    again. BootError for any other failure: retrying would only fail the same way (the farm
+    gives up after a few, rather than fork-looping).
+    """
+    backoff = Backoff(RETRY_FIRST, RETRY_CAP)
+    logged_at = -RETRY_LOG_EVERY
+    while True:
+        try:
+            runtime = make()
+            if not await _start(runtime, stop):
+                return None
+        except Exception as exc:
+            reason = unreachable(exc, dsn)
+            if reason is None:
+                raise BootError(str(exc)) from exc
+            pulse.unready = f"database unreachable: {reason}"
+            delay = backoff.next()
+            if time.monotonic() - logged_at >= RETRY_LOG_EVERY:
+                logged_at = time.monotonic()
+                log.warning(
+                    "%s; waiting for it (retrying with backoff, at most every %.0fs; this "
+                    "line repeats every %.0fs while it lasts). Check that the server runs and "
+                    "that this host reaches it",
+                    pulse.unready,
+                    RETRY_CAP,
+                    RETRY_LOG_EVERY,
+                    extra={"event": "database_unreachable"},
+                )
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+                return None
+            except TimeoutError:
+                continue
+        if backoff.failures:
+            log.info("database reachable again", extra={"event": "database_reachable"})
+        return runtime
+
+
+async def _start(runtime: Runtime, stop: asyncio.Event) -> bool:
+    """Start `runtime` unless `stop` is set first (then close what it opened: False).
+
+    A connection attempt to a database that does not answer takes its whole connect timeout,
+    so a stop must not wait for the attempt to end.
+    """
+    starting = asyncio.create_task(runtime.start())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await runtime.stop(0)
+        return False
+    try:
+        starting.result()
+    except Exception:
+        await runtime.stop(0)
+        raise
+    return True
+
+
+async def _serve(runtime: Runtime, stop: asyncio.Event) -> int:
+    """Run until told to stop (drain, 0) or until a part of the runtime failed for good (drain
+    what can be, then 1: the arbiter replaces this worker as it would after a crash)."""
+    stopped = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(runtime.fatal.wait())
+    try:
+        await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        failed.cancel()
+    if runtime.fatal.is_set():
+        log.error(
+            "worker failed: %s; draining, then exiting so that the arbiter replaces it",
+            runtime.fatal_reason,
+            extra={"event": "worker_failed"},
+        )
+        await runtime.stop()
+        return 1
+    log.info("draining", extra={"event": "draining"})
+    await runtime.stop()
+    return 0

@@ -1,0 +1,8 @@
+"""One process's machinery: the data path from a claimed row to its written outcome.
+
+`runtime` builds and stops it; per queue, `fetcher` claims into the in-flight ledger
+(`inflight`), `executor` runs handlers through the one call path (`invoke`), `completer` writes
+the outcomes; `heartbeat` extends the leases held and `listener` relays NOTIFY wake-ups. Every
+long-running task is supervised (`supervised`); permanent database errors are kept for health
+checks (`problems`).
+"""

@@ -1,0 +1,344 @@
+"""The completer: every outcome of every executor, written to the table in batches.
+
+Executors hand outcomes over with `put()`; one task flushes them when `flush_size` are
+waiting or `flush_interval` after the first one arrived, whichever comes first. A flush is one
+set-based write per kind of outcome (ack, retry, release, expire, terminal), which
+`db.outcomes` sends through one pipeline with a sync after each, so that a refused DLQ move
+cannot roll back the acks beside it. Every write matches id and lease token. Here each row's
+result is counted and logged: written; refused (`write_failed`); taken over by another lease
+(`lease_lost`); or, when a lost connection made the write go out again, found gone or free
+(`outcome_unconfirmed`: its first attempt most likely wrote it). Once written (or given up
+on), a row is settled in its queue's in-flight ledger, which frees its slot."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..backoff import Backoff
+from ..db import outcomes as writes
+from ..db.pool import Pool
+from ..errors import ConnectionLost, DatabaseError
+from ..observe import Observer, observers
+from ..outcome import Kind, Outcome
+from ..queries import Queries
+from .inflight import Ledger
+from .problems import Problems
+from .supervised import Supervisor
+
+log = logging.getLogger("outbox_farm.completer")
+# Past the stop deadline, a final flush whose database sent nothing for this long is given up.
+STALL = 1.0
+
+
+@dataclass(slots=True)
+class _Statement:
+    """One write of a flush, and the outcomes it carries (in the order of its rows)."""
+
+    phase: str
+    outcomes: list[Outcome]
+    write: writes.Write
+
+
+class Completer:
+    """Batches outcomes into lease-guarded writes.
+
+    State: `_pending` is appended to by executors (`put`) and swapped out by the flush task;
+    both run on the one event loop, so no lock is needed.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        queries: Queries,
+        *,
+        flush_interval: float = 0.01,
+        flush_size: int = 1000,
+        high_water: int = 20_000,
+        on_retry: Callable[[str, float], None] = lambda queue, delay: None,
+        ledgers: Mapping[str, Ledger] | None = None,
+        problems: Problems | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self.pool = pool
+        self.queries = queries
+        self.flush_interval = flush_interval
+        self.flush_size = flush_size
+        self.high_water = high_water
+        self.on_retry = on_retry
+        self.ledgers: Mapping[str, Ledger] = ledgers if ledgers is not None else {}
+        self.problems = problems or Problems()
+        self._pending: list[Outcome] = []
+        self._wake = asyncio.Event()  # set when the first outcome of a batch arrives
+        self._full = asyncio.Event()  # set when a batch reached flush_size, or at close
+        self._room = asyncio.Event()  # set while the backlog is under high_water
+        self._room.set()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        # The statements of the write under way not yet answered, and when the database last
+        # showed it answers (a reply, or the start of a write): what `close` judges by.
+        self._todo: list[_Statement] = []
+        self._progress = 0.0
+        self.observer = observer or observers()
+
+    # -- executor side -------------------------------------------------------------------
+
+    async def put(self, outcome: Outcome) -> None:
+        """Queue an outcome; waits while the completer is `high_water` outcomes behind."""
+        while len(self._pending) >= self.high_water:
+            self._room.clear()
+            await self._room.wait()
+        self.put_nowait(outcome)
+
+    def put_nowait(self, outcome: Outcome) -> None:
+        """Queue an outcome without waiting (for cancelled executors that cannot wait)."""
+        self._pending.append(outcome)
+        self._wake.set()
+        if len(self._pending) >= self.flush_size:
+            self._full.set()
+
+    def flush_now(self) -> None:
+        """Write what is waiting without waiting for the interval (a fetcher is out of slots)."""
+        if self._pending:
+            self._full.set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, supervisor: Supervisor) -> None:
+        self._task = supervisor.spawn("completer", self._run)
+
+    @property
+    def alive(self) -> bool:
+        """Its flush task runs: started, and not yet ended by `close()`."""
+        return self._task is not None and not self._task.done()
+
+    async def close(self, deadline: float, *, overtime: float = 0.0) -> None:
+        """Final flush of everything queued, then stop, by `deadline` (monotonic).
+
+        Past the deadline the flush goes on only while the database answers it: for at most
+        `overtime` more seconds, and only while its last reply (or the start of its write)
+        is less than `STALL` seconds old, so outcomes of handlers that ended just before the
+        deadline are still written, and an unreachable database costs no overtime at all.
+        Outcomes still unwritten then are given up: their rows keep their leases and are
+        delivered again when the leases expire (at least once, as after a crash).
+        """
+        self._closing = True
+        self._wake.set()
+        self._full.set()
+        task = self._task
+        if task is None:
+            return
+        now = time.monotonic()
+        if not self._todo:
+            self._progress = now  # nothing in flight: the final write gets its STALL too
+        last = max(deadline, now) + overtime
+        while not task.done():
+            now = time.monotonic()
+            until = deadline if now < deadline else min(self._progress + STALL, last)
+            if until <= now:
+                break
+            await asyncio.wait({task}, timeout=until - now)
+        if task.done():
+            return
+        unwritten = [o for stmt in self._todo for o in stmt.outcomes] + self._pending
+        log.error(
+            "completer gave up the final flush at the stop deadline: %d outcomes not written "
+            "(no reply from the database for %.1fs); their rows are delivered again when their "
+            "leases expire",
+            len(unwritten),
+            time.monotonic() - self._progress,
+            extra={"event": "flush_abandoned", "outcomes": len(unwritten)},
+        )
+        task.cancel()
+        self._failed(unwritten)
+
+    async def _run(self) -> None:
+        while (batch := await self._collect()) is not None:
+            try:
+                await self.write(batch)
+            except Exception:  # a bug here must not stop every later write of the process
+                log.exception(
+                    "completer failed to write %d outcomes; their rows will be delivered again "
+                    "after their leases expire",
+                    len(batch),
+                    extra={"event": "flush_failed"},
+                )
+                self._failed(batch)
+
+    async def _collect(self) -> list[Outcome] | None:
+        """The next batch, once it is due (full, or `flush_interval` after its first outcome);
+        None at close, once nothing is left."""
+        while not self._pending:
+            if self._closing:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        if len(self._pending) < self.flush_size and not self._closing:
+            try:
+                async with asyncio.timeout(self.flush_interval):
+                    await self._full.wait()
+            except TimeoutError:
+                pass
+        batch, self._pending = self._pending, []
+        self._full.clear()
+        self._room.set()
+        return batch
+
+    def _failed(self, outcomes: list[Outcome]) -> None:
+        """Count outcomes given up on without a write (each one is logged by its caller)."""
+        counts = Counter((o.kind.value, o.queue) for o in outcomes)
+        for (kind, queue), n in counts.items():
+            self.observer.write_failed(kind, queue, n)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _statements(self, batch: list[Outcome]) -> list[_Statement]:
+        by_kind: dict[Kind, list[Outcome]] = {kind: [] for kind in Kind}
+        for outcome in batch:
+            by_kind[outcome.kind].append(outcome)
+        phases = (
+            ("ack", Kind.ACK),
+            ("retry", Kind.RETRY),
+            ("release", Kind.RELEASE),
+            ("expire", Kind.EXPIRE),
+            ("terminal", Kind.TERMINAL),
+        )
+        return [
+            _Statement(phase, rows, self._write_for(phase, rows))
+            for phase, kind in phases
+            if (rows := by_kind[kind])
+        ]
+
+    def _write_for(self, phase: str, rows: list[Outcome]) -> writes.Write:
+        ids = [o.row_id for o in rows]
+        tokens = [o.token for o in rows]
+        if phase == "retry":
+            return writes.retry(
+                ids,
+                tokens,
+                delays=[o.delay for o in rows],
+                ran=[o.ran for o in rows],
+                started=[o.started_at for o in rows],
+            )
+        if phase in ("release", "expire"):
+            return writes.release(ids, tokens)
+        if phase == "terminal" and self.queries.names.dlq is not None:
+            return writes.dead_letter(
+                ids,
+                tokens,
+                reasons=[str(o.reason) for o in rows],
+                exceptions=[o.last_exception for o in rows],
+            )
+        return writes.ack(ids, tokens)  # an ack, or a terminal failure with no DLQ to keep it
+
+    async def write(self, batch: list[Outcome]) -> None:
+        """Write `batch` as one flush, now; only then do its rows stop counting against their
+        queue's capacity. The flush task calls this for every batch it collects.
+
+        Freeing a slot at hand-over instead would let a worker whose writes are slow hold an
+        unbounded number of leased rows, all of which a crash would then deliver again.
+        """
+        try:
+            await self._write(batch)
+        finally:
+            self._todo = []
+            written: dict[str, list[tuple[int, uuid.UUID]]] = defaultdict(list)
+            for outcome in batch:
+                written[outcome.queue].append((outcome.row_id, outcome.token))
+            for queue, leases in written.items():
+                ledger = self.ledgers.get(queue)
+                if ledger is not None:
+                    ledger.settle_all(leases)
+
+    async def _write(self, batch: list[Outcome]) -> None:
+        started = time.perf_counter()
+        todo = self._todo = self._statements(batch)
+        self._progress = time.monotonic()
+        backoff = Backoff()
+        while todo:
+            try:
+                async with writes.pipeline(self.pool, self.queries) as flush:
+                    while todo:
+                        written = await flush.send(todo[0].write)
+                        self._progress = time.monotonic()
+                        self._account(todo.pop(0), written)
+            except ConnectionLost as exc:
+                if not todo:
+                    break  # the connection broke after the last reply: everything is written
+                if self._closing and backoff.failures >= 8:
+                    log.error(
+                        "completer gave up writing at stop: %s",
+                        exc,
+                        extra={"event": "flush_abandoned"},
+                    )
+                    self._failed([o for stmt in todo for o in stmt.outcomes])
+                    return
+                delay = backoff.next()
+                log.warning(
+                    "completer lost its database connection (%s); retrying in %.2fs",
+                    exc,
+                    delay,
+                    extra={"event": "db_reconnect", "component": "completer"},
+                )
+                await asyncio.sleep(delay)
+        self.observer.flushed(time.perf_counter() - started, len(batch))
+
+    def _report_failure(self, phase: str, outcome: Outcome, exc: DatabaseError) -> None:
+        self.observer.write_failed(phase, outcome.queue, 1)
+        fields = {
+            "event": "write_failed",
+            "phase": phase,
+            "row_id": outcome.row_id,
+            "queue": outcome.queue,
+        }
+        if self.problems.report(f"{phase} write", exc, log, fields):
+            return  # logged, at most once a minute, as the problem it is
+        hint = (
+            " The DLQ table is missing or does not match: run `outbox-farm check`."
+            if phase == "terminal" and self.queries.names.dlq is not None
+            else ""
+        )
+        log.error(
+            "%s write failed for row %s of queue %s: %s. The row stays in the outbox under its "
+            "lease and is delivered again when the lease expires.%s",
+            phase,
+            outcome.row_id,
+            outcome.queue,
+            exc,
+            hint,
+            extra=fields,
+        )
+
+    def _account(self, stmt: _Statement, written: writes.Written) -> None:
+        observer = self.observer
+        phase = stmt.phase
+        matched, refused = written.matched, written.refused
+        if len(refused) < len(stmt.outcomes):
+            self.problems.solved(f"{phase} write")
+        dead_letters = phase == "terminal" and self.queries.names.dlq is not None
+        done: Counter[str] = Counter()
+        for outcome in stmt.outcomes:
+            lease = (outcome.row_id, outcome.token)
+            if lease in matched:
+                done[outcome.queue] += 1
+                if phase == "retry":
+                    self.on_retry(outcome.queue, outcome.delay)
+                elif dead_letters:
+                    observer.dead_lettered(outcome)
+                continue
+            error = refused.get(lease) if refused else None
+            if error is not None:
+                self._report_failure(phase, outcome, error)
+            elif phase == "expire":
+                pass  # handed back because its lease ran short: losing it is expected
+            elif outcome.row_id in written.unconfirmed:
+                observer.outcome_unconfirmed(phase, outcome)
+            else:
+                observer.lease_lost(phase, outcome.queue, outcome.row_id, outcome.deliveries_count)
+        for queue, n in done.items():
+            observer.written(phase, queue, n)

@@ -1,0 +1,419 @@
+"""Executors: `concurrency` tasks per queue that run the handler and hand each row's outcome
+to the completer.
+
+This module is the machinery: the tasks, batching, the per-call timeout, a thread per sync
+handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure).
+What it sees (a handler's start and run time, each verdict) goes to the observer (`observe`),
+which counts and logs it. Nothing here writes to the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, cast
+
+from .. import decision
+from ..db.connect import AsyncConnection
+from ..db.transactions import Completion
+from ..decision import Verdict
+from ..handler import HandlerSpec
+from ..message import Message
+from ..observe import Observer
+from ..outcome import Outcome
+from .completer import Completer
+from .inflight import Ledger
+from .invoke import Call, call_path, timed_out
+from .supervised import Supervisor
+
+log = logging.getLogger("outbox_farm.executor")
+
+
+Complete = Callable[
+    [int, uuid.UUID, Callable[[AsyncConnection], Awaitable[bool]]], Awaitable[Completion]
+]
+"""Runs a transactional handler's work and completes its row in one transaction (the runtime
+binds `db.transactions.run_completing` to a pool of its own)."""
+
+
+class _Slot:
+    """One executor task, the deadline of the handler it runs (inf while idle), and the rows
+    in its hand (taken from the inbox, outcome not yet handed over).
+
+    Written by its executor task; read, and `expired` set, by the queue's watchdog; `hand` read
+    by the task's next run when an unexpected error ended this one.
+    """
+
+    __slots__ = ("deadline", "expired", "hand", "index", "task")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.deadline = math.inf
+        self.expired = False
+        self.hand: tuple[Message, ...] | list[Message] = ()
+        self.task: asyncio.Task[None] | None = None
+
+
+class Executors:
+    """The handler tasks of one queue.
+
+    Per-message timeouts are enforced by one watchdog task per queue that cancels overdue
+    handlers, checking ten times per timeout (at most once a second): far cheaper than a timer
+    per message, and precise enough for timeouts that default to most of a minute.
+    """
+
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        inbox: asyncio.Queue[Message | None],
+        ledger: Ledger,
+        completer: Completer,
+        observer: Observer,
+        complete: Complete | None = None,
+    ) -> None:
+        self.spec = spec
+        self.observer = observer
+        self.inbox = inbox
+        self.completer = completer
+        self.ledger = ledger
+        self._timeout = spec.effective_timeout
+        self._slots: list[_Slot] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watchdog: asyncio.Task[None] | None = None
+        # Held by the batch executor forming a batch: rows arriving while it lingers join its
+        # batch instead of waking an idle executor into a batch of one.
+        self._forming = asyncio.Lock()
+        # The handler through its middleware; a sync one in a thread per call; a transactional
+        # one inside its transaction (the middleware around it, a tracing span say, sees the
+        # whole transaction).
+        handler: Call | None = None
+        if spec.transactional:
+            if complete is None:
+                raise ValueError(f"queue {spec.queue!r} is transactional: pass `complete`")
+            self._complete = complete
+            handler = self._in_transaction
+        self._call = call_path(spec, handler)
+        self._committed: set[int] = set()  # rows a transactional handler completed itself
+        self._closing = False  # set when the stop begins: no handler starts after that
+
+    def start(self, supervisor: Supervisor) -> None:
+        """One supervised task per slot, and the watchdog. A slot's task that ends with an
+        unexpected error is run again (see `supervised`), and its next run first lets go of
+        the rows the failed run had in hand (`_abandon`)."""
+        queue = self.spec.queue
+        for i in range(self.spec.concurrency):
+            slot = _Slot(i)
+            slot.task = supervisor.spawn(
+                f"executor {i} of queue {queue}", partial(self._serve, slot)
+            )
+            self._slots.append(slot)
+            self._tasks.append(slot.task)
+        self._watchdog = supervisor.spawn(f"timeout watchdog of queue {queue}", self._watch)
+
+    def close(self) -> None:
+        """The stop began: rows taken from the inbox from now on are released, not run."""
+        self._closing = True
+
+    async def _serve(self, slot: _Slot) -> None:
+        self._abandon(slot)
+        if self.spec.batch is None:
+            await self._work(slot)
+        else:
+            await self._work_batches(slot)
+
+    def _abandon(self, slot: _Slot) -> None:
+        """Free the slots of rows an unexpected error left in `slot`'s hand, unwritten: what
+        became of them is unknown (the handler may have run), so neither an ack nor a release
+        (which would take back the delivery, and let a row that keeps breaking this loop escape
+        `max_deliveries`) is right. Their leases run out and they are delivered again, counted."""
+        hand, slot.hand = slot.hand, ()
+        slot.deadline, slot.expired = math.inf, False
+        for msg in hand:
+            self.ledger.settle(msg.id, msg.lease_token)
+        if hand:
+            log.warning(
+                "executor %d of queue %s failed with rows %s in hand; they are delivered again "
+                "when their leases expire",
+                slot.index,
+                self.spec.queue,
+                [msg.id for msg in hand],
+                extra={"event": "rows_abandoned", "queue": self.spec.queue},
+            )
+
+    async def _watch(self) -> None:
+        period = min(1.0, max(self._timeout / 10, 0.005))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for slot in self._slots:
+                if slot.deadline < now and not slot.expired and slot.task is not None:
+                    slot.expired = True
+                    slot.task.cancel()
+
+    async def stop(self, deadline: float) -> None:
+        """Release unstarted rows, let running handlers finish until `deadline` (monotonic).
+
+        Call after the fetcher stopped, so nothing new reaches the inbox.
+        """
+        self.close()
+        while not self.inbox.empty():
+            msg = self.inbox.get_nowait()
+            if msg is not None:
+                self.completer.put_nowait(decision.released(msg))
+        for _ in self._tasks:
+            self.inbox.put_nowait(None)
+        try:
+            await self._finish(deadline)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                await asyncio.gather(self._watchdog, return_exceptions=True)
+
+    async def _finish(self, deadline: float) -> None:
+        if not self._tasks:
+            return
+        _, running = await asyncio.wait(self._tasks, timeout=max(deadline - time.monotonic(), 0))
+        if running:
+            log.warning(
+                "%d handlers of queue %s still running at the stop deadline; cancelling them "
+                "(their rows are retried, unless the handler decided them)",
+                len(running),
+                self.spec.queue,
+                extra={"event": "stop_deadline", "queue": self.spec.queue},
+            )
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _work(self, slot: _Slot) -> None:
+        ledger, spec = self.ledger, self.spec
+        while True:
+            msg = await self.inbox.get()
+            if msg is None:
+                return
+            if self._closing:
+                self.completer.put_nowait(decision.released(msg))
+                continue
+            slot.hand = (msg,)
+            if time.monotonic() > msg.start_by:
+                await self._hand_back(msg)
+                slot.hand = ()
+                continue
+            ledger.start(msg.id)
+            exc: BaseException | None = None
+            verdict = decision.before_run(spec, msg)
+            if verdict is None:
+                started = self._started(msg)
+                began = time.perf_counter()
+                try:
+                    exc = await self._run(slot, msg)
+                except asyncio.CancelledError:
+                    self._interrupted([(msg, started)], began)
+                    raise
+                if self._committed and msg.id in self._committed:
+                    exc = None  # the row is gone with its handler's writes: acked, whatever
+                    # a middleware outside the transaction did afterwards
+                verdict = decision.decide(spec, msg, exc, started, self._ran(began))
+            outcome = self._settle(msg, verdict)
+            if outcome is None or self._written_in_transaction(msg):
+                slot.hand = ()
+                continue
+            await self.completer.put(outcome)
+            slot.hand = ()
+            if spec.on_failure is not None:
+                await self._hook(msg, exc, outcome)
+
+    async def _work_batches(self, slot: _Slot) -> None:
+        """`_work` for a batch handler: one call per batch, the rest per row."""
+        ledger, spec = self.ledger, self.spec
+        while True:
+            async with self._forming:
+                rows = await self._take()
+            if rows is None:
+                return
+            if self._closing:
+                for msg in rows:
+                    self.completer.put_nowait(decision.released(msg))
+                continue
+            slot.hand = rows
+            runs: list[tuple[Message, float]] = []  # the rows passed in, and their start
+            for msg in rows:
+                if time.monotonic() > msg.start_by:
+                    await self._hand_back(msg)
+                    continue
+                ledger.start(msg.id)
+                verdict = decision.before_run(spec, msg)
+                if verdict is None:
+                    runs.append((msg, self._started(msg)))
+                elif (outcome := self._settle(msg, verdict)) is not None:
+                    await self.completer.put(outcome)
+            if not runs:
+                slot.hand = ()
+                continue
+            began = time.perf_counter()
+            try:
+                exc = await self._run(slot, [msg for msg, _ in runs])
+            except asyncio.CancelledError:
+                self._interrupted(runs, began)
+                raise
+            duration = self._ran(began)
+            written: list[tuple[Message, Outcome]] = []
+            for msg, started in runs:
+                outcome = self._settle(msg, decision.decide(spec, msg, exc, started, duration))
+                if outcome is not None:
+                    await self.completer.put(outcome)
+                    written.append((msg, outcome))
+            slot.hand = ()
+            if spec.on_failure is not None:  # after every outcome was handed over
+                for msg, outcome in written:
+                    await self._hook(msg, exc, outcome)
+
+    async def _take(self) -> list[Message] | None:
+        """Up to `batch` rows: those waiting, then those arriving within `linger`. None: stop."""
+        inbox, size = self.inbox, self.spec.batch or 1
+        first = await inbox.get()
+        if first is None:
+            return None
+        rows = [first]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.spec.linger):
+                while len(rows) < size:
+                    msg = await inbox.get()  # at once while rows are waiting
+                    if msg is None:
+                        inbox.put_nowait(None)  # the stop's: this task's next take ends it
+                        break
+                    rows.append(msg)
+        return rows
+
+    async def _run(self, slot: _Slot, arg: Any) -> BaseException | None:
+        """Call the handler through its middleware under the slot's deadline: None when it
+        returned, else the exception it ended with (its timeout as HandlerTimeout). The
+        cancellation of a stop past its deadline propagates."""
+        slot.deadline = time.monotonic() + self._timeout
+        exc: BaseException | None = None
+        try:
+            await self._call(arg)
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            assert task is not None
+            if not task.cancelling():
+                exc = error  # raised by the handler itself: nobody cancelled this run
+            elif not slot.expired:
+                raise
+            else:
+                slot.expired = False
+                task.uncancel()
+                exc = timed_out(self.spec)
+        except BaseException as error:
+            # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take
+            # down the worker and every other row it holds; it is retried, then dead-lettered.
+            exc = error
+        slot.deadline = math.inf  # no await since the handler returned: no stray cancel
+        if slot.expired:  # the handler swallowed its timeout's cancellation and returned
+            slot.expired = False
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return exc
+
+    async def _in_transaction(self, msg: Message) -> None:
+        """A transactional handler's call: its writes, and the row's deletion when it acks,
+        commit together; otherwise both roll back and the row's verdict is written as usual."""
+        spec = self.spec
+        func = cast(Callable[[Message, AsyncConnection], Awaitable[Any]], spec.func)
+
+        async def work(conn: AsyncConnection) -> bool:
+            await func(msg, conn)
+            if not decision.completes(spec, msg):
+                return False
+            self.ledger.writing(msg.id)  # a heartbeat racing the commit is not a lost lease
+            return True
+
+        completion = await self._complete(msg.id, msg.lease_token, work)
+        if completion is Completion.COMPLETED:
+            self._committed.add(msg.id)
+        elif completion is Completion.LEASE_LOST:
+            self.ledger.lose(msg.id, msg.lease_token, "ack")
+
+    def _written_in_transaction(self, msg: Message) -> bool:
+        """True for a row its transactional handler completed: settled here, counted as acked,
+        and nothing more to write."""
+        if not self._committed or msg.id not in self._committed:
+            return False
+        self._committed.discard(msg.id)
+        self.ledger.settle(msg.id, msg.lease_token)
+        self.observer.written("ack", self.spec.queue, 1)
+        return True
+
+    def _interrupted(self, runs: list[tuple[Message, float]], began: float) -> None:
+        """A stop cancelled the call at its deadline: the rows' outcomes, handed over without
+        waiting (this task is being cancelled)."""
+        duration = time.perf_counter() - began
+        for msg, started in runs:
+            if msg.id in self._committed:  # cancelled after its transaction committed
+                verdict = decision.decide(self.spec, msg, None, started, duration)
+            else:
+                verdict = decision.interrupted(self.spec, msg, started, duration)
+            outcome = self._settle(msg, verdict)
+            if outcome is not None and not self._written_in_transaction(msg):
+                self.completer.put_nowait(outcome)
+
+    def _settle(self, msg: Message, verdict: Verdict) -> Outcome | None:
+        """A verdict's outcome to write, observed; None when the heartbeat found the row's lease
+        lost while it ran (it reported that, and nothing of this run is written)."""
+        outcome, notes = verdict
+        if not self.ledger.finish(msg.id, msg.lease_token):
+            return None
+        self.observer.decided(msg, outcome)
+        if notes:
+            self.observer.noted(msg, notes)
+        return outcome
+
+    async def _hand_back(self, msg: Message) -> None:
+        """Too little of this row's lease is left to start it (it waited behind slower
+        handlers): another runner may take it over any moment, or already has."""
+        outcome, notes = decision.expired(self.spec, msg)
+        self.observer.decided(msg, outcome)
+        self.observer.noted(msg, notes)
+        await self.completer.put(outcome)
+
+    async def _hook(self, msg: Message, exc: BaseException | None, outcome: Outcome) -> None:
+        """The user's on_failure hook, after the outcome was handed over: it cannot change it."""
+        hook, error = self.spec.on_failure, decision.failure(msg, exc)
+        if hook is None or error is None:
+            return
+        try:
+            result = hook(msg, error, outcome)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.exception(
+                "on_failure hook %r raised for row %s of queue %s; the outcome (%s) stands",
+                hook,
+                msg.id,
+                msg.queue,
+                outcome.kind.value,
+                extra={"event": "hook_failed", "row_id": msg.id, "queue": msg.queue},
+            )
+
+    # -- what the observer is told, besides verdicts -----------------------------------------
+
+    def _started(self, msg: Message) -> float:
+        """Now as seconds since the epoch on the database clock (the claim's now() plus local
+        time since); the row's delivery lag is observed."""
+        started = msg.claimed_epoch + (time.monotonic() - msg.received_monotonic)
+        self.observer.handler_started(msg, max(started - msg.due_epoch, 0.0))
+        return started
+
+    def _ran(self, began: float) -> float:
+        """Seconds since `began` (perf_counter), observed as a handler call's run time."""
+        duration = time.perf_counter() - began
+        self.observer.handler_finished(self.spec.queue, duration)
+        return duration

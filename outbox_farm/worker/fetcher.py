@@ -1,0 +1,311 @@
+"""The fetcher: one per queue, claims rows into the executors' inbox.
+
+It never holds more rows than the queue's capacity (executors plus prefetch), claims again at
+once when a claim came back full, and otherwise sleeps until the first of: a NOTIFY for its
+queue, the next due time it knows of (delayed rows, retries, expiring leases, so those fire on
+time), or a jittered poll interval that keeps processes from running in step.
+
+A stall is never silent: the fetcher counts its failed claims (`Observer.claim_failed`), and
+reports the queue stalled (`Observer.stalled`, and `stall.reason` for the runtime's `problem`)
+when its claims failed STALL_FAILURES times in a row or for STALL_FAILING_FOR seconds, or when
+two idle fetches in a row (nothing held, an empty claim) find a ready row due for more than
+STALL_OVERDUE seconds: the farm has room, yet that row is not taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+
+from ..backoff import Backoff
+from ..db import claims
+from ..db.pool import Pool
+from ..errors import ConnectionLost, DatabaseError, PermanentError
+from ..handler import HandlerSpec
+from ..message import Message
+from ..metrics import metrics
+from ..observe import Observer
+from ..queries import Queries
+from ..tokens import lease_token
+from .inflight import Ledger
+from .problems import Problems, Stall
+from .supervised import Supervisor
+
+log = logging.getLogger("outbox_farm.fetcher")
+DUE_SLACK = 0.001  # wake a hair late rather than early: an early claim finds nothing
+STALL_FAILURES = 5  # claims failed in a row that make the queue stalled ...
+STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
+STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
+FAR_EVERY = 2.0  # seconds between looks for rows due beyond what a client can load
+
+
+def _error_kind(exc: BaseException) -> str:
+    """The `kind` label of a failed claim."""
+    if isinstance(exc, ConnectionLost):
+        return "connection_lost"
+    if isinstance(exc, PermanentError):
+        return "permanent"
+    return "refused" if isinstance(exc, DatabaseError) else "internal"
+
+
+class Fetcher:
+    """Claims for one queue, and owns the queue's in-flight ledger (`ledger`): a row counts
+    against the capacity from its claim until the completer settles it."""
+
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        pool: Pool,
+        queries: Queries,
+        inbox: asyncio.Queue[Message | None],
+        observer: Observer,
+        *,
+        poll_interval: float = 0.5,
+        worker_id: int | None = None,
+        problems: Problems | None = None,
+        on_starved: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.queries = queries
+        self.inbox = inbox
+        self.observer = observer
+        self.poll_interval = poll_interval
+        self.worker_id = worker_id
+        self.problems = problems or Problems()
+        self.on_starved = on_starved
+        self.operation = f"claim for queue {spec.queue}"
+        self._far_at = 0.0  # monotonic time of the next claim that also looks for far rows
+        self.capacity = spec.capacity
+        self.ledger = Ledger(spec.queue, self.capacity, observer)
+        # Claim in halves of the capacity: one half is handled while the other half's outcomes
+        # are written, so claims and writes overlap; and claim only when a half fits, unless
+        # nothing is in flight at all.
+        self.batch = max(1, self.capacity // 2)
+        self._wake = asyncio.Event()
+        self._due_at: float | None = None  # monotonic time of the earliest known due row
+        self.stall = Stall(
+            spec.queue,
+            failures=STALL_FAILURES,
+            failing_for=STALL_FAILING_FOR,
+            overdue=STALL_OVERDUE,
+        )
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- called by other components ------------------------------------------------------
+
+    def wake(self) -> None:
+        """Something may be claimable now (NOTIFY, listener reconnect)."""
+        self._wake.set()
+
+    def note_due(self, delay: float) -> None:
+        """A row of this queue becomes due in `delay` seconds (a retry just written)."""
+        due = time.monotonic() + delay
+        if self._due_at is None or due < self._due_at:
+            self._due_at = due
+            self._wake.set()  # re-arm the sleep with the earlier deadline
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, supervisor: Supervisor) -> None:
+        self._task = supervisor.spawn(f"fetcher of queue {self.spec.queue}", self._run)
+
+    async def stop(self) -> None:
+        """Stop claiming. A claim already sent is allowed to finish so its rows are known."""
+        self._stopping = True
+        self._wake.set()
+        self.ledger.slots.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    @property
+    def alive(self) -> bool:
+        """Its loop runs: started, not stopped, not ended by an error it did not expect."""
+        return self._task is not None and not self._task.done()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        ledger = self.ledger
+        while not self._stopping:
+            free = ledger.free
+            if free < self.batch and len(ledger):
+                ledger.slots.clear()
+                self.on_starved()  # slots free up when outcomes are written: write them now
+                await ledger.slots.wait()
+                continue
+            self._wake.clear()
+            want = min(free, self.batch)
+            try:
+                got = await self._claimed(want)
+                if got == want:
+                    backoff.reset()
+                    continue  # more may be waiting: claim again at once
+                wait = await self._next_wait(idle=not len(ledger))
+                backoff.reset()
+            except DatabaseError as exc:
+                wait = backoff.next()
+                if not self.problems.report(self.operation, exc, log):
+                    log.warning(
+                        "claim for queue %s failed (%s); retrying in %.2fs",
+                        self.spec.queue,
+                        exc,
+                        wait,
+                        extra={
+                            "event": "db_reconnect",
+                            "component": "fetcher",
+                            "queue": self.spec.queue,
+                        },
+                    )
+            if self._stopping:
+                return
+            try:
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _claimed(self, want: int) -> int:
+        """`_claim(want)`, its failure counted and its success or failure told to the stall
+        watch. An error that is not the database's propagates to the supervisor."""
+        try:
+            got = await self._claim(want)
+        except Exception as exc:
+            self.observer.claim_failed(self.spec.queue, _error_kind(exc))
+            if self.stall.claim_failed(exc):
+                self.observer.stalled(self.spec.queue, self.stall.reason)
+            raise
+        self.problems.solved(self.operation)
+        if self.stall.claimed(got):
+            self.observer.stalled(self.spec.queue, None)
+        return got
+
+    async def _claim(self, limit: int) -> int:
+        started = time.perf_counter()
+        spec = self.spec
+        # The lease runs from the claim's now() on the database, which is after this moment:
+        # a deadline counted from here errs on the early side.
+        sent = time.monotonic()
+        token = lease_token(self.worker_id)
+        far = sent >= self._far_at
+        rows = await claims.claim(
+            self.pool,
+            self.queries,
+            queue=spec.queue,
+            limit=limit,
+            lease_ttl=spec.lease_ttl,
+            token=token,
+            held=self.ledger.held(),
+            far=far,
+        )
+        received = time.monotonic()
+        if far and len(rows) < limit:  # a full claim may have left the far rows out
+            self._far_at = received + FAR_EVERY
+        self.observer.claimed(spec.queue, len(rows), time.perf_counter() - started)
+        if not rows:
+            return 0
+        start_by = sent + spec.lease_ttl - spec.start_margin
+        queue = spec.queue
+        claimed_at = rows[0][9]  # one statement: one now() for every row
+        claimed_epoch = claimed_at.timestamp()
+        # A row the claim could not load (`invalid`) still becomes a message, with the claim's
+        # time standing in for its unloadable timestamps: the executor dead-letters it unrun as
+        # `invalid_row`, through the completer's token-guarded DLQ move like any terminal row.
+        # With no DLQ to keep it, it is set aside instead (until `max_deliveries`, which holds
+        # for it as for any row): deleting a row nobody could read is not the farm's call.
+        keep = self.queries.names.dlq is not None
+        most = spec.max_deliveries
+        aside: list[tuple[int, str]] = []
+        msgs: list[Message] = []
+        for (
+            row_id,
+            payload,
+            headers,
+            deliveries,
+            attempts,
+            created,
+            due,
+            first,
+            timer,
+            _,
+            key,
+            invalid,
+        ) in rows:
+            if invalid is not None and not keep and (most is None or deliveries <= most):
+                aside.append((row_id, invalid))
+                continue
+            due = due or claimed_at
+            msgs.append(
+                Message(
+                    id=row_id,
+                    queue=queue,
+                    body=payload,
+                    headers=headers or {},
+                    deliveries_count=deliveries,
+                    attempts_count=attempts,
+                    created_at=created or claimed_at,
+                    next_attempt_at=due,
+                    first_attempt_at=first,
+                    timer_id=timer,
+                    lease_token=token,
+                    claimed_at=claimed_at,
+                    ordering_key=key,
+                    received_monotonic=received,
+                    start_by=start_by,
+                    claimed_epoch=claimed_epoch,
+                    due_epoch=due.timestamp(),
+                    invalid=invalid,
+                )
+            )
+        self.ledger.hold((msg.id for msg in msgs), token)
+        put = self.inbox.put_nowait
+        for msg in msgs:
+            put(msg)
+        if aside:
+            await self._set_aside(aside, token)
+        return len(rows)
+
+    async def _set_aside(self, rows: list[tuple[int, str]], token: uuid.UUID) -> None:
+        """Park rows that can be neither loaded nor dead-lettered (see `claims.set_aside`),
+        each reported by id: a WARNING `row_set_aside` and `outbox_farm_set_aside_total`."""
+        queue = self.spec.queue
+        parked = set(
+            await claims.set_aside(self.pool, self.queries, ids=[r for r, _ in rows], token=token)
+        )
+        for row_id, why in rows:
+            if row_id not in parked:
+                continue  # taken over by another lease meanwhile: that runner reports it
+            log.warning(
+                "row %s of queue %s cannot be loaded (%s) and there is no DLQ to keep it: set "
+                "aside for %gs, then claimed and reported again (fix or delete it by hand)",
+                row_id,
+                queue,
+                why,
+                claims.SET_ASIDE_SECONDS,
+                extra={"event": "row_set_aside", "row_id": row_id, "queue": queue, "why": why},
+            )
+        if parked:
+            metrics().set_aside.labels(queue).inc(len(parked))
+
+    async def _next_wait(self, *, idle: bool) -> float:
+        """Seconds to sleep: the poll interval, or less when something is due sooner. `idle`:
+        the claim came back short and nothing of the queue is held, so a row overdue now is
+        one the farm could run and does not (see `Stall.idle`)."""
+        wait = self.poll_interval * random.uniform(0.9, 1.1)
+        due = await claims.next_due(self.pool, self.queries, self.spec.queue)
+        if idle and self.stall.idle(-due if due is not None else 0.0):
+            self.observer.stalled(self.spec.queue, self.stall.reason)
+        if due is not None:
+            wait = min(wait, max(due, 0.0) + DUE_SLACK)
+        if self._due_at is not None:
+            local = self._due_at - time.monotonic()
+            if local <= 0:
+                self._due_at = None
+            wait = min(wait, max(local, 0.0) + DUE_SLACK)
+        return wait

@@ -1,0 +1,151 @@
+"""The in-flight ledger: every row one queue holds, under which lease token, in which state.
+
+The fetcher adds the rows it claims and waits on `slots` when the queue is at capacity; the
+executors mark a row running when its handler starts and writing when its outcome is handed
+over; the heartbeat extends the leases of rows running or writing and marks those whose lease
+it finds lost; the completer settles a row once its outcome is written (or given up on), which
+frees its slot. All on one event loop, so nothing here locks.
+
+Entries are keyed by row id and checked against the token: after a retry is written but before
+its reply is read, the fetcher may claim the same row again, and the old write's settlement
+must not remove the new claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import uuid
+from collections.abc import Iterable
+
+from ..observe import Observer
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # claimed, in the inbox
+    RUNNING = "running"  # its handler runs
+    WRITING = "writing"  # its outcome is with the completer
+
+
+class Lease:
+    __slots__ = ("lost", "state", "token")
+
+    def __init__(self, token: uuid.UUID) -> None:
+        self.token = token
+        self.state = State.WAITING
+        self.lost = False
+
+
+class Ledger:
+    """The rows of one queue that this process holds."""
+
+    def __init__(self, queue: str, capacity: int, observer: Observer) -> None:
+        self.queue = queue
+        self.capacity = capacity
+        self.observer = observer
+        self.rows: dict[int, Lease] = {}
+        self.slots = asyncio.Event()  # set whenever a row is settled
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self.rows)
+
+    def held(self) -> list[int]:
+        """Ids of every row held: a claim must not take any of them again."""
+        return list(self.rows)
+
+    # -- fetcher -------------------------------------------------------------------------
+
+    def hold(self, row_ids: Iterable[int], token: uuid.UUID) -> None:
+        rows = self.rows
+        before = len(rows)
+        for row_id in row_ids:
+            rows[row_id] = Lease(token)
+        self.observer.held(self.queue, len(rows) - before)
+
+    # -- executors -----------------------------------------------------------------------
+
+    def start(self, row_id: int) -> None:
+        lease = self.rows.get(row_id)
+        if lease is not None:
+            lease.state = State.RUNNING
+
+    def finish(self, row_id: int, token: uuid.UUID) -> bool:
+        """The handler returned: True when its outcome should be written, False when the
+        heartbeat found the lease lost meanwhile (then the row is settled here, unwritten)."""
+        lease = self.rows.get(row_id)
+        if lease is None or not _same(lease.token, token):
+            return True  # not ours to judge: the write is token-guarded anyway
+        if lease.lost:
+            self.settle(row_id, token)
+            return False
+        lease.state = State.WRITING
+        return True
+
+    def writing(self, row_id: int) -> None:
+        """A transactional handler is about to complete its row in its own transaction: from
+        now on a heartbeat that misses the row may simply have come after that commit."""
+        lease = self.rows.get(row_id)
+        if lease is not None:
+            lease.state = State.WRITING
+
+    def lose(self, row_id: int, token: uuid.UUID, phase: str) -> None:
+        """The row's lease was found lost outside the heartbeat (a transactional handler's
+        completion matched nothing): its outcome will not be written."""
+        lease = self.rows.get(row_id)
+        if lease is None or not _same(lease.token, token) or lease.lost:
+            return
+        lease.lost = True
+        self.observer.lease_lost(phase, self.queue, row_id, None)
+
+    # -- heartbeat -----------------------------------------------------------------------
+
+    def active(self) -> tuple[list[int], list[uuid.UUID]]:
+        """Rows whose leases the heartbeat extends: running, or their outcome not written."""
+        ids: list[int] = []
+        tokens: list[uuid.UUID] = []
+        for row_id, lease in self.rows.items():
+            if lease.state is not State.WAITING and not lease.lost:
+                ids.append(row_id)
+                tokens.append(lease.token)
+        return ids, tokens
+
+    def extended(self, ids: list[int], tokens: list[uuid.UUID], matched: set[int]) -> None:
+        """The heartbeat's reply. A running row it did not match is held by another token (or
+        gone): its handler's outcome will not be written. A row whose outcome is with the
+        completer may simply have been written first, so it is left to that write."""
+        for row_id, token in zip(ids, tokens, strict=True):
+            if row_id in matched:
+                continue
+            lease = self.rows.get(row_id)
+            if lease is None or lease.token != token or lease.state is not State.RUNNING:
+                continue
+            lease.lost = True
+            self.observer.lease_lost("heartbeat", self.queue, row_id, None)
+
+    # -- completer -----------------------------------------------------------------------
+
+    def settle(self, row_id: int, token: uuid.UUID) -> None:
+        self.settle_all([(row_id, token)])
+
+    def settle_all(self, leases: Iterable[tuple[int, uuid.UUID]]) -> None:
+        """Free the slots of rows whose outcomes are written. The change is observed once per
+        call: with the multiprocess registry each gauge move is a locked write to a shared file."""
+        rows = self.rows
+        before = len(rows)
+        for row_id, token in leases:
+            lease = rows.get(row_id)
+            if lease is not None and _same(lease.token, token):
+                del rows[row_id]
+        if len(rows) < before:
+            self.observer.held(self.queue, len(rows) - before)
+            self.slots.set()
+
+
+def _same(held: uuid.UUID, token: uuid.UUID) -> bool:
+    """`held == token`, without UUID's Python-level `__eq__` in the common case: a row's token
+    reaches the executor and the completer as the very object the fetcher stored here."""
+    return held is token or held == token

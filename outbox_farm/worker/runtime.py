@@ -1,0 +1,337 @@
+"""One process's runtime: listener, fetchers, executors and completer over one pool.
+
+Database connections do not grow with concurrency: one pool of at most (queues + 2)
+connections serves the claims, the completer and the vacuum loop, plus one LISTEN connection.
+A runtime that also refreshes the gauges (one per farm) gets one more, so a long VACUUM never
+makes a claim or a flush wait for a connection. Transactional handlers are the exception, by
+their nature: each one running holds a connection for its transaction, from a second pool of
+(the sum of those queues' `concurrency`) connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Iterable, Sequence
+from functools import partial
+
+from .. import observe
+from ..chores import gauges, retention, vacuum
+from ..db import transactions
+from ..db.pool import Pool, open_pool, probe
+from ..dsn import redact
+from ..errors import ConfigurationError
+from ..handler import HandlerSpec
+from ..message import Message
+from ..observe import Observer
+from ..queries import Queries
+from ..relay.runner import Relay
+from ..settings import RuntimeSettings
+from .completer import Completer
+from .executor import Complete, Executors
+from .fetcher import Fetcher
+from .heartbeat import Heartbeat
+from .inflight import Ledger
+from .listener import Listener
+from .problems import Problems
+from .supervised import Policy, Supervisor
+
+log = logging.getLogger("outbox_farm.runtime")
+# A stop step still running when its time is up is cancelled, again every CANCEL_POLL seconds,
+# for at most CANCEL_GRACE seconds; then the stop goes on without it.
+CANCEL_GRACE = 0.2
+CANCEL_POLL = 0.02
+RELAY_CLOSE = 1.0  # seconds the relays get to close their broker connections past the deadline
+FLUSH_OVERTIME = 3.0  # seconds the final flush may run past the deadline while the database answers
+# The longest a graceful stop runs past its deadline, its overruns one after the other: the
+# drain (2 grace periods), the relays (RELAY_CLOSE and a grace), the final flush, the loops (2)
+# and the pools (3).
+PAST_DEADLINE = RELAY_CLOSE + FLUSH_OVERTIME + 8 * CANCEL_GRACE
+
+
+class Runtime:
+    """Runs handlers on the current event loop: `specs` (one per queue), over the tables of
+    `queries`, against `dsn`, as `settings` say (see `RuntimeSettings`). What happens is
+    reported to the metrics and log observers, and to the user's `observers` after them.
+
+    Every long-running task runs under `supervisor` (see `outbox_farm.worker.supervised`). When one
+    of them keeps failing the runtime is broken: `fatal` is set and `fatal_reason` says why;
+    whoever runs the runtime then stops it (a worker process exits non-zero so the arbiter
+    replaces it).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[HandlerSpec],
+        queries: Queries,
+        dsn: str,
+        settings: RuntimeSettings | None = None,
+        observers: Iterable[Observer] = (),
+    ) -> None:
+        settings = settings or RuntimeSettings()
+        if not specs:
+            raise ConfigurationError("the farm has no handlers: register one with @farm.handler")
+        by_queue = {spec.queue: spec for spec in specs}
+        unknown = sorted(set(settings.queues or ()) - set(by_queue))
+        if unknown:
+            raise ConfigurationError(f"no handler registered for queues {unknown}")
+        self.queries = queries
+        self.names = queries.names
+        self.dsn = dsn
+        self.settings = settings
+        self.specs = [by_queue[q] for q in (settings.queues or by_queue)]
+        # No DLQ: nothing to prune.
+        self.dlq_retention = settings.dlq_retention if self.names.dlq is not None else None
+        self.worker_id = settings.worker_id
+        self.fetchers: dict[str, Fetcher] = {}
+        self.executors: dict[str, Executors] = {}
+        self.completer: Completer | None = None
+        self.ledgers: dict[str, Ledger] = {}
+        self.heartbeats: list[Heartbeat] = []
+        self.relays: list[Relay] = []
+        self.problems = Problems()
+        self.observer = observe.observers(observers)
+        self.listener: Listener | None = None
+        self.pool: Pool | None = None
+        self.fatal = asyncio.Event()  # set once a component failed too often (see supervised)
+        self.fatal_reason: str | None = None
+        self.supervisor = Supervisor(self._broken)
+        self._pools: list[Pool] = []  # closed last, all of them
+        self._chores: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Open the pools and start every component; the stop undoes whatever of this ran
+        (see `stop`), so a start that failed midway is cleaned up by `stop` too."""
+        await probe(self.dsn)
+        chores = (
+            bool(self.settings.gauges_interval)
+            + bool(self.settings.vacuum_interval)
+            + bool(self.dlq_retention)
+        )
+        self.pool = await open_pool(self.dsn, max_size=len(self.specs) + 1 + max(chores, 1))
+        self._pools.append(self.pool)
+        complete = await self._transactions_pool()
+
+        if self.names.dlq is None:
+            log.warning(
+                "this farm has no DLQ (dlq_table=None): messages that fail for good will be "
+                "deleted, with nothing kept of them",
+                extra={"event": "no_dlq"},
+            )
+        self._start_chores(self.pool)
+
+        self.completer = Completer(
+            self.pool,
+            self.queries,
+            flush_interval=self.settings.flush_interval,
+            flush_size=self.settings.flush_size,
+            on_retry=self._on_retry,
+            ledgers=self.ledgers,
+            problems=self.problems,
+            observer=self.observer,
+        )
+        self.completer.start(self.supervisor)
+
+        self.observer.serving([spec.queue for spec in self.specs])
+        for spec in self.specs:
+            inbox: asyncio.Queue[Message | None] = asyncio.Queue()
+            fetcher = Fetcher(
+                spec,
+                self.pool,
+                self.queries,
+                inbox,
+                self.observer,
+                poll_interval=self.settings.poll_interval,
+                worker_id=self.worker_id,
+                problems=self.problems,
+                on_starved=self.completer.flush_now,
+            )
+            self.ledgers[spec.queue] = fetcher.ledger
+            executors = Executors(
+                spec, inbox, fetcher.ledger, self.completer, self.observer, complete=complete
+            )
+            self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
+            if isinstance(spec.func, Relay):
+                spec.func.observer = self.observer
+                self.relays.append(spec.func)
+            executors.start(self.supervisor)
+            if spec.heartbeat:
+                heartbeat = Heartbeat(spec, fetcher.ledger, self.pool, self.queries, self.problems)
+                self.heartbeats.append(heartbeat)
+                heartbeat.start(self.supervisor)
+
+        if self.settings.listen:
+            self.listener = Listener(self.dsn, self.names.channel, self._on_notify, self._wake_all)
+            self.listener.start(self.supervisor)
+
+        for fetcher in self.fetchers.values():
+            fetcher.start(self.supervisor)
+        log.info(
+            "outbox_farm running queues %s on %s",
+            ", ".join(s.queue for s in self.specs),
+            redact(self.dsn),
+            extra={"event": "started"},
+        )
+
+    def _start_chores(self, pool: Pool) -> None:
+        """The housekeeping loops; restarted for ever if they fail (see `supervised`)."""
+        spawn = self.supervisor.spawn
+        if self.settings.gauges_interval:
+            queues = [s.queue for s in self.specs]
+            run = partial(
+                gauges.run, pool, self.queries, queues, self.settings.gauges_interval, self.problems
+            )
+            self._chores.append(spawn("gauges", run, Policy.RESTART))
+        if self.settings.vacuum_interval:
+            run = partial(vacuum.run, pool, self.queries, self.settings.vacuum_interval)
+            self._chores.append(spawn("vacuum", run, Policy.RESTART))
+        if self.dlq_retention:
+            run = partial(retention.run, pool, self.queries, self.dlq_retention)
+            self._chores.append(spawn("DLQ retention", run, Policy.RESTART))
+
+    async def _transactions_pool(self) -> Complete | None:
+        """A pool of its own for transactional handlers, one connection per handler that may
+        run at once, so their transactions never queue behind claims and outcome writes (nor
+        hold those up); None when no queue is transactional."""
+        size = sum(spec.concurrency for spec in self.specs if spec.transactional)
+        if not size:
+            return None
+        pool = await open_pool(self.dsn, max_size=size)
+        self._pools.append(pool)
+        return partial(transactions.run_completing, pool, self.queries)
+
+    async def stop(self, graceful_timeout: float | None = None) -> None:
+        """Graceful stop, written once, in this order:
+
+        1. no handler starts any more, in any queue, and no fetcher claims again (a claim
+           already sent may finish until the deadline, so its rows are known);
+        2. every queue at once: rows not yet started are released (their leases cleared, so
+           another process takes them at once), running handlers finish until the deadline;
+        3. relays close their broker connections (no batch runs any more);
+        4. the completer's final flush, until the deadline, and past it only while the
+           database answers (see `Completer.close`);
+        5. lease heartbeats stop: they extended the running rows' leases until their
+           outcomes were written;
+        6. the listener and the chores (gauges, vacuum, retention);
+        7. the pools: everything above wrote through them.
+
+        Nothing here waits on the database for long past the deadline: a step still running
+        when its time is up (a claim, a write or a connection attempt that an unreachable
+        database never answers) is cancelled, and left behind if it does not end within
+        `CANCEL_GRACE`; what it would have written comes back when its rows' leases expire.
+        `PAST_DEADLINE` bounds the whole overrun. A step that fails is logged and the next
+        one still runs. Safe to call twice (the second call returns at once), and after a
+        start that failed midway.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        timeout = self.settings.graceful_timeout if graceful_timeout is None else graceful_timeout
+        deadline = time.monotonic() + timeout
+        for executors in self.executors.values():
+            executors.close()
+        await self._step("stop claiming", deadline, *(f.stop() for f in self.fetchers.values()))
+        # The executors cancel their handlers at the deadline themselves; this bounds how long
+        # a cancelled handler may take to end.
+        drained = deadline + CANCEL_GRACE
+        await self._step("drain", drained, *(e.stop(deadline) for e in self.executors.values()))
+        relays_by = max(deadline, time.monotonic()) + RELAY_CLOSE
+        await self._step("close relays", relays_by, *(relay.close() for relay in self.relays))
+        if self.completer is not None:
+            flush = self.completer.close(deadline, overtime=FLUSH_OVERTIME)
+            await self._step("final flush", None, flush)
+        # Cancelled, these loops end at once, unless a statement or connection attempt of
+        # theirs waits on a database that does not answer: the second cancellation ends that.
+        loops: list[Awaitable[None]] = [h.stop() for h in self.heartbeats]
+        if self.listener is not None:
+            loops.append(self.listener.close())
+        loops += [_cancel(task) for task in self._chores]
+        await self._step("stop loops", time.monotonic() + CANCEL_GRACE, *loops)
+        # A pool's close waits for its connection attempts no longer than its timeout.
+        closes = (pool.close(timeout=CANCEL_GRACE) for pool in self._pools)
+        await self._step("close pools", time.monotonic() + 2 * CANCEL_GRACE, *closes)
+        log.info("outbox_farm stopped", extra={"event": "stopped"})
+
+    async def _step(self, what: str, until: float | None, *steps: Awaitable[None]) -> None:
+        """Run `steps` concurrently until `until` (monotonic; None: until they end, for a
+        step that bounds its own time); log (with its traceback) whatever one of them raised.
+        Steps still running then are cancelled, and left behind (logged) if they have not
+        ended `CANCEL_GRACE` seconds later: each cancellation interrupts what a step waits for,
+        a driver's attempt to cancel its query included."""
+        tasks = [asyncio.ensure_future(step) for step in steps]
+        if not tasks:
+            return
+        timeout = None if until is None else max(until - time.monotonic(), 0)
+        _, running = await asyncio.wait(tasks, timeout=timeout)
+        if running:
+            log.warning(
+                "stop: %s still under way when its time was up (is the database answering?); "
+                "cancelling it: the rows it concerns come back when their leases expire",
+                what,
+                extra={"event": "stop_overrun", "step": what},
+            )
+            given_up = time.monotonic() + CANCEL_GRACE
+            while running and time.monotonic() < given_up:
+                for task in running:
+                    task.cancel()
+                _, running = await asyncio.wait(running, timeout=CANCEL_POLL)
+        if running:
+            log.error(
+                "stop: %s did not end when cancelled (is the database answering?); going on "
+                "without it",
+                what,
+                extra={"event": "stop_abandoned", "step": what},
+            )
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error(
+                    "stop: %s failed",
+                    what,
+                    exc_info=task.exception(),
+                    extra={"event": "stop_failed", "step": what},
+                )
+
+    @property
+    def problem(self) -> str | None:
+        """A one-line reason while something keeps this runtime from working as it should, the
+        gravest first: it is broken (`fatal_reason`); a component failed and is restarting; a
+        permanent database error (a missing privilege, table or column) keeps an operation
+        failing (a queue's claims among them: its stall is that error); a queue is stalled; a
+        relay cannot reach its broker. None once all that passes."""
+        if self.fatal_reason is not None:
+            return f"worker broken: {self.fatal_reason}"
+        return (
+            self.supervisor.problem
+            or self.problems.current
+            or next((f.stall.reason for f in self.fetchers.values() if f.stall.reason), None)
+            or next((r.problem for r in self.relays if r.problem), None)
+        )
+
+    def _broken(self, reason: str) -> None:
+        """A component failed too often (the supervisor's verdict): the runtime is broken."""
+        if self.fatal_reason is None:
+            self.fatal_reason = reason
+        self.fatal.set()
+
+    # -- wiring --------------------------------------------------------------------------
+
+    def _on_notify(self, queue: str) -> None:
+        fetcher = self.fetchers.get(queue)
+        if fetcher is not None:
+            fetcher.wake()
+
+    def _wake_all(self) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.wake()
+
+    def _on_retry(self, queue: str, delay: float) -> None:
+        fetcher = self.fetchers.get(queue)
+        if fetcher is not None:
+            fetcher.note_due(delay)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
