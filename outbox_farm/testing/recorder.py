@@ -14,7 +14,6 @@ timeout.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import time
@@ -34,7 +33,7 @@ from ..farm import Farm
 from ..handler import HandlerSpec
 from ..message import Message
 from ..outcome import Kind, Outcome
-from ..worker.invoke import call_path, timed_out
+from ..worker.invoke import call_path, on_failure, timed_out
 from .results import Collector, Drained
 
 log = logging.getLogger("outbox_farm.testing")
@@ -265,8 +264,7 @@ class Recorder:
             outcome = self._settle(
                 row, msg, decision.decide(spec, msg, exc, self.now, duration), collector
             )
-            if spec.on_failure is not None and (error := decision.failure(msg, exc)) is not None:
-                await _hook(spec, msg, error, outcome)
+            await on_failure(spec, msg, exc, outcome)
 
     def _settle(
         self, row: _Row, msg: Message, verdict: decision.Verdict, collector: Collector
@@ -300,19 +298,6 @@ async def _call(spec: HandlerSpec, arg: Any) -> BaseException | None:
     except BaseException as error:
         return error
     return None
-
-
-async def _hook(spec: HandlerSpec, msg: Message, error: BaseException, outcome: Outcome) -> None:
-    """The queue's on_failure hook; what it raises is logged and changes nothing, as in a farm."""
-    assert spec.on_failure is not None
-    try:
-        result = spec.on_failure(msg, error, outcome)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        log.exception(
-            "on_failure hook %r raised for row %s; the outcome stands", spec.on_failure, msg.id
-        )
 
 
 @contextmanager

@@ -4,25 +4,21 @@ to the completer.
 This module is the machinery: the tasks, batching, the per-call timeout, a thread per sync
 handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure).
 What it sees (a handler's start and run time, each verdict) goes to the observer (`observe`),
-which counts and logs it. Nothing here writes to the database.
+which counts and logs it. The outcomes are written by the completer; a transactional handler's
+row is deleted in its own transaction (`transactional`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import math
 import time
-import uuid
-from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from .. import decision
-from ..db.connect import AsyncConnection
-from ..db.transactions import Completion
 from ..decision import Verdict
 from ..handler import HandlerSpec
 from ..message import Message
@@ -30,17 +26,11 @@ from ..observe import Observer
 from ..outcome import Outcome
 from .completer import Completer
 from .inflight import Ledger
-from .invoke import Call, call_path, timed_out
+from .invoke import call_path, on_failure, timed_out
 from .supervised import Supervisor
+from .transactional import Complete, InTransaction
 
 log = logging.getLogger("outbox_farm.executor")
-
-
-Complete = Callable[
-    [int, uuid.UUID, Callable[[AsyncConnection], Awaitable[bool]]], Awaitable[Completion]
-]
-"""Runs a transactional handler's work and completes its row in one transaction (the runtime
-binds `db.transactions.run_completing` to a pool of its own)."""
 
 
 class _Slot:
@@ -93,14 +83,14 @@ class Executors:
         # The handler through its middleware; a sync one in a thread per call; a transactional
         # one inside its transaction (the middleware around it, a tracing span say, sees the
         # whole transaction).
-        handler: Call | None = None
+        self._transaction: InTransaction | None = None
         if spec.transactional:
             if complete is None:
                 raise ValueError(f"queue {spec.queue!r} is transactional: pass `complete`")
-            self._complete = complete
-            handler = self._in_transaction
-        self._call = call_path(spec, handler)
-        self._committed: set[int] = set()  # rows a transactional handler completed itself
+            self._transaction = InTransaction(spec, ledger, observer, complete)
+        self._call = call_path(spec, self._transaction)
+        # Rows a transactional handler completed itself (the same set; empty for other queues).
+        self._committed: set[int] = self._transaction.committed if self._transaction else set()
         self._closing = False  # set when the stop begins: no handler starts after that
 
     def start(self, supervisor: Supervisor) -> None:
@@ -222,13 +212,13 @@ class Executors:
                     # a middleware outside the transaction did afterwards
                 verdict = decision.decide(spec, msg, exc, started, self._ran(began))
             outcome = self._settle(msg, verdict)
-            if outcome is None or self._written_in_transaction(msg):
+            if outcome is None or self._written(msg):
                 slot.hand = ()
                 continue
             await self.completer.put(outcome)
             slot.hand = ()
             if spec.on_failure is not None:
-                await self._hook(msg, exc, outcome)
+                await on_failure(self.spec, msg, exc, outcome)
 
     async def _work_batches(self, slot: _Slot) -> None:
         """`_work` for a batch handler: one call per batch, the rest per row."""
@@ -273,7 +263,7 @@ class Executors:
             slot.hand = ()
             if spec.on_failure is not None:  # after every outcome was handed over
                 for msg, outcome in written:
-                    await self._hook(msg, exc, outcome)
+                    await on_failure(self.spec, msg, exc, outcome)
 
     async def _take(self) -> list[Message] | None:
         """Up to `batch` rows: those waiting, then those arriving within `linger`. None: stop."""
@@ -321,35 +311,6 @@ class Executors:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return exc
 
-    async def _in_transaction(self, msg: Message) -> None:
-        """A transactional handler's call: its writes, and the row's deletion when it acks,
-        commit together; otherwise both roll back and the row's verdict is written as usual."""
-        spec = self.spec
-        func = cast(Callable[[Message, AsyncConnection], Awaitable[Any]], spec.func)
-
-        async def work(conn: AsyncConnection) -> bool:
-            await func(msg, conn)
-            if not decision.completes(spec, msg):
-                return False
-            self.ledger.writing(msg.id)  # a heartbeat racing the commit is not a lost lease
-            return True
-
-        completion = await self._complete(msg.id, msg.lease_token, work)
-        if completion is Completion.COMPLETED:
-            self._committed.add(msg.id)
-        elif completion is Completion.LEASE_LOST:
-            self.ledger.lose(msg.id, msg.lease_token, "ack")
-
-    def _written_in_transaction(self, msg: Message) -> bool:
-        """True for a row its transactional handler completed: settled here, counted as acked,
-        and nothing more to write."""
-        if not self._committed or msg.id not in self._committed:
-            return False
-        self._committed.discard(msg.id)
-        self.ledger.settle(msg.id, msg.lease_token)
-        self.observer.written("ack", self.spec.queue, 1)
-        return True
-
     def _interrupted(self, runs: list[tuple[Message, float]], began: float) -> None:
         """A stop cancelled the call at its deadline: the rows' outcomes, handed over without
         waiting (this task is being cancelled)."""
@@ -360,8 +321,12 @@ class Executors:
             else:
                 verdict = decision.interrupted(self.spec, msg, started, duration)
             outcome = self._settle(msg, verdict)
-            if outcome is not None and not self._written_in_transaction(msg):
+            if outcome is not None and not self._written(msg):
                 self.completer.put_nowait(outcome)
+
+    def _written(self, msg: Message) -> bool:
+        """The row's transaction already deleted it: nothing more to write."""
+        return self._transaction is not None and self._transaction.written(msg)
 
     def _settle(self, msg: Message, verdict: Verdict) -> Outcome | None:
         """A verdict's outcome to write, observed; None when the heartbeat found the row's lease
@@ -381,27 +346,6 @@ class Executors:
         self.observer.decided(msg, outcome)
         self.observer.noted(msg, notes)
         await self.completer.put(outcome)
-
-    async def _hook(self, msg: Message, exc: BaseException | None, outcome: Outcome) -> None:
-        """The user's on_failure hook, after the outcome was handed over: it cannot change it."""
-        hook, error = self.spec.on_failure, decision.failure(msg, exc)
-        if hook is None or error is None:
-            return
-        try:
-            result = hook(msg, error, outcome)
-            if inspect.isawaitable(result):
-                await result
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            log.exception(
-                "on_failure hook %r raised for row %s of queue %s; the outcome (%s) stands",
-                hook,
-                msg.id,
-                msg.queue,
-                outcome.kind.value,
-                extra={"event": "hook_failed", "row_id": msg.id, "queue": msg.queue},
-            )
 
     # -- what the observer is told, besides verdicts -----------------------------------------
 

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from .. import decision
 from ..handler import HandlerSpec
+from ..message import Message
 from ..middleware import chain
+from ..outcome import Outcome
+
+log = logging.getLogger("outbox_farm.executor")
 
 Call = Callable[[Any], Awaitable[Any]]
 
@@ -75,3 +82,29 @@ def timed_out(spec: HandlerSpec) -> HandlerTimeout:
     return HandlerTimeout(
         f"handler of queue {spec.queue!r} exceeded its timeout of {spec.effective_timeout:g}s"
     )
+
+
+async def on_failure(
+    spec: HandlerSpec, msg: Message, exc: BaseException | None, outcome: Outcome
+) -> None:
+    """The queue's on_failure hook for a run that failed, called after the outcome was handed
+    over so that it cannot change it. Whatever the hook raises is logged (`hook_failed`) and
+    changes nothing: in a farm and in a test alike."""
+    hook, error = spec.on_failure, decision.failure(msg, exc)
+    if hook is None or error is None:
+        return
+    try:
+        result = hook(msg, error, outcome)
+        if inspect.isawaitable(result):
+            await result
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        log.exception(
+            "on_failure hook %r raised for row %s of queue %s; the outcome (%s) stands",
+            hook,
+            msg.id,
+            msg.queue,
+            outcome.kind.value,
+            extra={"event": "hook_failed", "row_id": msg.id, "queue": msg.queue},
+        )

@@ -29,13 +29,14 @@ from ..queries import Queries
 from ..relay.runner import Relay
 from ..settings import RuntimeSettings
 from .completer import Completer
-from .executor import Complete, Executors
+from .executor import Executors
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
 from .inflight import Ledger
 from .listener import Listener
 from .problems import Problems
 from .supervised import Policy, Supervisor
+from .transactional import Complete
 
 log = logging.getLogger("outbox_farm.runtime")
 # A stop step still running when its time is up is cancelled, again every CANCEL_POLL seconds,

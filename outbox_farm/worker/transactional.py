@@ -7,6 +7,7 @@ its outcome to the completer, and writes nothing more for it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -18,7 +19,9 @@ from ..message import Message
 from ..observe import Observer
 from .inflight import Ledger
 
-Complete = Callable[[int, Any, Callable[[AsyncConnection], Awaitable[bool]]], Awaitable[Completion]]
+Complete = Callable[
+    [int, uuid.UUID, Callable[[AsyncConnection], Awaitable[bool]]], Awaitable[Completion]
+]
 """Runs a transactional handler's work and completes its row in one transaction (the runtime
 binds `db.transactions.run_completing` to a pool of its own)."""
 
