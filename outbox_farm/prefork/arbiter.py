@@ -35,25 +35,23 @@ from ..farm import Farm
 from ..metrics import supervisor_metrics
 from ..settings import SupervisorSettings
 from ..worker.runtime import PAST_DEADLINE
+from . import liveness
 from .app import AppLoader
-from .child import ARBITER_SIGNALS, BOOT_ERROR, STACK_DUMP, Child, describe_exit, forked, run_child
+from .child import ARBITER_SIGNALS, BOOT_ERROR, Child, describe_exit, run_child
 from .exposition import Exposition
-from .handback import HANDBACK_NAME, HandBacks, run_hand_back
+from .handback import HandBacks
 from .reloader import SourceWatcher
 from .restarts import RestartBackoff
 from .wakeup import Wakeup
 
 log = logging.getLogger("outbox_farm.arbiter")
-BOOT_TIMEOUT = 60.0
 GAUGES_INTERVAL = 5.0  # seconds between the housekeeper's refreshes of the database gauges
 # Seconds a draining worker may take past its graceful deadline: its stop's longest overrun
 # (`runtime.PAST_DEADLINE`, a flush the database still answers) and a second to exit.
 PAST_GRACEFUL = PAST_DEADLINE + 1.0
 STOP_AT_ONCE = 5.0  # seconds an immediate stop waits before it kills
-STACK_DUMP_GRACE = 1.0  # seconds a stuck worker gets to write its stacks before SIGKILL
 TURN = 1.0  # the longest the loop sleeps when no signal wakes it
 HANDBACK_AT_EXIT = 2.0  # seconds the arbiter's exit waits for hand-backs still under way
-EXPOSITION_RESTART = 1.0  # seconds between two starts of the /metrics and /healthz server
 
 
 @dataclass
@@ -77,8 +75,6 @@ class Arbiter:
     _watcher: SourceWatcher | None = field(init=False, default=None)  # --reload
     _stopping: bool | None = field(init=False, default=None)  # True graceful, False immediate
     _exposition: Exposition | None = field(init=False, default=None)
-    _exposition_due: float | None = field(init=False, default=None)  # restart it then
-    _exposition_started: float = field(init=False, default=0.0)
     _handbacks: HandBacks = field(init=False, default_factory=HandBacks)
     _wakeup: Wakeup = field(init=False)  # from `run` on
 
@@ -106,7 +102,7 @@ class Arbiter:
         try:
             if self._exposition is not None:
                 self._publish()  # before the server's first answer: "starting", not "no news"
-                self._start_exposition()
+                self._exposition.start()
             return self._loop()
         finally:
             if self._exposition is not None:
@@ -119,25 +115,15 @@ class Arbiter:
         self._publish()
 
     def _publish(self) -> None:
-        if self._exposition is None:
-            return
-        healthy, detail = self._health()
-        self._exposition.publish(healthy, detail)
-        if self._exposition_due is not None and time.monotonic() >= self._exposition_due:
-            self._start_exposition()
-
-    def _start_exposition(self) -> None:
-        assert self._exposition is not None
-        self._exposition_due = None
-        self._exposition_started = time.monotonic()
-        self._exposition.start()
+        if self._exposition is not None:
+            self._exposition.publish(*self._health())
 
     def _next_turn(self) -> float:
         """Seconds until something is due: a stuck worker's SIGKILL, or at most `TURN`."""
         now = time.monotonic()
         due = [c.kill_at - now for c in self.children.values() if c.kill_at is not None]
-        if self._exposition_due is not None:
-            due.append(self._exposition_due - now)
+        if self._exposition is not None and self._exposition.due is not None:
+            due.append(self._exposition.due - now)
         return max(min([TURN, *due]), 0.0)
 
     def _loop(self) -> int:
@@ -161,7 +147,7 @@ class Arbiter:
                 self._stop(graceful=False)
                 return BOOT_ERROR
             self._murder_stale()
-            self._end_overdue_handbacks()
+            self._handbacks.end_overdue(self._kill)
             self._watch_sources()
             self._manage()
 
@@ -236,23 +222,6 @@ class Arbiter:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
-    def _hand_back(self, child: Child) -> None:
-        """Free the dead `child`'s rows now, from a process of its own (see `handback`)."""
-        if self._handbacks.full():
-            log.warning(
-                "%d hand-backs are still under way (is the database answering?); the rows of "
-                "dead worker %d are delivered again when their leases expire",
-                len(self._handbacks.running),
-                child.pid,
-                extra={"event": "release_skipped"},
-            )
-            return
-        pid = self._fork()
-        if pid == 0:
-            forked(HANDBACK_NAME)
-            run_hand_back(self.dsn, self.farm.queries, child.worker_id, child.pid)
-        self._handbacks.started(pid, time.monotonic())
-
     def _reap(self) -> None:
         from prometheus_client import multiprocess
 
@@ -265,7 +234,7 @@ class Arbiter:
                 return
             code = os.waitstatus_to_exitcode(status)
             if self._exposition is not None and pid == self._exposition.pid:
-                self._exposition_died(code)
+                self._exposition.died(describe_exit(code))
                 continue
             if self._handbacks.reaped(pid):
                 continue
@@ -277,19 +246,11 @@ class Arbiter:
             booted = child.booted()  # before the heartbeat file goes: it is the evidence
             child.forget()
             if code != 0 and booted:  # one that never booted took no lease
-                self._hand_back(child)
+                self._handbacks.launch(
+                    self._fork, self.dsn, self.farm.queries, child.worker_id, child.pid
+                )
             if not child.retiring:
                 self._died(child, booted, code)
-
-    def _exposition_died(self, code: int) -> None:
-        """The /metrics and /healthz server died: start another, at most once a second."""
-        self._exposition_due = max(time.monotonic(), self._exposition_started + EXPOSITION_RESTART)
-        log.error(
-            "the /metrics and /healthz server died (%s); starting another (a traceback above, "
-            "if any, says why; a signal means something outside the farm killed it)",
-            describe_exit(code),
-            extra={"event": "exposition_died"},
-        )
 
     def _died(self, child: Child, booted: bool, code: int) -> None:
         """Account for a child that died without being told to, and schedule its successor.
@@ -343,32 +304,10 @@ class Arbiter:
         )
 
     def _murder_stale(self) -> None:
-        """Kill the children whose event loop stopped beating, in two steps: first STACK_DUMP,
-        so the log shows where each was stuck, and SIGKILL on a later turn, `STACK_DUMP_GRACE`
-        on (the loop does not wait for it)."""
-        now = time.monotonic()
-        for child in list(self.children.values()):
-            if child.kill_at is not None:
-                if now >= child.kill_at:
-                    child.kill_at = None
-                    self._kill(child.pid, signal.SIGKILL)
-                continue
-            if child.stale:
-                continue
-            # Until its first beat a worker is importing the app: that may take longer.
-            limit = self.settings.heartbeat_timeout if child.beating() else BOOT_TIMEOUT
-            silent = child.silent_for(now)
-            if silent > limit:
-                log.error(
-                    "worker %d sent no heartbeat for %.0fs (event loop blocked?); its Python "
-                    "stacks follow, then it is killed",
-                    child.pid,
-                    silent,
-                    extra={"event": "worker_stuck"},
-                )
-                child.stale = True
-                child.kill_at = now + STACK_DUMP_GRACE
-                self._kill(child.pid, STACK_DUMP)
+        for pid, sig in liveness.judge(
+            self.children.values(), time.monotonic(), self.settings.heartbeat_timeout
+        ):
+            self._kill(pid, sig)
 
     def _watch_sources(self) -> None:
         if self._watcher is None or self._rolling:
@@ -411,17 +350,9 @@ class Arbiter:
             self._rolling.pop(0)
 
     def _health(self) -> tuple[bool, dict[str, object]]:
-        """Healthy when the target count of workers booted and beats, and none reports a
-        problem (a worker waiting for its database reports that it cannot reach it)."""
-        now = time.monotonic()
-        timeout = self.settings.heartbeat_timeout
-        active = [c for c in self._active() if not c.stale]
-        live = [c for c in active if c.booted() and c.silent_for(now) <= timeout]
-        problems = sorted({p for p in (c.problem() for c in active) if p})
-        detail: dict[str, object] = {"procs": self.procs, "alive": len(live), "pid": os.getpid()}
-        if problems:
-            detail["problems"] = problems
-        return len(live) >= self.procs and not problems, detail
+        return liveness.health(
+            self._active(), self.procs, time.monotonic(), self.settings.heartbeat_timeout
+        )
 
     def _stop(self, *, graceful: bool) -> int:
         sig = signal.SIGTERM if graceful else signal.SIGQUIT
@@ -448,7 +379,7 @@ class Arbiter:
                     self._kill(child.pid, signal.SIGQUIT)
             self._wakeup.pending.clear()
             self._reap()
-            self._end_overdue_handbacks()
+            self._handbacks.end_overdue(self._kill)
         killed = list(self.children)
         for pid in killed:
             log.error(
@@ -467,13 +398,3 @@ class Arbiter:
         supervisor_metrics().processes.set(0)
         log.info("arbiter stopped", extra={"event": "arbiter_stopped"})
         return 1 if killed else 0
-
-    def _end_overdue_handbacks(self) -> None:
-        for pid in self._handbacks.overdue(time.monotonic()):
-            log.warning(
-                "a hand-back (process %d) is still waiting for the database; killing it: the "
-                "rows it was to free are delivered again when their leases expire",
-                pid,
-                extra={"event": "release_failed"},
-            )
-            self._kill(pid, signal.SIGKILL)

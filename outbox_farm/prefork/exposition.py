@@ -41,6 +41,7 @@ REQUEST_DEADLINE = 5.0
 # The arbiter publishes at least once a second; a snapshot older than this means its loop is stuck.
 STALE_AFTER = 10.0
 STOP_TIMEOUT = 2.0  # seconds the server process gets to exit on SIGTERM before SIGKILL
+RESTART_EVERY = 1.0  # seconds between two starts of the server process, at least
 ORPHAN_CHECK = 0.5  # seconds between the server process' checks that the arbiter lives
 SNAPSHOT = "health.json"
 
@@ -87,10 +88,11 @@ class Exposition:
     """/metrics and /healthz on `bind`, served by a process forked from the arbiter.
 
     Used by the arbiter alone, in this order: construct (binds at once: a bad --metrics-bind is
-    a ConfigurationError before anything runs), `start` (again whenever the server process died,
-    which the arbiter learns by reaping `pid`), `publish` on every loop turn, `close_in_worker`
-    in each freshly forked worker, `close` when the arbiter exits. The snapshot file lives in
-    `state_dir`, the arbiter's directory of per-run files.
+    a ConfigurationError before anything runs), `start`, `publish` on every loop turn (which
+    starts the server again when `died` said it must, at most once every RESTART_EVERY
+    seconds), `died` when the arbiter reaped `pid`, `close_in_worker` in each freshly forked
+    worker, `close` when the arbiter exits. The snapshot file lives in `state_dir`, the
+    arbiter's directory of per-run files.
     """
 
     def __init__(self, bind: str, state_dir: Path) -> None:
@@ -99,6 +101,8 @@ class Exposition:
         # An earlier arbiter's snapshot (one killed outright leaves it) would answer for this one.
         self.snapshot.unlink(missing_ok=True)
         self.pid: int | None = None
+        self.due: float | None = None  # monotonic time to start the server again, once dead
+        self._started = 0.0
         host, port = self.socket.getsockname()[:2]
         # As bound (the system picks the port for port 0), written as --metrics-bind takes it.
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -113,6 +117,7 @@ class Exposition:
 
     def start(self) -> int:
         """Fork the server process; its pid (also kept in `pid`)."""
+        self.due, self._started = None, time.monotonic()
         # The arbiter's handlers (TERM, INT, QUIT, HUP, TTIN, TTOU, CHLD), read from the process
         # rather than imported from the arbiter's side, which sits above this module.
         handled = {sig for sig in signal.valid_signals() if callable(signal.getsignal(sig))}
@@ -132,6 +137,19 @@ class Exposition:
         partial = self.snapshot.with_name(f".{SNAPSHOT}.{os.getpid()}")
         partial.write_bytes(orjson.dumps(snapshot))
         os.replace(partial, self.snapshot)
+        if self.due is not None and time.monotonic() >= self.due:
+            self.start()
+
+    def died(self, how: str) -> None:
+        """The server process was reaped (`how` it ended): start another on a later turn."""
+        self.pid = None
+        self.due = max(time.monotonic(), self._started + RESTART_EVERY)
+        log.error(
+            "the /metrics and /healthz server died (%s); starting another (a traceback above, "
+            "if any, says why; a signal means something outside the farm killed it)",
+            how,
+            extra={"event": "exposition_died"},
+        )
 
     def close_in_worker(self) -> None:
         """In a freshly forked worker: close its copy of the listening socket, nothing more (the

@@ -13,12 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 from typing import NoReturn
 
 from ..db.leases import release_dead_worker
 from ..dsn import redact
 from ..errors import DatabaseError
 from ..queries import Queries
+from .child import forked
 
 log = logging.getLogger("outbox_farm.arbiter")
 RELEASE_TIMEOUT = 5.0  # seconds for the connect, and then for the statement
@@ -72,6 +75,38 @@ class HandBacks:
 
     def __init__(self) -> None:
         self.running: dict[int, float] = {}
+
+    def launch(
+        self, fork: Callable[[], int], dsn: str, queries: Queries, worker_id: int, pid: int
+    ) -> None:
+        """Free dead worker `pid`'s rows now, from a process `fork` makes (the arbiter's fork,
+        its signals blocked across it); skipped, rows left to their leases, while MAX_RUNNING
+        hand-backs are still under way."""
+        if self.full():
+            log.warning(
+                "%d hand-backs are still under way (is the database answering?); the rows of "
+                "dead worker %d are delivered again when their leases expire",
+                len(self.running),
+                pid,
+                extra={"event": "release_skipped"},
+            )
+            return
+        handback = fork()
+        if handback == 0:
+            forked(HANDBACK_NAME)
+            run_hand_back(dsn, queries, worker_id, pid)
+        self.started(handback, time.monotonic())
+
+    def end_overdue(self, kill: Callable[[int, int], None]) -> None:
+        """SIGKILL the hand-backs past their deadline (they stay listed until reaped)."""
+        for pid in self.overdue(time.monotonic()):
+            log.warning(
+                "a hand-back (process %d) is still waiting for the database; killing it: the "
+                "rows it was to free are delivered again when their leases expire",
+                pid,
+                extra={"event": "release_failed"},
+            )
+            kill(pid, signal.SIGKILL)
 
     def full(self) -> bool:
         return len(self.running) >= MAX_RUNNING

@@ -19,8 +19,9 @@ import pytest
 
 from outbox_farm import Farm
 from outbox_farm.prefork import arbiter as arbiter_module
-from outbox_farm.prefork.arbiter import STACK_DUMP_GRACE, Arbiter
+from outbox_farm.prefork.arbiter import Arbiter
 from outbox_farm.prefork.child import BOOT_ERROR, STACK_DUMP, Child, Pulse
+from outbox_farm.prefork.liveness import BOOT_TIMEOUT, STACK_DUMP_GRACE
 from outbox_farm.prefork.restarts import MAX_BOOT_FAILURES
 from outbox_farm.settings import SupervisorSettings
 
@@ -134,7 +135,7 @@ def test_a_worker_that_never_beat_gets_the_boot_timeout_not_the_heartbeat_timeou
     clock.elapsed = TIMEOUT + 1
     arbiter._murder_stale()
     assert sent == []
-    clock.elapsed = arbiter_module.BOOT_TIMEOUT + 1
+    clock.elapsed = BOOT_TIMEOUT + 1
     arbiter._murder_stale()
     assert sent == [(child.pid, STACK_DUMP)]
 
