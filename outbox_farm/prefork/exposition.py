@@ -58,13 +58,14 @@ def listen(bind: str) -> socket.socket:
         raise ConfigurationError(f"--metrics-bind {exc}") from None
     elsewhere = "use an address of this machine (127.0.0.1, 0.0.0.0, or one of its interfaces)"
     try:
-        socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
+        found = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ConfigurationError(
             f"--metrics-bind {bind}: cannot resolve {address[0]!r} ({exc.strerror}); {elsewhere}"
         ) from None
     try:
-        sock = socket.create_server(address, reuse_port=False)
+        # The family the address resolved to: create_server binds IPv4 unless told otherwise.
+        sock = socket.create_server(address, family=found[0][0], reuse_port=False)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             advice = (

@@ -51,6 +51,24 @@ def test_port_zero_binds_a_free_port_on_loopback() -> None:
     assert port > 0
 
 
+def ipv6_loopback() -> bool:
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_an_ipv6_address_binds_an_ipv6_socket() -> None:
+    """The README promises `[::1]:9464`: it once failed with "Unknown error -9", the IPv6
+    address handed to an IPv4 socket."""
+    with listen("[::1]:0") as sock:
+        host, port = sock.getsockname()[:2]
+    assert sock.family == socket.AF_INET6
+    assert (host, port > 0) == ("::1", True)
+
+
 @pytest.mark.parametrize(
     ("bind", "address"),
     [
