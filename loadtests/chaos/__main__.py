@@ -21,7 +21,8 @@ from pathlib import Path
 
 from loadtests.harness import admin_server, align, note
 
-from .scenarios import SCENARIOS, Context, Finding, Result
+from .checks import Context, Finding, Result
+from .scenarios import SCENARIOS
 
 SMOKE = ("worker-kill", "pg-terminate")
 LOCAL = "host=127.0.0.1 user=postgres dbname=postgres"

@@ -7,27 +7,39 @@ Durations scale with `Context.scale` (1 for `make chaos`, less for the CI smoke 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import signal
 import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import psutil
 import psycopg
 
 from loadtests import checker, expected, scenario
 from loadtests.drain import wait_for_drain
-from loadtests.farmproc import get
 from loadtests.harness import CLI, Metrics, scratch_database
 from loadtests.ledger import create_schema
 
+from .checks import (
+    Context,
+    Finding,
+    HealthSampler,
+    Result,
+    events_named,
+    healthy,
+    healthy_throughout,
+    healthz_answers_fast,
+    kill_pid,
+    measure_drain,
+    oldest,
+    sample_backlog,
+    supervised,
+    survived,
+    unhealthy_with,
+    wait_for,
+    watch_health,
+)
 from .farms import FarmRun, Server, farm, farm_backends, merged, terminate
 from .load import PRODUCER, Load
 from .outage import FakeClock, StoppableServer, TcpProxy, faketime_missing, wall_clock_offset
@@ -48,43 +60,6 @@ POISON = {
 }
 ONCE_UNLESS_KILLED = ("kbint", "hang")
 STALL = {"long": (scenario.SUCCESS, None), "stall": (scenario.SUCCESS, None)}  # stallapp's
-
-
-@dataclass
-class Context:
-    admin: str  # a server the suite may create databases on (never restarted)
-    work: Path
-    scale: float = 1.0
-
-    def seconds(self, full: float) -> float:
-        return max(full * self.scale, 3.0)
-
-
-@dataclass
-class Finding:
-    name: str
-    ok: bool
-    detail: str = ""
-
-
-@dataclass
-class Result:
-    scenario: str
-    published: int = 0
-    handled: int = 0
-    duplicates: int = 0
-    explained: bool = True
-    lost: int = 0
-    recovery: float | None = None
-    findings: list[Finding] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return all(f.ok for f in self.findings)
-
-    def failures(self) -> list[Finding]:
-        return [f for f in self.findings if not f.ok]
 
 
 @contextlib.contextmanager
@@ -633,172 +608,6 @@ def relay_kafka(ctx: Context) -> Result:
                 f"unconfirmed, re-sent; {proxy.accepted} connections through the proxy"
             )
     return result
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-def survived(result: Result, run: FarmRun, *, restarts_allowed: bool = False) -> None:
-    """The farm is up and healthy at the end, and (unless the fault kills workers on
-    purpose) replaced none of its workers."""
-    alive = run.proc.poll() is None and (run.health() or (0, {}))[0] == 200
-    result.findings.append(Finding("farm-keeps-running", alive, run.tail(3) if not alive else ""))
-    if not restarts_allowed:
-        restarts = run.scrape().total("outbox_farm_worker_restarts_total")
-        result.findings.append(
-            Finding("no-worker-restarts", restarts == 0, f"{restarts:g} restarts")
-        )
-
-
-def unhealthy_with(run: FarmRun, text: str) -> bool:
-    health = run.health()
-    return health is not None and health[0] == 503 and text in str(health[1])
-
-
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.5)
-    return condition()
-
-
-def measure_drain(dsn: str, run: FarmRun, rows: int) -> float:
-    """Messages per second the running farm drains from a pre-loaded backlog of `rows`."""
-    with psycopg.connect(dsn) as conn:
-        with conn.transaction():
-            expected.publish(conn, PRODUCER, "ok", count=rows)
-        began = time.monotonic()
-        while True:
-            left = conn.execute("SELECT count(*) FROM outbox").fetchone()
-            conn.commit()
-            if left is None or left[0] == 0:
-                return rows / (time.monotonic() - began)
-            time.sleep(0.05)
-
-
-def sample_backlog(dsn: str, peak: list[int], lag: list[float], stop: threading.Event) -> None:
-    with psycopg.connect(dsn, autocommit=True, application_name="chaos-check") as conn:
-        while not stop.wait(0.5):
-            row: Any = conn.execute(
-                "SELECT count(*), coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0) "
-                "FROM outbox WHERE acquired_token IS NULL"
-            ).fetchone()
-            peak[0] = max(peak[0], int(row[0]))
-            lag[0] = float(row[1])
-
-
-FAST = 0.5  # seconds: "within 100 ms" on a busy 2-core box
-
-
-def healthy(run: FarmRun) -> bool:
-    return run.proc.poll() is None and (run.health() or (0, {}))[0] == 200
-
-
-def events_named(run: FarmRun, *names: str) -> list[dict[str, Any]]:
-    return [e for e in run.events() if e.get("event") in names]
-
-
-def oldest(run: FarmRun) -> int | None:
-    """The worker that has run longest (so that workers from before a clock step die too)."""
-    born = {}
-    for pid in run.workers():
-        with contextlib.suppress(psutil.Error):
-            born[pid] = psutil.Process(pid).create_time()
-    return min(born, key=lambda pid: born[pid]) if born else None
-
-
-def kill_pid(run: FarmRun, pid: int | None) -> None:
-    if pid is None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    run.killed.add(pid)
-
-
-Sample = tuple[float, int | None, str, float]  # (when, status or None, body, seconds)
-
-
-class HealthSampler:
-    """/healthz asked every 0.1 s from a thread: status, body and how long the answer took."""
-
-    def __init__(self, run: FarmRun) -> None:
-        self.run = run
-        self.samples: list[Sample] = []
-        self._halt = threading.Event()
-        self._thread = threading.Thread(target=self._go, daemon=True, name="chaos-healthz")
-
-    def start(self) -> HealthSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> list[Sample]:
-        self._halt.set()
-        self._thread.join(15)
-        return self.samples
-
-    def _go(self) -> None:
-        while not self._halt.wait(0.1):
-            began = time.monotonic()
-            got = get(self.run.url + "/healthz")
-            status, body = (got[0], got[1].decode(errors="replace")) if got else (None, "")
-            self.samples.append((began, status, body, time.monotonic() - began))
-
-
-def watch_health(run: FarmRun, seconds: float) -> list[Sample]:
-    sampler = HealthSampler(run).start()
-    end = time.monotonic() + seconds
-    while time.monotonic() < end and run.proc.poll() is None:
-        time.sleep(0.2)
-    return sampler.stop()
-
-
-def healthy_throughout(name: str, samples: list[Sample]) -> Finding:
-    bad = [s for s in samples if s[1] != 200]
-    if not samples:
-        return Finding(name, False, "no answers")
-    if bad:
-        return Finding(name, False, f"{len(bad)} of {len(samples)} not 200: {bad[0][2][:80]}")
-    return Finding(name, True)
-
-
-def healthz_answers_fast(name: str, samples: list[Sample]) -> Finding:
-    worst = max((s[3] for s in samples), default=0.0)
-    unanswered = sum(1 for s in samples if s[1] is None)
-    ok = bool(samples) and worst <= FAST and not unanswered
-    detail = f"worst {worst * 1000:.0f} ms, {unanswered} of {len(samples)} unanswered"
-    return Finding(name, ok, detail)
-
-
-def supervised(result: Result, run: FarmRun, *, crashes: int | None = None) -> None:
-    """The supervisor's own invariants (DESIGN.md 11, 14): still running, never halted, no
-    death booked as a boot failure or a silent heartbeat; `crashes`: how many it must book."""
-    alive = run.proc.poll() is None
-    halts = events_named(run, "halt")
-    result.findings.append(
-        Finding(
-            "farm-keeps-running",
-            alive and not halts,
-            "" if alive and not halts else f"exit {run.proc.poll()}; {run.tail(3)}",
-        )
-    )
-    if not alive:
-        return
-    restarts = run.scrape().by("outbox_farm_worker_restarts_total", "reason")
-    count = {reason: restarts.get((reason,), 0.0) for reason in ("crash", "heartbeat", "boot")}
-    result.findings.append(
-        Finding("no-boot-failures", count["boot"] == 0, f"worker_restarts_total {count}")
-    )
-    result.findings.append(
-        Finding("no-heartbeat-kills", count["heartbeat"] == 0, f"worker_restarts_total {count}")
-    )
-    if crashes is not None:
-        result.findings.append(
-            Finding(
-                "kills-booked-as-crashes", count["crash"] == crashes, f"{count}; {crashes} kills"
-            )
-        )
 
 
 SCENARIOS: dict[str, Callable[[Context], Result]] = {

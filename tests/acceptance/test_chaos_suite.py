@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loadtests.chaos import __main__ as chaos
-from loadtests.chaos.scenarios import Context, Finding, Result
+from loadtests.chaos.checks import Context, Finding, Result
 
 
 def broken(ctx: Context) -> Result:
