@@ -97,6 +97,15 @@ loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C:
 chaos: ## Chaos and scale suite against LOCAL_DSN (all scenarios, ~15 min; or SCENARIO=a,b)
 	$(PY) -m loadtests.chaos --dsn "$(LOCAL_DSN)" $(if $(SCENARIO),--scenario $(SCENARIO),)
 
+.PHONY: docs
+docs: ## Serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
+	$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(PY) -m mkdocs serve
+
+.PHONY: docs-build
+docs-build: ## Build the site into site/ as CI does (strict: any warning fails)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(PY) -m mkdocs build --strict
+
 .PHONY: ci
 ci: ## What CI runs: the README's commands on a clean copy of the tree, lint, both servers
 	CI=true LOCAL_DSN="$(LOCAL_DSN)" bash .ci/run

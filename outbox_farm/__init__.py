@@ -22,11 +22,15 @@ from .farm import Farm
 from .handler import AckPolicy
 from .message import Message
 from .middleware import CallNext, Middleware
+from .names import TableNames
 from .observe import Observer
 from .ops.schema_check import check_schema
 from .outcome import Kind, Outcome, Reason
 from .retry import ConstantBackoff, ExponentialBackoff, LinearBackoff, NoRetry, RetryStrategy
 from .settings import RuntimeSettings
+
+# The version, in one place: the build reads it from here (pyproject.toml, [tool.hatch.version]).
+__version__ = "0.1.0"
 
 __all__ = [
     "AckPolicy",
@@ -55,5 +59,6 @@ __all__ = [
     "RetryStrategy",
     "RuntimeSettings",
     "SchemaError",
+    "TableNames",
     "check_schema",
 ]

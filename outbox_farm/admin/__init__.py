@@ -2,8 +2,7 @@
 `doctor` run. Every function takes a psycopg connection (outside a transaction: replay and
 purge commit batch by batch) and the `TableNames` of the farm's tables.
 
-    from outbox_farm.admin import DlqFilter, When, dlq_replay
-    from outbox_farm.names import TableNames
+    from outbox_farm.admin import DlqFilter, TableNames, When, dlq_replay
 
     names = TableNames.build("outbox", "outbox_dlq")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -11,6 +10,7 @@ purge commit batch by batch) and the `TableNames` of the farm's tables.
 """
 
 from ..db.dlq import DlqRow, Done, Summary, SummaryLine
+from ..names import TableNames
 from .dlq import (
     DlqEntry,
     DlqFilter,
@@ -36,6 +36,7 @@ __all__ = [
     "QueueStats",
     "Summary",
     "SummaryLine",
+    "TableNames",
     "When",
     "dlq_count",
     "dlq_list",

@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from pathlib import Path
 
 import click
 
+from ..demo.app import farm as demo_farm
 from ..demo.run import publish, run_farm
+from ..dsn import redact
+from ..ops.embedded import data_dir
 from ..ops.server import resolve
+from ..settings import DEFAULT_BIND
 from .options import EPILOG, dsn_options
 from .output import notice
+
+
+def dlq_list_command(dsn: str | None) -> str:
+    """The `outbox-farm dlq list` that reaches the server the demo ran on, given as the demo
+    was given it: the same environment, the same --dsn-file, the same --dsn (its password
+    masked), or the same embedded server (the data directory is found from the working
+    directory, so the command must run from the same one)."""
+    command = f"outbox-farm dlq list --dlq-table {demo_farm.names.dlq}"
+    context = click.get_current_context()
+    typed = click.core.ParameterSource.COMMANDLINE
+    if dsn is None:
+        return f"{command}` (from this directory: the embedded server at {data_dir()})"
+    if context.get_parameter_source("dsn_file") is typed:
+        return f"{command} --dsn-file {shlex.quote(str(context.params['dsn_file']))}`"
+    if context.get_parameter_source("dsn") is typed:
+        shown = redact(dsn)
+        masked = " (your password in place of ***)" if shown != dsn else ""
+        return f"{command} --dsn {shlex.quote(shown)}`{masked}"
+    return f"{command}` (with the same OUTBOX_FARM_DSN or OUTBOX_FARM_DSN_FILE)"
 
 
 @click.command(epilog=EPILOG)
@@ -55,9 +79,9 @@ def demo(dsn: str | None, messages: int, procs: int) -> None:
         f"\ndone: {summary.messages:,} messages in {summary.seconds:.1f}s "
         f"({rate:,.0f} msg/s with --procs {procs})\n"
         f"  acked {summary.acked:,.0f}, retried {summary.retried:,.0f}, "
-        f"dead-lettered {summary.dead_lettered:,.0f} (see `outbox-farm dlq list "
-        "--dlq-table outbox_demo_dlq`)\n"
+        f"dead-lettered {summary.dead_lettered:,.0f}: see them with `{dlq_list_command(dsn)}\n"
         f"  delivery lag p50 / p99: {lag} (publish to handler start; the backlog waited)\n"
-        f"  the farm's metrics were at {summary.metrics_url} while it ran; "
-        "`outbox-farm start` serves them there"
+        f"  the demo farm served its metrics at {summary.metrics_url} (a free port) while it "
+        f"ran; `outbox-farm start` serves /metrics and /healthz on {DEFAULT_BIND} unless told "
+        "otherwise (--metrics-bind)"
     )

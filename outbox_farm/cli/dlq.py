@@ -45,36 +45,46 @@ def _filter(
 filter_options = merged(
     "where",
     _filter,
-    click.option("--queue", default=None, help="Only rows of this queue."),
+    click.option(
+        "--queue",
+        default=None,
+        envvar="OUTBOX_FARM_QUEUE",
+        help="Only rows of this queue. [env OUTBOX_FARM_QUEUE]",
+    ),
     click.option(
         "--reason",
         type=click.Choice([reason.value for reason in Reason]),
         default=None,
-        help="Only rows that failed for this reason.",
+        envvar="OUTBOX_FARM_REASON",
+        help="Only rows that failed for this reason. [env OUTBOX_FARM_REASON]",
     ),
     click.option(
         "--since",
         callback=when,
         default=None,
         metavar="WHEN",
+        envvar="OUTBOX_FARM_SINCE",
         help="Only rows that failed at or after this: a duration ago (2h, 7d; on the "
-        "database clock) or an ISO-8601 time.",
+        "database clock) or an ISO-8601 time. [env OUTBOX_FARM_SINCE]",
     ),
     click.option(
         "--until",
         callback=when,
         default=None,
         metavar="WHEN",
-        help="Only rows that failed before this (same forms as --since).",
+        envvar="OUTBOX_FARM_UNTIL",
+        help="Only rows that failed before this (same forms as --since). [env OUTBOX_FARM_UNTIL]",
     ),
     click.option(
         "--grep",
         default=None,
         metavar="TEXT",
+        envvar="OUTBOX_FARM_GREP",
         help="Only rows whose exception or headers contain TEXT (any case), or whose "
-        "payload contains its bytes.",
+        "payload contains its bytes. [env OUTBOX_FARM_GREP]",
     ),
 )
+FILTERS = ("queue", "reason", "since", "until", "grep")
 
 
 def _bulk_options(doing: str, past: str, moved: str) -> Decorator:
@@ -97,13 +107,19 @@ ids_argument = click.argument("ids", metavar="[ID]...", nargs=-1, type=int)
 
 def _selected(where: DlqFilter, ids: tuple[int, ...], every: bool, verb: str) -> DlqFilter:
     """`where` with the IDs; replay and purge never act on the whole DLQ by accident: IDs, a
-    filter, or --all."""
+    filter, or --all, on the command line. A filter read from the environment (say
+    OUTBOX_FARM_QUEUE, set for `stats`) narrows the selection but never makes one."""
     if ids and every:
         raise click.UsageError(f"give IDs or --all, not both: --all would {verb} every row")
-    if not (ids or every or where != DlqFilter()):
+    context = click.get_current_context()
+    typed = any(
+        context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        for name in (*FILTERS, "older_than")  # purge's --older-than is a filter too
+    )
+    if not (ids or every or typed):
         raise click.UsageError(
-            f"say which rows to {verb}: IDs, a filter (--queue, --reason, --since, --until, "
-            "--grep) or --all"
+            f"say which rows to {verb} on the command line: IDs, a filter (--queue, --reason, "
+            f"--since, --until, --grep{', --older-than' if verb == 'purge' else ''}) or --all"
         )
     return dataclasses.replace(where, ids=ids or None)
 
@@ -128,7 +144,7 @@ def dlq() -> None:
     show_default=True,
     help="Show at most this many rows, newest first.",
 )
-@json_option
+@json_option("an array of rows, newest first")
 def list_(dsn: str | None, names: TableNames, where: DlqFilter, limit: int, as_json: bool) -> None:
     """The newest DLQ rows matching the filters: id, when and why each failed, and the
     first line of its exception."""
@@ -160,7 +176,7 @@ def list_(dsn: str | None, names: TableNames, where: DlqFilter, limit: int, as_j
 @dsn_options
 @table_options
 @click.argument("row_id", metavar="ID", type=int)
-@json_option
+@json_option("one object")
 def show(dsn: str | None, names: TableNames, row_id: int, as_json: bool) -> None:
     """One DLQ row in full: payload decoded by its content type, headers, reason, the
     exception with its traceback, counts and timestamps."""
@@ -210,7 +226,7 @@ def show(dsn: str | None, names: TableNames, row_id: int, as_json: bool) -> None
     "replay or wait for a deploy.  [default: now]",
 )
 @_bulk_options("replaying", "replayed", "moved")
-@json_option
+@json_option("one object: the count, or what was replayed")
 def replay(
     dsn: str | None,
     names: TableNames,
@@ -294,7 +310,7 @@ def _report_unfit(conn: Connection, names: TableNames, where: DlqFilter, upto: i
 )
 @click.option("--all", "every", is_flag=True, help="Purge every row of the DLQ.")
 @_bulk_options("purging", "purged", "deleted")
-@json_option
+@json_option("one object: the count, or what was purged")
 def purge(
     dsn: str | None,
     names: TableNames,

@@ -1,6 +1,6 @@
 """`stats` and `doctor`: how the farm's tables are doing, and whether the database suits it.
 
-Every command has --json for scripts; text output is for people. The work is done by
+Both have --json for scripts; text output is for people. The work is done by
 `outbox_farm.admin`, the same API an admin script calls.
 """
 
@@ -74,13 +74,20 @@ def _render(frame: dict[str, Any]) -> str:
 @click.command(epilog=EPILOG)
 @dsn_options
 @table_options
-@click.option("--queue", default=None, help="Only this queue (default: every queue).")
+@click.option(
+    "--queue",
+    default=None,
+    envvar="OUTBOX_FARM_QUEUE",
+    help="Only this queue (default: every queue). [env OUTBOX_FARM_QUEUE]",
+)
 @click.option(
     "--watch",
     callback=duration,
     default=None,
     metavar="SECONDS",
-    help="Redraw every so many seconds (e.g. 2, 5s) until Ctrl-C, like `top`.",
+    envvar="OUTBOX_FARM_WATCH",
+    help="Redraw every so many seconds (e.g. 2, 5s) until Ctrl-C, like `top`. "
+    "[env OUTBOX_FARM_WATCH]",
 )
 @click.option(
     "--metrics-url",
@@ -95,10 +102,11 @@ def _render(frame: dict[str, Any]) -> str:
     type=click.IntRange(0),
     default=EXACT_LIMIT,
     show_default=True,
+    envvar="OUTBOX_FARM_EXACT_LIMIT",
     help="Count rows one by one up to this many per figure; above it, show the "
-    "planner's estimate (marked ~).",
+    "planner's estimate (marked ~). [env OUTBOX_FARM_EXACT_LIMIT]",
 )
-@json_option
+@json_option("one object; with --watch, one a line per redraw")
 def stats(
     dsn: str | None,
     names: TableNames,
@@ -154,24 +162,29 @@ def stats(
     callback=duration,
     default="5m",
     show_default=True,
-    help="FAIL when a transaction has held back VACUUM (the xmin horizon) for longer.",
+    envvar="OUTBOX_FARM_MAX_XMIN_AGE",
+    help="FAIL when a transaction has held back VACUUM (the xmin horizon) for longer. "
+    "[env OUTBOX_FARM_MAX_XMIN_AGE]",
 )
 @click.option(
     "--max-lag",
     callback=duration,
     default="60s",
     show_default=True,
-    help="WARN when the oldest ready row has waited longer than this since it was due.",
+    envvar="OUTBOX_FARM_MAX_LAG",
+    help="WARN when the oldest ready row has waited longer than this since it was due. "
+    "[env OUTBOX_FARM_MAX_LAG]",
 )
 @click.option(
     "--max-stall",
     callback=duration,
     default=f"{STALL_AFTER:g}s",
     show_default=True,
+    envvar="OUTBOX_FARM_MAX_STALL",
     help="FAIL when a queue's oldest claimable row has waited longer than this while none "
-    "of its rows is leased (no farm works on it).",
+    "of its rows is leased (no farm works on it). [env OUTBOX_FARM_MAX_STALL]",
 )
-@json_option
+@json_option('one object: "ok" and the "checks"')
 def doctor_command(
     dsn: str | None,
     names: TableNames,

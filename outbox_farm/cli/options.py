@@ -21,7 +21,7 @@ from ..errors import ConfigurationError, OutboxFarmError
 from ..names import TableNames
 from ..ops.server import read_dsn_file
 
-EPILOG = "Every option can also be set from the environment variable shown in its help."
+EPILOG = "An option whose help ends in [env NAME] can also be set from that environment variable."
 DSN_FILE_HINT = "'--dsn-file' / OUTBOX_FARM_DSN_FILE"
 
 T = TypeVar("T")
@@ -197,6 +197,12 @@ def seconds_option(name: str, default: float, minimum: float, text: str) -> Deco
     )
 
 
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print JSON (one object) instead of text."
-)
+def json_option(shape: str = "one object") -> Decorator:
+    """--json, saying what the command prints: `shape` (e.g. "an array of rows")."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        envvar="OUTBOX_FARM_JSON",
+        help=f"Print JSON ({shape}) instead of text. [env OUTBOX_FARM_JSON]",
+    )

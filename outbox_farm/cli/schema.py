@@ -10,12 +10,16 @@ from ..names import TableNames
 from ..ops.migrate import ddl, migrate
 from ..ops.readiness import schema_report
 from ..ops.server import connected
-from .options import EPILOG, dsn_options, table_options
-from .output import notice
+from .options import EPILOG, dsn_options, json_option, table_options
+from .output import echo_json, notice
+
+
+def _listed(names: TableNames) -> list[str]:
+    return [str(t) for t in (names.outbox, names.dlq) if t]
 
 
 def _tables(names: TableNames) -> str:
-    return ", ".join(str(t) for t in (names.outbox, names.dlq) if t)
+    return ", ".join(_listed(names))
 
 
 @click.command(name="migrate", epilog=EPILOG)
@@ -29,15 +33,32 @@ def _tables(names: TableNames) -> str:
     "dropped index or table setting that `check` reports, and rebuilds the lease index, so "
     "prefer a quiet moment on a large table. [env OUTBOX_FARM_REPAIR]",
 )
-def migrate_command(dsn: str | None, names: TableNames, repair: bool) -> None:
+@json_option('one object: the "applied", "already" and "repaired" migrations, the "tables"')
+def migrate_command(dsn: str | None, names: TableNames, repair: bool, as_json: bool) -> None:
     """Create or upgrade the outbox (and DLQ) tables.
 
     Applies the versioned migrations that are not yet applied, in order, each in its own
     transaction, under an advisory lock; running it twice, or twice at once, is safe. A table
-    that was dropped after its migrations ran gets them again.
+    that was dropped after its migrations ran gets them again. With --json, the progress
+    lines go to stderr and stdout is the one object.
     """
     with connected(dsn, notice) as conn:
-        result = migrate(conn, names, repair=repair, progress=lambda line: click.echo(f"  {line}"))
+        result = migrate(
+            conn,
+            names,
+            repair=repair,
+            progress=lambda line: click.echo(f"  {line}", err=as_json),
+        )
+    if as_json:
+        echo_json(
+            {
+                "applied": result.applied,
+                "already": result.already,
+                "repaired": result.repaired,
+                "tables": _listed(names),
+            }
+        )
+        return
     repaired = f", {len(result.repaired)} repaired" if repair else ""
     click.echo(
         f"migrate: {len(result.applied)} applied, {len(result.already)} already up to date"
@@ -48,7 +69,8 @@ def migrate_command(dsn: str | None, names: TableNames, repair: bool) -> None:
 @click.command(epilog=EPILOG)
 @dsn_options
 @table_options
-def check(dsn: str | None, names: TableNames) -> None:
+@json_option('one object: "ok", the "problems" and "notes", the "tables"; exit status as in text')
+def check(dsn: str | None, names: TableNames, as_json: bool) -> None:
     """Compare the live schema, and this role's privileges, with what the farm needs; exit
     status 1 on drift.
 
@@ -58,6 +80,18 @@ def check(dsn: str | None, names: TableNames) -> None:
     """
     with connected(dsn, notice) as conn:
         report = schema_report(conn, names)
+    if as_json:
+        echo_json(
+            {
+                "ok": not report.problems,
+                "problems": report.problems,
+                "notes": report.notes,
+                "tables": _listed(names),
+            }
+        )
+        if report.problems:
+            sys.exit(1)
+        return
     for note in report.notes:
         click.echo(f"note: {note}")
     if not report.problems:
@@ -72,5 +106,8 @@ def check(dsn: str | None, names: TableNames) -> None:
 @click.command(epilog=EPILOG)
 @table_options
 def sql(names: TableNames) -> None:
-    """Print the schema DDL, for projects whose migrations live in Alembic or Django."""
+    """Print the schema DDL, for projects whose migrations live in Alembic or Django.
+
+    The output is SQL text (no --json): paste it into a migration of your own.
+    """
     click.echo(ddl(names))

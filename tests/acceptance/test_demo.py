@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +34,24 @@ def test_the_demo_delivers_every_message_and_sums_up(tmp_path: Path, empty_dsn: 
     assert "done: 2,000 messages" in out
     assert "acked 1,998, retried 40, dead-lettered 2" in out  # every 50th once, every 1000th
     assert "delivery lag p50 / p99: " in out
-    assert "/metrics while it ran" in out
+    # The metrics: where the demo farm served them, and where `start` serves them (not there).
+    assert re.search(r"served its metrics at http://127\.0\.0\.1:\d+/metrics \(a free port\)", out)
+    assert "`outbox-farm start` serves /metrics and /healthz on 127.0.0.1:9464" in out
+    # The dlq list it suggests reaches the demo's database (the --dsn it was given), as printed.
+    (suggested,) = re.findall(r"see them with `(outbox-farm dlq list [^`]*)`", out)
+    assert "--dsn" in suggested
+    listed = subprocess.run(
+        [str(CLI), *shlex.split(suggested)[1:], "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 2
+    assert "embedded" not in listed.stderr
     with psycopg.connect(empty_dsn) as demo_db:
         rows = demo_db.execute("SELECT count(*) FROM outbox_demo").fetchone()
         dead = demo_db.execute("SELECT count(*) FROM outbox_demo_dlq").fetchone()
