@@ -97,6 +97,10 @@ loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C:
 chaos: ## Chaos and scale suite against LOCAL_DSN (all scenarios, ~15 min; or SCENARIO=a,b)
 	$(PY) -m loadtests.chaos --dsn "$(LOCAL_DSN)" $(if $(SCENARIO),--scenario $(SCENARIO),)
 
+.PHONY: scale
+scale: ## Farms on 3 hosts (network namespaces, root): partition, 20 ms link, scale curve (~5 min)
+	$(PY) -m loadtests.scale $(if $(SCENARIO),--scenario $(SCENARIO),)
+
 .PHONY: docs
 docs: ## Serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
 	$(PY) -m pip install -q -e '.[docs]'

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ APP = "loadtests.scale.scaleapp:farm"
 METRICS_PORT = 9464
 GRACEFUL = 10.0
 BOOT_TIMEOUT = 60.0
+PROXY_START_TIMEOUT = 30.0
 
 
 def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -145,20 +147,14 @@ def farm_host(
             kill_farm(proc)
 
 
+def _producer_command(host: Host, dsn: str, commits: Path, args: Sequence[str]) -> list[str]:
+    program = [sys.executable, "-m", "loadtests.scale.producer", "--dsn", dsn]
+    return host.exec([*program, "--commits", str(commits), *args])
+
+
 def produce(host: Host, dsn: str, commits: Path, *args: str, timeout: float) -> dict[str, float]:
     """Run the producer in `host`'s namespace to its end (killed at `timeout`); its summary."""
-    command = host.exec(
-        [
-            sys.executable,
-            "-m",
-            "loadtests.scale.producer",
-            "--dsn",
-            dsn,
-            "--commits",
-            str(commits),
-            *args,
-        ]
-    )
+    command = _producer_command(host, dsn, commits, args)
     done = subprocess.run(
         command,
         cwd=REPO,
@@ -177,18 +173,7 @@ def produce(host: Host, dsn: str, commits: Path, *args: str, timeout: float) -> 
 @contextlib.contextmanager
 def producer(host: Host, dsn: str, commits: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
     """The producer running in the background (steady load); killed on the way out."""
-    command = host.exec(
-        [
-            sys.executable,
-            "-m",
-            "loadtests.scale.producer",
-            "--dsn",
-            dsn,
-            "--commits",
-            str(commits),
-            *args,
-        ]
-    )
+    command = _producer_command(host, dsn, commits, args)
     proc = subprocess.Popen(
         command,
         cwd=REPO,
@@ -271,7 +256,8 @@ def delay_proxy(
         )
     try:
         assert proc.stdout is not None
-        if proc.stdout.readline().strip() != b"listening":  # bounded: it exits on any error
+        ready, _, _ = select.select([proc.stdout], [], [], PROXY_START_TIMEOUT)
+        if not ready or proc.stdout.readline().strip() != b"listening":
             raise SetupError(f"the delaying proxy did not start: {log.read_text()[-1000:]}")
         yield proc
     finally:

@@ -16,6 +16,7 @@ delay with more rows claimed per round trip (`prefetch`) and more runs at once (
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class Plan:
     procs: int = 2
     rate: float = 200.0  # msg/s for the lag
     lag_seconds: float = 12.0
-    backlog: int = 30_000
+    backlog: int = 100_000
     window: float = 20.0  # seconds the throughput is counted over at most
 
 
@@ -94,6 +95,18 @@ def delayed(bed: Bed, dsn: str, config: Config, use_netem: bool) -> Iterator[str
         yield via(dsn, PROXY_PORT)
 
 
+def round_trip_ms(dsn: str, samples: int = 20) -> float:
+    """The median time of `SELECT 1` on `dsn`, from here: the delay the farms see, checked
+    (through the proxy, the harness goes the farms' way; with netem, it does not)."""
+    times = []
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        for _ in range(samples):
+            began = time.perf_counter()
+            conn.execute("SELECT 1")
+            times.append(time.perf_counter() - began)
+    return round(statistics.median(times) * 1000, 1)
+
+
 def throughput(
     bed: Bed, dsn: str, plan: Plan, conn: psycopg.Connection[Any], tag: str
 ) -> dict[str, float]:
@@ -102,7 +115,7 @@ def throughput(
     due = time.time() + 2.0 + plan.backlog / 10_000
     commits = bed.work / f"backlog-{tag}.tsv"
     args = ("--backlog", str(plan.backlog), "--due", str(due))
-    produce(bed.producer, dsn, commits, *args, timeout=120)
+    produce(bed.producer, dsn, commits, *args, timeout=180)
     seconds, handled = timed_drain(conn, plan.backlog, due, plan.window)
     return {"msg_per_s": handled / seconds if seconds else 0.0, "seconds": seconds}
 
@@ -123,8 +136,13 @@ def run(bed: Bed, smoke: bool) -> dict[str, Any]:
     say(f"latency: delay by {method}")
     rows: list[dict[str, Any]] = []
     ok = True
-    with database(bed) as dsn, psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        for index, config in enumerate(CONFIGS):
+    for index, config in enumerate(CONFIGS):
+        # A database of its own per configuration (see curve.py: a second backlog in one
+        # database measured the table's history, not the configuration).
+        with (
+            database(bed) as dsn,
+            psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn,
+        ):
             env = {"SCALE_JOURNAL": str(bed.work / f"latency-{index}")}
             (bed.work / f"latency-{index}").mkdir()
             if config.concurrency:
@@ -135,6 +153,7 @@ def run(bed: Bed, smoke: bool) -> dict[str, Any]:
                 delayed(bed, dsn, config, missing is None) as farm_dsn,
                 farms(bed, farm_dsn, 3, plan.procs, env, name=f"latency-{index}") as runs,
             ):
+                rtt = round_trip_ms(farm_dsn) if missing is not None else None
                 commits = bed.work / f"latency-commits-{index}.tsv"
                 with producer(
                     bed.producer,
@@ -148,17 +167,27 @@ def run(bed: Bed, smoke: bool) -> dict[str, Any]:
                     finish(prod, timeout=plan.lag_seconds + 60)
                 ok &= _wait_empty(conn, 60)
                 tput = throughput(bed, dsn, plan, conn, str(index))
-                ok &= _wait_empty(conn, 120)
+                ok &= _wait_empty(conn, 180)
                 for run in runs:
                     run.stop()
-            measured = lags(read_commits(commits), read_journals(bed.work / f"latency-{index}"))
+                dlq = conn.execute("SELECT count(*) FROM outbox_dlq").fetchone()
+            journal = read_journals(bed.work / f"latency-{index}")
+            published = read_commits(commits) | read_commits(bed.work / f"backlog-{index}.tsv")
+            unhandled = set(published) - {r.msg_id for r in journal}
+            ok &= not unhandled
+            measured = lags(read_commits(commits), journal)
             row = {
                 "config": config.name,
+                "select1_ms": rtt,
                 "msg_per_s": round(tput["msg_per_s"]),
                 "window_s": round(tput["seconds"], 1),
                 "lag_p50_ms": round(percentile(measured, 50) * 1000, 1),
                 "lag_p99_ms": round(percentile(measured, 99) * 1000, 1),
                 "lag_samples": len(measured),
+                "published": len(published),
+                "unhandled": len(unhandled),
+                "unhandled_ids": sorted(unhandled)[:5],
+                "dlq_rows": int(dlq[0]) if dlq else -1,
             }
             say(f"latency: {row}")
             rows.append(row)

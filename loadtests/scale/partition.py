@@ -149,10 +149,10 @@ def run(bed: Bed, plan: Plan) -> dict[str, Any]:
                 return inflight[0] > 0
 
             held = wait_until(holds_rows, timeout=10)
-            victim.host.cut()
             cut_at = time.time()
-            say(f"partition: {victim.host.role} CUT (link down) holding {inflight[0]:g} row(s)")
             try:
+                victim.host.cut()
+                say(f"partition: {victim.host.role} CUT (link down) holding {inflight[0]:g} rows")
                 _phase(plan.cut_for, t0, runs, victim, conn)
             finally:
                 victim.host.heal()
@@ -244,6 +244,7 @@ def _summary(
         and lost_by_host.get(name, 0) > 0
         and report.ok
         and published.get("committed", 0) == expected_rows
+        and all(status == 0 for status in stops.values())
     )
     return {
         "scenario": "partition",

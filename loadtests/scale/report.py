@@ -52,15 +52,28 @@ def _partition(r: dict[str, Any]) -> list[str]:
 
 
 def _latency(r: dict[str, Any]) -> list[str]:
-    head = ("latency: config", "msg/s", "window", "lag p50 ms", "lag p99 ms", "samples")
+    head = (
+        "latency: config",
+        "SELECT 1 ms",
+        "msg/s",
+        "window",
+        "lag p50 ms",
+        "lag p99 ms",
+        "samples",
+        "published",
+        "unhandled",
+    )
     rows = [
         (
             row["config"],
+            "-" if row["select1_ms"] is None else f"{row['select1_ms']}",
             f"{row['msg_per_s']:,}",
             f"{row['window_s']}s",
             f"{row['lag_p50_ms']}",
             f"{row['lag_p99_ms']}",
             f"{row['lag_samples']:,}",
+            f"{row['published']:,}",
+            str(row["unhandled"]),
         )
         for row in r["rows"]
     ]
