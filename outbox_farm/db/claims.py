@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 from psycopg import AsyncCursor
+from psycopg.adapt import Loader
+from psycopg.pq import Format
 
 from ..queries import Queries
 from .boundary import boundary
@@ -37,9 +39,9 @@ a few percent of the whole per-message cost). The order is guaranteed by column 
 reordered `runtime.sql` still works and a missing column is refused at the first claim.
 
 Any row the table admits loads: the statement hands back NULL for a timestamp the client cannot
-represent, and the headers are decoded here one row at a time, so a value another writer stored
-fails its own row (`unloadable` set, for the fetcher to dead-letter) and never the claim, whose
-leases would otherwise stay orphaned and its good rows undelivered."""
+represent, and the headers are loaded by `HeadersLoader`, which never fails, so a value another
+writer stored fails its own row (`unloadable` set, for the fetcher to dead-letter) and never the
+claim, whose leases would otherwise stay orphaned and its good rows undelivered."""
 
 CLAIMED_COLUMNS = (
     "id",
@@ -90,6 +92,38 @@ def decode_headers(text: str | None) -> tuple[dict[str, Any] | None, str | None]
     return value, None
 
 
+class Undecodable(str):
+    """Headers the claim could not take as an object: the stored JSON text, with `why`."""
+
+    why: str
+
+
+def _undecodable(text: str, why: str) -> Undecodable:
+    found = Undecodable(text)
+    found.why = why
+    return found
+
+
+class HeadersLoader(Loader):
+    """The claim's headers, loaded without ever failing the fetch: a JSON object becomes a dict
+    (orjson, one call per row, as psycopg's own jsonb loader would make), anything else an
+    `Undecodable` the row carries to be dead-lettered alone. Registered on the claim's cursor
+    only."""
+
+    format = Format.BINARY
+
+    def load(self, data: Any) -> Any:
+        try:
+            value = orjson.loads(data[1:])  # jsonb's binary form: a version byte, then text
+        except orjson.JSONDecodeError:
+            value = None
+        if type(value) is dict:
+            return value
+        text = bytes(data[1:]).decode("utf-8", "replace")
+        headers, why = decode_headers(text)
+        return headers if headers is not None else _undecodable(text, why or "")
+
+
 def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[Any]:
     """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned."""
     names = tuple(column.name for column in cursor.description or ())
@@ -103,18 +137,15 @@ def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[Any]:
 
 
 def _loaded(row: Any) -> ClaimedRow:
-    """`row` with its headers decoded and its unloadable values worded as reasons; a failure to
-    decode the headers joins them. A row with neither headers nor unloadable values is returned
-    as it came (the common case, and a claim's cost per row)."""
-    text, unloadable = row[HEADERS], row[UNLOADABLE]
-    if text is None and unloadable is None:
-        return row  # type: ignore[no-any-return]
-    headers, problem = decode_headers(text)
+    """`row` with its unloadable values worded as reasons, and headers that are not an object
+    (`Undecodable`) replaced by None, their reason joining the others. Called only for such
+    rows: any other row is used as psycopg returned it."""
+    headers, unloadable = row[HEADERS], row[UNLOADABLE]
     reasons = [_reason(value) for value in unloadable.split("; ")] if unloadable else []
-    if problem is not None:
-        reasons.append(problem)
-    why = "; ".join(reasons) or None
-    return (*row[:HEADERS], headers, *row[HEADERS + 1 : UNLOADABLE], why)
+    if isinstance(headers, Undecodable):
+        reasons.append(headers.why)
+        headers = None
+    return (*row[:HEADERS], headers, *row[HEADERS + 1 : UNLOADABLE], "; ".join(reasons))
 
 
 def _reason(value: str) -> str:
@@ -150,9 +181,16 @@ async def claim(
     }
     with boundary():
         async with pool.connection() as conn:
-            cursor = await conn.execute(queries["claim"], params, binary=True)
+            cursor = conn.cursor()
+            cursor.adapters.register_loader("jsonb", HeadersLoader)
+            await cursor.execute(queries["claim"], params, binary=True)
             rows = _in_order(cursor, await cursor.fetchall())
-    return [_loaded(row) for row in rows]
+    return [
+        row
+        if row[UNLOADABLE] is None and not isinstance(row[HEADERS], Undecodable)
+        else _loaded(row)
+        for row in rows
+    ]
 
 
 async def next_due(pool: Pool, queries: Queries, queue: str) -> float | None:

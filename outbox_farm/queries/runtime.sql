@@ -24,9 +24,10 @@
 -- `unloadable` costs four comparisons a row): a timestamp outside the years 1 to 9999
 -- (an infinity, a BC date, year 10000 on; a day is kept clear of each end so any session time
 -- zone still loads it) comes back NULL and `unloadable` names it (`field=value; ...`, which the
--- client words as a reason); the headers come as JSON text, decoded (and checked to be an
--- object) row by row by the client, so one bad document fails only its row. Such a row is dead-lettered as `invalid_row` (or set aside) by
--- the fetcher instead of failing the claim.
+-- client words as a reason); the headers are loaded by the claim's own loader, which never
+-- fails (a document that is not an object comes back marked), so one bad document fails only its
+-- row. Such a row is dead-lettered as `invalid_row` (or set aside) by the fetcher instead of
+-- failing the claim.
 WITH expired AS (
     SELECT c.id FROM {outbox} AS c
     WHERE c.queue = %(queue)s AND c.acquired_token IS NOT NULL AND c.lease_expires_at < now()
@@ -73,7 +74,7 @@ SET acquired_token = %(token)s, acquired_at = now(),
 FROM picked, (VALUES ('0001-01-02 00:00:00+00'::timestamptz,
                       '9999-12-30 00:00:00+00'::timestamptz)) AS b(lo, hi)
 WHERE o.id = picked.id
-RETURNING o.id, o.payload, o.headers::text AS headers, o.deliveries_count, o.attempts_count,
+RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count,
           CASE WHEN o.created_at BETWEEN b.lo AND b.hi THEN o.created_at END AS created_at,
           CASE WHEN o.next_attempt_at BETWEEN b.lo AND b.hi
                THEN o.next_attempt_at END AS next_attempt_at,
