@@ -54,6 +54,15 @@ FROM generate_series(1, %(rows)s) AS g
 """
 
 
+# One row with a 10 MB payload: its page shows the first 64 KiB and offers the rest.
+BIG = """
+INSERT INTO outbox_dlq (original_id, queue, payload, headers, deliveries_count, created_at,
+                        failed_at, failure_reason, last_exception)
+VALUES (0, 'queue_big', convert_to(repeat('x', 10000000), 'UTF8'),
+        '{"content-type": "text/plain"}', 1, now(), now(), 'rejected', 'TooBig()')
+"""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -64,6 +73,7 @@ def fill(dsn: str, rows: int) -> None:
     began = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(FILL.replace("%(rows)s", str(int(rows))))
+        conn.execute(BIG)
         conn.execute("VACUUM (ANALYZE) outbox_dlq")
     print(f"filled {rows:,} DLQ rows in {time.monotonic() - began:.1f} s", flush=True)
 
@@ -80,9 +90,12 @@ def fetch(url: str) -> float:
 def pages(dsn: str, rows: int) -> list[tuple[str, str, bool]]:
     """(label, path, held to the budget) of every page timed."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT min(id), max(id) FROM outbox_dlq").fetchone()
+        row = conn.execute(
+            "SELECT min(id), max(id) FILTER (WHERE queue <> 'queue_big'), "
+            "max(id) FILTER (WHERE queue = 'queue_big') FROM outbox_dlq"
+        ).fetchone()
     assert row is not None
-    low, high = int(row[0]), int(row[1])
+    low, high, big = int(row[0]), int(row[1]), int(row[2])
     middle = (low + high) // 2
     return [
         ("DLQ list, newest page", "/dlq", True),
@@ -92,6 +105,8 @@ def pages(dsn: str, rows: int) -> list[tuple[str, str, bool]]:
         ("DLQ list, one queue, middle", f"/dlq?queue=queue_3&before={middle}&page=1000", True),
         ("DLQ list, one reason", "/dlq?reason=rejected", True),
         ("DLQ list, queue and reason", "/dlq?queue=queue_3&reason=retry_terminal", True),
+        ("DLQ list, queue and reason, none match", "/dlq?queue=queue_5&reason=rejected", True),
+        ("DLQ list, one reason, middle", f"/dlq?reason=rejected&before={middle}&page=100", True),
         ("DLQ list, failed in the last hour", "/dlq?since=1h", True),
         ("DLQ list, failed 10 to 20 days ago", "/dlq?since=20d&until=10d", True),
         ("DLQ list, a queue nobody has", "/dlq?queue=nobody", True),
@@ -99,9 +114,11 @@ def pages(dsn: str, rows: int) -> list[tuple[str, str, bool]]:
         ("DLQ list, a rare queue, second page", "/dlq?queue=queue_rare&before=450&page=2", True),
         ("DLQ row page, newest", f"/dlq/{high}", True),
         ("DLQ row page, oldest", f"/dlq/{low}", True),
+        ("DLQ row page, 10 MB payload", f"/dlq/{big}", True),
         ("DLQ list, text in the newest rows", "/dlq?text=SKU-5", False),
         ("DLQ list, text nowhere (reads every row)", "/dlq?text=no-such-text", False),
         ("overview", "/", False),
+        ("farm", "/farm", False),
     ]
 
 

@@ -69,6 +69,12 @@ class QualifiedName:
         """An index or constraint name next to this table (same schema for indexes)."""
         return sql.Identifier(_check_identifier(self.name + suffix, what))
 
+    def schema_sibling(self, suffix: str, what: str) -> sql.Identifier:
+        """A name next to this table, qualified with its schema: for objects (statistics)
+        that, unlike indexes, would otherwise land in the session's current schema."""
+        name = _check_identifier(self.name + suffix, what)
+        return sql.Identifier(self.schema, name) if self.schema else sql.Identifier(name)
+
     def __str__(self) -> str:
         return f"{self.schema}.{self.name}" if self.schema else self.name
 
@@ -115,4 +121,11 @@ class TableNames:
         if self.dlq is not None:
             ids["dlq"] = self.dlq.identifier()
             ids["dlq_idx"] = self.dlq.sibling("_queue_failed_idx", "DLQ index name")
+            ids["dlq_reason_idx"] = self.dlq.sibling("_reason_idx", "DLQ reason index name")
+            ids["dlq_queue_reason_idx"] = self.dlq.sibling(
+                "_queue_reason_idx", "DLQ queue and reason index name"
+            )
+            ids["dlq_queue_reason_stats"] = self.dlq.schema_sibling(
+                "_reason_stats", "DLQ queue and reason statistics name"
+            )
         return ids

@@ -20,8 +20,11 @@ the DLQ would leave the operator nothing to do but purge it: there is no command
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -32,11 +35,29 @@ from ..db.dlq import DlqFacts, DlqMatch, DlqRow, Done, Summary
 from ..db.operator import DlqReader, UnfitRow
 from ..errors import ConfigurationError
 from ..names import TableNames
+from ..outcome import Reason
 from .durations import When
 
 DEFAULT_BATCH = 1000
 UNFIT_SHOWN = 20  # rows a replay names one by one among those it normalises
 COUNT_CAP = 10_000  # rows `dlq_count` counts one by one before it estimates
+MAX_ID = 2**63 - 1  # ids are bigint
+MAX_QUEUE = 255  # characters: the outbox's queue column is varchar(255)
+REASONS = tuple(reason.value for reason in Reason)
+SETTLE = 3.0  # seconds a preview waits for writers that were running when it counted
+
+
+def check_reason(reason: str | None) -> None:
+    """Refuse a failure reason the farm never writes (a typo would match nothing)."""
+    if reason is not None and reason not in REASONS:
+        raise ConfigurationError(f"reason {reason!r} is not one of {', '.join(REASONS)}")
+
+
+def check_id(row_id: int) -> int:
+    """`row_id` if it can be a DLQ id (1 to 2^63-1); ConfigurationError otherwise."""
+    if not 1 <= row_id <= MAX_ID:
+        raise ConfigurationError(f"{row_id} is not a row id (ids are 1 to {MAX_ID})")
+    return row_id
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,8 @@ class DlqFilter:
         for what, text in (("queue", self.queue), ("reason", self.reason), ("grep", self.grep)):
             if text is not None and "\x00" in text:
                 raise ConfigurationError(f"{what} contains a NUL character, which no row holds")
+        for row_id in self.ids or ():
+            check_id(row_id)
         since, until = self.since or When(), self.until or When()
         return DlqMatch(
             ids=list(self.ids) if self.ids is not None else None,
@@ -67,6 +90,50 @@ class DlqFilter:
             until_ago=until.ago,
             grep=self.grep,
         )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a replay or purge acts on: rows by id, the rows a filter matches, or every row,
+    and never every row by accident. Made by `Selection.of`, the one rule for the CLI and the
+    console."""
+
+    where: DlqFilter
+    everything: bool  # no id and no filter: every row of the DLQ, asked for as such
+
+    @classmethod
+    def of(
+        cls,
+        ids: Sequence[int],
+        where: DlqFilter,
+        every: bool,
+        *,
+        verb: str,
+        filtered: bool | None = None,
+        every_is: str = "every row",
+        filters_are: str = "queue, reason, since, until, text",
+        asked_in: str = "",
+    ) -> Selection:
+        """IDs (narrowed by `where`), a filter, or `every` row. Refused (ConfigurationError,
+        worded for `verb`, and with `every_is` and `filters_are` naming how the caller asks
+        for them, e.g. "--all", and `asked_in` where, e.g. " on the command line"): IDs and
+        `every` together; none of the three; an id out of
+        range; an unknown reason. `filtered` says whether the operator chose the filter (the
+        CLI passes False for one read from the environment only: it narrows, never selects);
+        None: whether `where` filters anything."""
+        ids = tuple(check_id(int(i)) for i in ids)
+        check_reason(where.reason)
+        if ids and every:
+            raise ConfigurationError(
+                f"give IDs or {every_is}, not both: {every_is} would {verb} every row"
+            )
+        chosen = filtered if filtered is not None else where != DlqFilter()
+        if not (ids or every or chosen):
+            raise ConfigurationError(
+                f"say which rows to {verb}{asked_in}: IDs, a filter ({filters_are}) or {every_is}"
+            )
+        where = dataclasses.replace(where, ids=tuple(sorted(set(ids))) if ids else None)
+        return cls(where, every and not ids and where == DlqFilter())
 
 
 @dataclass(frozen=True)
@@ -134,10 +201,14 @@ def dlq_count(
     return db.count_rows(conn, names, where.match(), cap)
 
 
-def dlq_show(conn: Connection, names: TableNames, row_id: int) -> DlqEntry | None:
-    """Row `row_id` with its payload decoded by content type; None when there is none."""
+def dlq_show(
+    conn: Connection, names: TableNames, row_id: int, *, payload_cap: int | None = None
+) -> DlqEntry | None:
+    """Row `row_id` with its payload decoded by content type; None when there is none. With
+    `payload_cap`, only that many bytes of the payload are read and decoded (`payload_bytes`
+    is still the whole size: more than the cap means the payload shown is cut)."""
     _need_dlq(names)
-    row = db.read_row(conn, names, row_id)
+    row = db.read_row(conn, names, check_id(row_id), payload_cap)
     if row is None:
         return None
     return DlqEntry(
@@ -149,17 +220,79 @@ def dlq_show(conn: Connection, names: TableNames, row_id: int) -> DlqEntry | Non
         row.created_at,
         row.failed_at,
         Payload.decode(row.payload, row.headers.get("content-type")),
-        len(row.payload),
+        row.payload_bytes,
         row.headers,
         row.last_exception,
         row.timer_id,
     )
 
 
-def dlq_summary(conn: Connection, names: TableNames, where: DlqFilter) -> Summary:
-    """Counts by queue and reason of the rows `where` matches: what a dry run reports."""
+def dlq_payload(conn: Connection, names: TableNames, row_id: int) -> bytes | None:
+    """Row `row_id`'s payload, whole, as stored; None when there is no such row."""
     _need_dlq(names)
-    return db.summarize(conn, names, where.match())
+    return db.read_payload(conn, names, check_id(row_id))
+
+
+def dlq_summary(
+    conn: Connection, names: TableNames, where: DlqFilter, *, upto: int | None = None
+) -> Summary:
+    """Counts by queue and reason of the rows `where` matches (with ids up to `upto`, None:
+    any): what a dry run reports."""
+    _need_dlq(names)
+    return db.summarize(conn, names, where.match(), upto)
+
+
+def dlq_resolved(conn: Connection, names: TableNames, where: DlqFilter) -> DlqFilter:
+    """`where` with `since` and `until` given as durations ago turned into times, on the
+    database's clock: a plan previewed now and run in a minute acts on the same window."""
+    if all(point is None or point.ago is None for point in (where.since, where.until)):
+        return where
+    _need_dlq(names)
+    now = db.now(conn, names)
+
+    def fixed(point: When | None) -> When | None:
+        if point is None or point.ago is None:
+            return point
+        return When(at=now - timedelta(seconds=point.ago))
+
+    return dataclasses.replace(where, since=fixed(where.since), until=fixed(where.until))
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A dry run whose count stays true: `summary` counts every row with an id up to
+    `summary.upto` that matches, and no row can join them later (`settled`), or that could
+    not be made sure of within the wait (a transaction open since before the count)."""
+
+    summary: Summary
+    settled: bool
+
+
+def dlq_preview(
+    conn: Connection, names: TableNames, where: DlqFilter, *, settle: float = SETTLE
+) -> Preview:
+    """What a replay or purge bounded by the returned `upto` would touch, counted so that the
+    set cannot grow afterwards.
+
+    `max(id)` alone is no boundary: a transaction that took a lower id may commit after the
+    count. So, after a first count, this waits (up to `settle` seconds) until every
+    transaction running at that count has ended, then counts again within its `upto`: every
+    row with a lower id is committed or never will be, so the second count is the set. A
+    writer that took its id before the first count but its transaction id only after it
+    (the id's default evaluated, the row not yet inserted) escapes the wait; the caller's
+    recount at run time (`dlq_summary(upto=...)`, refused when higher) catches that too.
+    """
+    _need_dlq(names)
+    first = dlq_summary(conn, names, where)
+    if not first.rows:
+        return Preview(first, True)
+    xmax = db.snapshot_xmax(conn, names)
+    deadline = time.monotonic() + settle
+    settled = db.horizon_passed(conn, names, xmax)
+    while not settled and time.monotonic() < deadline:
+        time.sleep(0.02)
+        settled = db.horizon_passed(conn, names, xmax)
+    return Preview(dlq_summary(conn, names, where, upto=first.upto), settled)
 
 
 @dataclass(frozen=True)
@@ -202,8 +335,11 @@ def dlq_replay(
 
     `upto` bounds the run to ids up to that one (default: the highest id matching now).
     """
-    if to_queue is not None and ("\x00" in to_queue or not to_queue):
-        raise ConfigurationError("--to-queue must be a non-empty name without NUL characters")
+    if to_queue is not None and ("\x00" in to_queue or not to_queue or len(to_queue) > MAX_QUEUE):
+        raise ConfigurationError(
+            f"--to-queue must be a non-empty name of at most {MAX_QUEUE} characters, without "
+            "NUL characters"
+        )
     _need_dlq(names)
     if upto is None:
         upto = dlq_summary(conn, names, where).upto

@@ -8,6 +8,8 @@ see `outbox_farm.console.security`.
 
 from __future__ import annotations
 
+import ssl
+
 import click
 
 from ..admin.rates import DEFAULT_METRICS_URL
@@ -32,7 +34,8 @@ EXTRA = "pip install 'outbox-farm[console]'"
     show_default=True,
     envvar="OUTBOX_FARM_CONSOLE_BIND",
     metavar="HOST:PORT",
-    help="Where to serve the console. Any address but loopback needs --token-file. "
+    help="Where to serve the console (an IPv6 address in brackets: [::1]:9465). Any address "
+    "but loopback needs --token-file, and TLS: --tls-cert/--tls-key, or --behind-tls-proxy. "
     "[env OUTBOX_FARM_CONSOLE_BIND]",
 )
 @click.option(
@@ -40,9 +43,35 @@ EXTRA = "pip install 'outbox-farm[console]'"
     default=None,
     envvar="OUTBOX_FARM_CONSOLE_TOKEN_FILE",
     metavar="PATH",
-    help="Require a token on every request: the file holds one a line, `name:token` or just "
-    "the token (at least 16 characters); the name shows in the action log. Browsers log in "
-    "with a form, scripts send `Authorization: Bearer TOKEN`. [env OUTBOX_FARM_CONSOLE_TOKEN_FILE]",
+    help="Require a token on every request: the file holds one a line (at least 16 "
+    "characters), `#` comments allowed. A line is `name:token` when it holds exactly one `:` "
+    "after a name of letters, digits, `_`, `.` and `-`; any other line is a token, whole "
+    "(named `token`). The name shows in the action log. Browsers log in with a form, scripts "
+    "send `Authorization: Bearer TOKEN` (and need no CSRF token). "
+    "[env OUTBOX_FARM_CONSOLE_TOKEN_FILE]",
+)
+@click.option(
+    "--tls-cert",
+    default=None,
+    envvar="OUTBOX_FARM_CONSOLE_TLS_CERT",
+    metavar="FILE",
+    help="Serve HTTPS with this certificate chain (PEM); needs --tls-key. The session cookie "
+    "is then Secure. [env OUTBOX_FARM_CONSOLE_TLS_CERT]",
+)
+@click.option(
+    "--tls-key",
+    default=None,
+    envvar="OUTBOX_FARM_CONSOLE_TLS_KEY",
+    metavar="FILE",
+    help="The private key of --tls-cert (PEM). [env OUTBOX_FARM_CONSOLE_TLS_KEY]",
+)
+@click.option(
+    "--behind-tls-proxy",
+    is_flag=True,
+    envvar="OUTBOX_FARM_CONSOLE_BEHIND_TLS_PROXY",
+    help="A proxy in front terminates TLS: serve plain HTTP on a non-loopback --bind, and "
+    "mark the session cookie Secure. Only when no client can reach the console but through "
+    "that proxy. [env OUTBOX_FARM_CONSOLE_BEHIND_TLS_PROXY]",
 )
 @click.option(
     "--read-only",
@@ -91,6 +120,9 @@ def console(
     names: TableNames,
     bind: str,
     token_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    behind_tls_proxy: bool,
     read_only: bool,
     metrics_url: str,
     sample_every: float,
@@ -100,15 +132,17 @@ def console(
     """A web console: queues, dead letters (find, read, replay, purge) and the farm's health.
 
     Serves on 127.0.0.1:9465 by default, open to this machine's users. Any other address
-    refuses to start without --token-file. Every replay and purge shows a dry-run count and
+    refuses to start without --token-file, and without TLS: --tls-cert and --tls-key, or
+    --behind-tls-proxy when a proxy in front terminates it (tokens and session cookies must
+    not cross a network in cleartext). Every replay and purge shows a dry-run count and
     asks for confirmation, and is logged with who did it, the selection and the rows moved.
     With --read-only nothing can be changed.
     """
     try:
         from ..console.app import ConsoleSettings
         from ..console.database import Database
-        from ..console.security import Tokens, check_bind
-        from ..console.serve import serve
+        from ..console.security import Tokens, check_bind, check_transport
+        from ..console.serve import Tls, serve
     except ImportError as exc:
         raise click.ClickException(
             f"the console needs packages that are not installed ({exc.name}): {EXTRA}"
@@ -121,8 +155,19 @@ def console(
         tokens = Tokens.load(token_file)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint="--token-file") from None
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together: give both, or neither")
+    tls = Tls(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
+    if tls is not None:
+        try:  # a bad file is reported here, in one line, not by uvicorn's traceback
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert, tls.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise click.BadParameter(
+                f"cannot load {tls.cert} with {tls.key}: {exc}", param_hint="--tls-cert/--tls-key"
+            ) from None
     try:
         check_bind(host, tokens)
+        check_transport(host, tls is not None, behind_tls_proxy)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
     configure(log_format, log_level)
@@ -137,5 +182,6 @@ def console(
             read_only=read_only,
             metrics_url=metrics_url.strip() or None,
             sample_every=sample_every,
+            secure_cookie=tls is not None or behind_tls_proxy,
         )
-        serve(settings, host, port)
+        serve(settings, host, port, tls)

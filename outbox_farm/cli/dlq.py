@@ -15,8 +15,9 @@ import json
 import click
 
 from ..admin import DlqFilter, Done, When, dlq_list, dlq_purge, dlq_replay, dlq_show
-from ..admin.dlq import DEFAULT_BATCH, dlq_unfit
+from ..admin.dlq import DEFAULT_BATCH, Selection, dlq_unfit
 from ..db.connect import Connection
+from ..errors import ConfigurationError
 from ..names import TableNames
 from ..ops.server import connected
 from ..outcome import Reason
@@ -109,19 +110,26 @@ def _selected(where: DlqFilter, ids: tuple[int, ...], every: bool, verb: str) ->
     """`where` with the IDs; replay and purge never act on the whole DLQ by accident: IDs, a
     filter, or --all, on the command line. A filter read from the environment (say
     OUTBOX_FARM_QUEUE, set for `stats`) narrows the selection but never makes one."""
-    if ids and every:
-        raise click.UsageError(f"give IDs or --all, not both: --all would {verb} every row")
     context = click.get_current_context()
     typed = any(
         context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
         for name in (*FILTERS, "older_than")  # purge's --older-than is a filter too
     )
-    if not (ids or every or typed):
-        raise click.UsageError(
-            f"say which rows to {verb} on the command line: IDs, a filter (--queue, --reason, "
-            f"--since, --until, --grep{', --older-than' if verb == 'purge' else ''}) or --all"
+    filters = "--queue, --reason, --since, --until, --grep"
+    try:
+        selection = Selection.of(
+            ids,
+            where,
+            every,
+            verb=verb,
+            filtered=typed,
+            every_is="--all",
+            filters_are=filters + (", --older-than" if verb == "purge" else ""),
+            asked_in=" on the command line",
         )
-    return dataclasses.replace(where, ids=ids or None)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+    return selection.where
 
 
 @click.group(epilog=EPILOG)

@@ -22,15 +22,18 @@ from starlette.templating import Jinja2Templates
 
 from ..errors import OutboxFarmError
 from ..names import TableNames
-from . import actions, render, views
+from . import actions, login, render, views
 from .database import Database
-from .farm import Sampler
+from .farm import TIMEOUT, Sampler
+from .pages import database_error
 from .security import Signer, Tokens
 from .session import SessionMiddleware
 
 SAMPLE_EVERY = 5.0  # seconds between two readings of the farm's /metrics
 LIVE_EVERY = 2.0  # seconds between two refreshes of a page's live part
 PAGE_SIZE = 50
+STATEMENT_TIMEOUT = 5.0  # seconds a page's statement may run: past it, "narrow the filter"
+ACTION_TIMEOUT = 300.0  # seconds one batch of a replay or purge may run
 
 
 @dataclass
@@ -46,6 +49,10 @@ class ConsoleSettings:
     live_every: float = LIVE_EVERY
     page_size: int = PAGE_SIZE
     count_cap: int = 10_000
+    secure_cookie: bool = False  # served over TLS, here or by a proxy in front
+    statement_timeout: float = STATEMENT_TIMEOUT
+    action_timeout: float = ACTION_TIMEOUT
+    farm_timeout: float = TIMEOUT  # seconds one whole read of /metrics or /healthz may take
 
 
 def _templates() -> Jinja2Templates:
@@ -60,7 +67,11 @@ def _templates() -> Jinja2Templates:
 
 
 def create_app(settings: ConsoleSettings) -> Starlette:
-    sampler = Sampler(settings.metrics_url, settings.sample_every)
+    """The console serving `settings`: its routes behind `SessionMiddleware`, the farm's
+    sampler run for as long as the application (its lifespan), the database's connections
+    closed at the end. Errors of the database become pages (`pages.database_error`)."""
+    settings.database.statement_timeout = settings.statement_timeout
+    sampler = Sampler(settings.metrics_url, settings.sample_every, settings.farm_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -78,13 +89,14 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/overview/live", views.overview_live, name="overview_live"),
         Route("/dlq", views.dlq_list_page, name="dlq"),
         Route("/dlq/{row_id:int}", views.dlq_row, name="dlq_row"),
+        Route("/dlq/{row_id:int}/payload", views.dlq_row_payload, name="dlq_row_payload"),
         Route("/dlq/preview", actions.preview, methods=["POST"], name="dlq_preview"),
         Route("/dlq/run", actions.run, methods=["POST"], name="dlq_run"),
         Route("/farm", views.farm, name="farm"),
         Route("/farm/live", views.farm_live, name="farm_live"),
-        Route("/login", views.login_form, name="login"),
-        Route("/login", views.login, methods=["POST"], name="login_post"),
-        Route("/logout", views.logout, methods=["POST"], name="logout"),
+        Route("/login", login.login_form, name="login"),
+        Route("/login", login.login, methods=["POST"], name="login_post"),
+        Route("/logout", login.logout, methods=["POST"], name="logout"),
         Mount("/static", StaticFiles(packages=[("outbox_farm.console", "static")]), name="static"),
     ]
     app = Starlette(
@@ -92,7 +104,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         middleware=[
             Middleware(SessionMiddleware),
         ],
-        exception_handlers={OutboxFarmError: views.database_error},
+        exception_handlers={OutboxFarmError: database_error},
         lifespan=lifespan,
     )
     app.state.settings = settings

@@ -6,6 +6,12 @@ opens one), and gives it back only if it came back healthy and outside a transac
 connection is in autocommit mode, as the admin API requires (replay and purge commit batch
 by batch). At most `OPEN` are in use at once, whatever the number of requests: the farm's
 database is not the console's to crowd. Used from Starlette's thread pool, hence the lock.
+
+Every statement runs under a `statement_timeout` (a page's by default, an action's when
+asked): a filter the indexes cannot narrow ends in a "narrow the filter" page, not in a
+connection held for minutes. Statements are never prepared server-side: the DLQ filter is one
+statement for every combination of fields, and only a plan made for the values given (a
+custom plan) can use the index that fits them.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..db.connect import Connection, connect
+from ..db.connect import Connection, connect, limit_statements
 from ..errors import OutboxFarmError
 
 KEEP = 4
@@ -26,14 +32,18 @@ IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open on the connec
 class Database:
     """Connections to the server `url` (named `name` in messages: never the password)."""
 
-    def __init__(self, url: str, name: str) -> None:
+    def __init__(self, url: str, name: str, statement_timeout: float = 5.0) -> None:
         self._url, self.name = url, name
+        self.statement_timeout = statement_timeout  # seconds; set before serving
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(OPEN)
 
     @contextmanager
-    def connection(self) -> Iterator[Connection]:
+    def connection(self, statement_timeout: float | None = None) -> Iterator[Connection]:
+        """A connection of this console for the block, in autocommit mode, its statements
+        limited to `statement_timeout` seconds (None: `self.statement_timeout`). Waits up to
+        `WAIT` seconds for one of the `OPEN` slots; OutboxFarmError when none frees up."""
         if not self._slots.acquire(timeout=WAIT):
             raise OutboxFarmError(
                 f"all {OPEN} of the console's connections stayed busy for {WAIT:.0f}s "
@@ -41,6 +51,8 @@ class Database:
             )
         try:
             with self._borrowed() as conn:
+                given = statement_timeout
+                limit_statements(conn, self.statement_timeout if given is None else given)
                 yield conn
         finally:
             self._slots.release()
@@ -51,6 +63,7 @@ class Database:
             conn = self._idle.pop() if self._idle else None
         if conn is None or conn.closed:
             conn = connect(self._url, autocommit=True, name=self.name)
+            conn.prepare_threshold = None  # custom plans only: see the module's docstring
         try:
             yield conn
         except BaseException:

@@ -12,12 +12,15 @@ The history starts when the console starts (it is in memory only).
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import http.client
 import itertools
 import logging
+import socket
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,21 +32,88 @@ from ..dsn import scrub
 
 log = logging.getLogger("outbox_farm.console")
 HISTORY = 15 * 60.0  # seconds of readings kept for the chart
-TIMEOUT = 3.0  # seconds one read of /metrics or /healthz may take
+TIMEOUT = 3.0  # seconds one whole read of /metrics or /healthz may take, connect to last byte
+BODY_CAP = 1 << 20  # bytes: a farm's /metrics is a few KiB; more is not a farm
 
 
 class Unreachable(Exception):
     """The farm did not answer; the message says where and why."""
 
 
-def _fetch(url: str) -> tuple[int, bytes]:
+def shown(url: str) -> str:
+    """`url` without its user and password, as pages and logs show it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class _Deadline:
+    """Cuts a connection's socket when the whole read has taken `seconds`: a per-read socket
+    timeout alone lets a server that trickles a byte every second hold a read for ever."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+        self.conn = conn
+        self.passed = False
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+
+    def _cut(self) -> None:
+        self.passed = True
+        sock = self.conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a recv() blocked in another thread
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        self.conn.close()
+
+
+def _fetch(url: str, timeout: float = TIMEOUT, cap: int = BODY_CAP) -> tuple[int, bytes]:
+    """(status, body) of a GET of `url`, the whole exchange within `timeout` seconds and the
+    body at most `cap` bytes; Unreachable otherwise. Blocking: run it in a thread."""
+    where = shown(url)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Unreachable(f"{where} is not an http(s) URL")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT) as reply:
-            return int(reply.status), reply.read()
-    except urllib.error.HTTPError as exc:  # /healthz answers 503 with a body when unhealthy
-        return exc.code, exc.read()
-    except (OSError, ValueError) as exc:
-        raise Unreachable(f"cannot read {url}: {scrub(str(exc))}") from None
+        conn = kind(parts.hostname, parts.port, timeout=timeout)
+    except ValueError as exc:
+        raise Unreachable(f"cannot read {where}: {exc}") from None
+    headers = {"Accept": "text/plain, application/json"}
+    if parts.username is not None:
+        user, password = parts.username, parts.password or ""
+        pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    with _Deadline(conn, timeout) as deadline:
+        try:
+            conn.request("GET", path, headers=headers)
+            body = bytearray()
+            with conn.getresponse() as reply:  # closed, or its socket outlives the connection
+                status = int(reply.status)
+                while chunk := reply.read1(min(65536, cap + 1 - len(body))):
+                    body += chunk
+                    if len(body) > cap:
+                        raise Unreachable(
+                            f"{where} answered more than {cap:,} bytes: is it a farm?"
+                        )
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            if deadline.passed:
+                raise Unreachable(f"{where} did not answer within {timeout:g}s") from None
+            why = scrub(str(exc)) or type(exc).__name__
+            raise Unreachable(f"cannot read {where}: {why}") from None
+        if deadline.passed:  # cut between two reads: the body may be incomplete
+            raise Unreachable(f"{where} did not answer within {timeout:g}s")
+        return status, bytes(body)
 
 
 def healthz_url(metrics_url: str) -> str:
@@ -97,10 +167,13 @@ def parse_metrics(text: str, at: float, wall: float) -> Reading:
     return Reading(scrape, wall, processes, dict(restarts), relays, xmin, frozenset(queues))
 
 
-def read_metrics(url: str) -> Reading:
-    status, body = _fetch(url)
+def read_metrics(url: str, timeout: float = TIMEOUT) -> Reading:
+    """One reading of the farm's /metrics at `url`, within `timeout` seconds; Unreachable
+    when it does not answer 200 in time (or answers more than `BODY_CAP` bytes). Blocking:
+    only the `Sampler` calls it, in a thread of its own, never a request handler."""
+    status, body = _fetch(url, timeout)
     if status != 200:
-        raise Unreachable(f"{url} answered {status}")
+        raise Unreachable(f"{shown(url)} answered {status}")
     return parse_metrics(body.decode("utf-8", "replace"), time.monotonic(), time.time())
 
 
@@ -119,13 +192,15 @@ class Health:
         return [str(p) for p in problems] if isinstance(problems, list) else [str(problems)]
 
 
-def read_health(metrics_url: str) -> Health:
+def read_health(metrics_url: str, timeout: float = TIMEOUT) -> Health:
+    """The farm's /healthz beside `metrics_url` (503 with problems is an answer, not an
+    error); Unreachable as for `read_metrics`. Blocking, and called by the `Sampler` only."""
     url = healthz_url(metrics_url)
-    status, body = _fetch(url)
+    status, body = _fetch(url, timeout)
     try:
         detail = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise Unreachable(f"{url} answered {status} with no JSON: is it a farm?") from None
+        raise Unreachable(f"{shown(url)} answered {status} with no JSON: is it a farm?") from None
     return Health(status, detail if isinstance(detail, dict) else {"answer": detail})
 
 
@@ -141,28 +216,43 @@ class Point:
 
 @dataclass
 class FarmView:
-    """What the pages show of the farm: the latest rates, or why there are none."""
+    """What the pages show of the farm: the latest rates and health, or why there are none,
+    and how old each reading is (seconds; None before the first)."""
 
-    url: str | None
+    url: str | None  # without credentials
     error: str | None = None
     latest: Reading | None = None
     queues: dict[str, QueueRates] = field(default_factory=dict)
     window: float | None = None  # seconds between the two readings the rates are from
     points: list[Point] = field(default_factory=list)
+    health: Health | None = None
+    health_error: str | None = None
+    metrics_age: float | None = None
+    health_age: float | None = None
 
 
 class Sampler:
-    """Reads /metrics every `every` seconds while the console runs; owns the history.
+    """Reads the farm's /metrics and /healthz every `every` seconds while the console runs;
+    owns the history and the last health.
 
-    Written by its own task (`run`), read by the request handlers on the same event loop: no
-    lock is needed, and a reader never sees a half-made reading.
+    The only reader of the farm: no request ever waits on it, each page shows the last
+    reading and its age. Each read runs in a thread of its own with a hard deadline
+    (`timeout`, connect to last byte) and a body cap, so a farm that answers slowly, or
+    never, delays nothing but the next reading. Every field is written by its own task
+    (`run`) and read by request handlers, all on the event loop: `view` must be called on
+    the loop (never from the thread pool), so a reader never sees a half-made reading.
     """
 
-    def __init__(self, url: str | None, every: float) -> None:
+    def __init__(self, url: str | None, every: float, timeout: float = TIMEOUT) -> None:
         self.url = url or None
         self.every = every
+        self.timeout = timeout
         self.readings: deque[Reading] = deque()
         self.error: str | None = None if url else "no --metrics-url given"
+        self.health: Health | None = None
+        self.health_error: str | None = None if url else "no --metrics-url given"
+        self.metrics_at: float | None = None  # monotonic time of the last attempt to read
+        self.health_at: float | None = None
 
     async def run(self) -> None:
         """Sample until cancelled. A failed read is remembered as the error to show; nothing
@@ -174,16 +264,30 @@ class Sampler:
             await asyncio.sleep(self.every)
 
     async def sample(self) -> None:
+        """One reading of /metrics and one of /healthz, side by side; returns within
+        `timeout` (and a little) whatever the farm does."""
+        await asyncio.gather(self._sample_metrics(), self._sample_health())
+
+    async def _in_thread(self, read: Any) -> Any:
+        # The thread ends by itself at the deadline (its socket is cut); waiting a little
+        # longer here is a second guard that keeps the loop's promise if it somehow did not.
         assert self.url is not None
+        return await asyncio.wait_for(
+            asyncio.to_thread(read, self.url, self.timeout), self.timeout + 2.0
+        )
+
+    async def _sample_metrics(self) -> None:
         try:
-            reading = await asyncio.to_thread(read_metrics, self.url)
-        except Unreachable as exc:
-            self.error = str(exc)
+            reading: Reading = await self._in_thread(read_metrics)
+        except (Unreachable, TimeoutError) as exc:
+            self.error = str(exc) or f"no answer within {self.timeout:g}s"
             return
         except Exception:
             log.exception("reading the farm's metrics failed", extra={"event": "console_sample"})
             self.error = "reading the farm's metrics failed (see the console's log)"
             return
+        finally:
+            self.metrics_at = time.monotonic()
         if self.readings and reading.scrape.at - self.readings[-1].scrape.at <= 0:
             return
         self.error = None
@@ -191,8 +295,29 @@ class Sampler:
         while self.readings and reading.scrape.at - self.readings[0].scrape.at > HISTORY:
             self.readings.popleft()
 
+    async def _sample_health(self) -> None:
+        try:
+            self.health = await self._in_thread(read_health)
+            self.health_error = None
+        except (Unreachable, TimeoutError) as exc:
+            self.health, self.health_error = None, str(exc) or "no answer in time"
+        except Exception:
+            log.exception("reading the farm's /healthz failed", extra={"event": "console_sample"})
+            self.health, self.health_error = None, "reading /healthz failed (see the log)"
+        finally:
+            self.health_at = time.monotonic()
+
     def view(self) -> FarmView:
-        view = FarmView(self.url, self.error)
+        """What the pages show now. On the event loop only (see the class)."""
+        now = time.monotonic()
+        view = FarmView(shown(self.url) if self.url else None, self.error)
+        view.health, view.health_error = self.health, self.health_error
+        if self.url and self.health is None and self.health_error is None:
+            view.health_error = "not read yet"
+        if self.metrics_at is not None:
+            view.metrics_age = now - self.metrics_at
+        if self.health_at is not None:
+            view.health_age = now - self.health_at
         history = list(self.readings)
         if history:
             view.latest = history[-1]

@@ -94,7 +94,14 @@ def number(value: float) -> str:
 
 
 def when(at: datetime | None) -> str:
-    return "-" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    """`at` in UTC, the zone of every page; as given when UTC is out of the years 1 to 9999
+    (0001-01-01T00:00+05:00 is in year 0 in UTC)."""
+    if at is None:
+        return "-"
+    try:
+        return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError):
+        return at.isoformat()
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,26 @@ The console can move and delete dead letters, so the policy is strict and writte
 - **Bind.** Loopback (127.0.0.0/8, ::1, `localhost`) needs no token: whoever can reach it is
   on this machine already. Any other address refuses to start without a token file, so the
   console never faces a network unauthenticated by accident.
-- **Tokens.** A token file holds one token a line, `name:token` or just `token` (named
-  `token`); blank lines and `#` comments are skipped. A token is compared in constant time
-  (`hmac.compare_digest`) on every request: an `Authorization: Bearer` header (scripts), or
-  the session cookie the login form sets (browsers: HttpOnly, SameSite=Strict, signed). The
-  file is read at start: to revoke a token, remove it and restart the console (which also
-  ends every session).
+- **Tokens.** A token file holds one token a line; blank lines and `#` comments are skipped.
+  A line is `name:token` only when it holds exactly one `:` and the part before it is a
+  non-empty name of letters, digits, `_`, `.` and `-`; any other line is a bare token, whole
+  (named `token`), so a token that contains `:` is never split by accident. A token is
+  compared in constant time (`hmac.compare_digest`) on every request: an
+  `Authorization: Bearer` header (scripts), or the session cookie the login form sets
+  (browsers: HttpOnly, SameSite=Strict, signed). The file is read at start: to revoke a
+  token, remove it and restart the console (which also ends every session).
 - **Sessions and CSRF.** A session is a signed cookie naming who it is (a token's name, or
   `loopback`); the signing key is made at start and lives in this process only, so a restart
   logs everyone out and no key sits on disk. Every POST carries a CSRF token, an HMAC of the
-  session under that key, checked in constant time; a bearer client's "session" is its token
-  name. A request whose `Origin` is another site is refused too.
+  session under that key, checked in constant time. A request authenticated by an
+  `Authorization` header needs no CSRF token: a browser never adds that header to a forged
+  cross-site request. A request whose `Origin` is another site is refused too. Logging out
+  revokes the session's nonce in this process, so a copy of the cookie is refused afterwards.
+- **Plans.** A replay or purge runs only what its dry run showed: the confirmation form
+  carries the plan (action, selection, absolute times, `upto`, the count) signed for the
+  session, and `/dlq/run` refuses any plan whose signature does not match.
+- **Transport.** Any other address also needs TLS: served here (`--tls-cert`/`--tls-key`),
+  or by a proxy in front (`--behind-tls-proxy`). Either way the session cookie is `Secure`.
 - **Host.** Without a token, only loopback host names are served: a page of another site
   whose name resolves to 127.0.0.1 (DNS rebinding) gets a 400, not the console.
 """
@@ -27,10 +36,14 @@ import hashlib
 import hmac
 import ipaddress
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from ..errors import ConfigurationError
 
@@ -39,6 +52,7 @@ COOKIE = "outbox_farm_console"
 SESSION_SECONDS = 12 * 3600.0
 MIN_TOKEN_LENGTH = 16
 LOOPBACK_NAME = "loopback"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
@@ -77,11 +91,8 @@ class Tokens:
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            name, colon, token = line.partition(":")
-            name, token = (name.strip(), token.strip()) if colon else ("token", name.strip())
+            name, token = split_token_line(line)
             where = f"{path} line {number}"
-            if not name:
-                raise ConfigurationError(f"{where}: a name before ':' is empty; write name:token")
             if len(token) < MIN_TOKEN_LENGTH:
                 raise ConfigurationError(
                     f"{where}: the token of {name!r} is shorter than {MIN_TOKEN_LENGTH} "
@@ -99,6 +110,7 @@ class Tokens:
 
     @property
     def required(self) -> bool:
+        """Whether every request must prove a token: true as soon as the file named one."""
         return bool(self.by_name)
 
     def who(self, given: str) -> str | None:
@@ -111,6 +123,15 @@ class Tokens:
         return match
 
 
+def split_token_line(line: str) -> tuple[str, str]:
+    """(name, token) of one stripped line of a token file: `name:token` when the line holds
+    exactly one `:` and a valid name before it, else the whole line is the token (`token`)."""
+    name, colon, token = line.partition(":")
+    if colon and ":" not in token and _NAME.match(name.strip()) and token.strip():
+        return name.strip(), token.strip()
+    return "token", line
+
+
 def check_bind(host: str, tokens: Tokens) -> None:
     """Refuse a bind the network can reach unless a token protects it."""
     if not is_loopback(host) and not tokens.required:
@@ -121,15 +142,33 @@ def check_bind(host: str, tokens: Tokens) -> None:
         )
 
 
+def check_transport(host: str, tls: bool, behind_tls_proxy: bool) -> None:
+    """Refuse a bind the network can reach unless its tokens and cookies travel encrypted:
+    TLS served here (--tls-cert/--tls-key), or a TLS proxy in front (--behind-tls-proxy)."""
+    if not is_loopback(host) and not (tls or behind_tls_proxy):
+        raise ConfigurationError(
+            f"--bind {host} is reachable from other machines, and tokens and session cookies "
+            "would cross the network in cleartext: give --tls-cert FILE and --tls-key FILE, "
+            "or --behind-tls-proxy when a proxy in front terminates TLS, or bind 127.0.0.1"
+        )
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
 class Signer:
-    """Sessions and CSRF tokens under one key made for this process."""
+    """Sessions, CSRF tokens and action plans under one key made for this process; and the
+    sessions revoked by logging out.
+
+    `revoked` holds the nonces of sessions logged out in this process (their cookies are
+    refused until they would have expired anyway); written and read by request handlers on
+    the event loop only.
+    """
 
     def __init__(self, key: bytes | None = None) -> None:
         self._key = key or os.urandom(32)
+        self.revoked: dict[str, float] = {}  # session id -> when its cookie expires
 
     def _mac(self, purpose: str, text: str) -> str:
         return _b64(hmac.new(self._key, f"{purpose}\n{text}".encode(), hashlib.sha256).digest())
@@ -143,7 +182,7 @@ class Signer:
     def read_session(self, value: str, now: float | None = None) -> tuple[str, str] | None:
         """(who, session id) of a cookie this process signed and that has not expired."""
         body, _, mac = value.rpartition(".")
-        if not body or not hmac.compare_digest(mac, self._mac("session", body)):
+        if not body or not _same(mac, self._mac("session", body)) or body in self.revoked:
             return None
         encoded, issued, _nonce = body.split(".")
         if (now if now is not None else time.time()) - int(issued) > SESSION_SECONDS:
@@ -151,8 +190,45 @@ class Signer:
         padded = encoded + "=" * (-len(encoded) % 4)
         return base64.urlsafe_b64decode(padded).decode(), body
 
+    def revoke(self, session_id: str, now: float | None = None) -> None:
+        """Refuse the session `session_id` from now on (logout). Entries whose cookie has
+        expired anyway are dropped here, so the set stays as small as the live sessions."""
+        at = now if now is not None else time.time()
+        for stale in [s for s, until in self.revoked.items() if until < at]:
+            del self.revoked[stale]
+        try:
+            issued = int(session_id.split(".")[1])
+        except (IndexError, ValueError):
+            return
+        self.revoked[session_id] = issued + SESSION_SECONDS
+
     def csrf(self, session_id: str) -> str:
+        """The CSRF token every form of session `session_id` carries (an HMAC of it)."""
         return self._mac("csrf", session_id)
 
     def check_csrf(self, session_id: str, given: str) -> bool:
-        return hmac.compare_digest(given.encode(), self.csrf(session_id).encode())
+        """Whether `given` is the CSRF token of `session_id`; constant time, any text."""
+        return _same(given, self.csrf(session_id))
+
+    def sign_plan(self, session_id: str, plan: dict[str, Any]) -> str:
+        """`plan` (JSON-able) as a form value only this process can have made, for this
+        session: read back by `read_plan`."""
+        body = _b64(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS))
+        return body + "." + self._mac("plan", f"{session_id}\n{body}")
+
+    def read_plan(self, session_id: str, value: str) -> dict[str, Any] | None:
+        """The plan signed by `sign_plan` for this session; None for anything else."""
+        body, _, mac = value.rpartition(".")
+        if not body or not _same(mac, self._mac("plan", f"{session_id}\n{body}")):
+            return None
+        try:
+            plan = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        except (ValueError, orjson.JSONDecodeError):
+            return None
+        return plan if isinstance(plan, dict) else None
+
+
+def _same(given: str, expected: str) -> bool:
+    """Constant-time equality of two texts, whatever characters `given` holds (compared as
+    UTF-8 bytes: `hmac.compare_digest` refuses str with non-ASCII characters)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())

@@ -9,44 +9,27 @@ fetched by htmx every few seconds.
 
 from __future__ import annotations
 
-import logging
 import urllib.parse
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
 from ..admin import DlqFilter, QueueStats, When, dlq_count, dlq_list, dlq_show, queue_stats
+from ..admin.dlq import MAX_ID, REASONS, check_reason, dlq_payload
 from ..db.operator import DoctorProbes, StatsReader, XminHolder
 from ..dsn import scrub
 from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError
-from ..outcome import Reason
-from .farm import FarmView, Health, Unreachable, read_health
+from .farm import FarmView
+from .pages import error_page, log, page
 from .render import Chart, StoredException, correlation
-from .security import COOKIE, LOOPBACK_NAME, Signer
-from .session import set_session_cookie
 
-log = logging.getLogger("outbox_farm.console")
 FILTER_FIELDS = ("queue", "reason", "since", "until", "text")
-REASONS = [reason.value for reason in Reason]
 XMIN_LIMIT = 300.0  # seconds, as `doctor --max-xmin-age` by default
-
-
-def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
-    settings = request.app.state.settings
-    context.update(
-        request=request,
-        who=getattr(request.state, "who", None),
-        csrf=getattr(request.state, "csrf", ""),
-        read_only=settings.read_only,
-        tokens_required=settings.tokens.required,
-        live_every_ms=int(settings.live_every * 1000),
-    )
-    templates = request.app.state.templates
-    return templates.TemplateResponse(request, name, context, status_code=status)  # type: ignore[no-any-return]
+PAYLOAD_SHOWN = 65536  # bytes of a payload a row's page shows; the rest is a download
 
 
 # -- overview --------------------------------------------------------------------------------
@@ -60,9 +43,8 @@ class Overview:
     idle: set[str] = field(default_factory=set)
 
 
-def _overview(request: Request) -> Overview:
+def _overview(request: Request, farm: FarmView) -> Overview:
     settings = request.app.state.settings
-    farm: FarmView = request.app.state.sampler.view()
     seen: set[str] = request.app.state.seen  # every queue shown so far, kept for the process
     with settings.database.connection() as conn:
         stats = queue_stats(conn, settings.names)
@@ -80,12 +62,12 @@ def _overview(request: Request) -> Overview:
 
 
 async def overview(request: Request) -> Response:
-    data = await run_in_threadpool(_overview, request)
+    data = await run_in_threadpool(_overview, request, request.app.state.sampler.view())
     return page(request, "overview.html", o=data)
 
 
 async def overview_live(request: Request) -> Response:
-    data = await run_in_threadpool(_overview, request)
+    data = await run_in_threadpool(_overview, request, request.app.state.sampler.view())
     return page(request, "_overview_live.html", o=data)
 
 
@@ -117,18 +99,18 @@ class Filter:
 
 def parse_filter(values: Any) -> Filter:
     """The filter from a query string or a form; a bad value is an `error` to show beside the
-    form (the rest of the filter still applies nothing: an error matches no query)."""
+    form (the rest of the filter still applies nothing: an error matches no query). A time
+    typed without a zone is UTC, the zone every page shows."""
     form = {name: str(values.get(name, "") or "").strip() for name in FILTER_FIELDS}
     try:
-        if form["reason"] and form["reason"] not in REASONS:
-            raise ConfigurationError(
-                f"reason {form['reason']!r} is not one of {', '.join(REASONS)}"
-            )
+        check_reason(form["reason"] or None)
+        if len(form["queue"]) > 255:
+            raise ConfigurationError("a queue name is at most 255 characters")
         where = DlqFilter(
             queue=form["queue"] or None,
             reason=form["reason"] or None,
-            since=When.parse(form["since"]) if form["since"] else None,
-            until=When.parse(form["until"]) if form["until"] else None,
+            since=When.parse(form["since"], UTC) if form["since"] else None,
+            until=When.parse(form["until"], UTC) if form["until"] else None,
             grep=form["text"] or None,
         )
         where.match()  # refuses a NUL character now, not in the middle of a page
@@ -137,12 +119,18 @@ def parse_filter(values: Any) -> Filter:
     return Filter(form, where)
 
 
-def _int(value: str | None, minimum: int) -> int | None:
-    try:
-        number = int(value) if value else None
-    except ValueError:
+def _int(value: str | None, what: str) -> int | None:
+    """A positive bigint from the query string (None when absent); anything else is refused,
+    saying so, rather than sent to the database."""
+    if not value:
         return None
-    return number if number is not None and number >= minimum else None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigurationError(f"{what} {value[:40]!r} is not a whole number") from None
+    if not 1 <= number <= MAX_ID:
+        raise ConfigurationError(f"{what} must be between 1 and {MAX_ID}")
+    return number
 
 
 def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) -> dict[str, Any]:
@@ -152,7 +140,13 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
         if flt.error:
             return {"rows": [], "total": (0, True), "queues": queues, "cap": settings.count_cap}
         rows = dlq_list(conn, settings.names, flt.where, settings.page_size + 1, before=before)
-        total = dlq_count(conn, settings.names, flt.where, settings.count_cap)
+        # A text search reads every row it cannot rule out: counting its matches would cost
+        # as much again, so its pages say "not counted" rather than make the operator wait.
+        total = (
+            None
+            if flt.where.grep is not None
+            else dlq_count(conn, settings.names, flt.where, settings.count_cap)
+        )
     more = len(rows) > settings.page_size
     rows = rows[: settings.page_size]
     first = (number - 1) * settings.page_size + 1
@@ -170,8 +164,8 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
 
 async def dlq_list_page(request: Request) -> Response:
     flt = parse_filter(request.query_params)
-    before = _int(request.query_params.get("before"), 1)
-    number = _int(request.query_params.get("page"), 1) or 1
+    before = _int(request.query_params.get("before"), "before")
+    number = _int(request.query_params.get("page"), "page") or 1
     if before is None:
         number = 1
     data = await run_in_threadpool(_dlq_page, request, flt, before, number)
@@ -186,29 +180,58 @@ async def dlq_list_page(request: Request) -> Response:
     )
 
 
+def _gone(request: Request, row_id: int) -> Response:
+    return error_page(
+        request,
+        404,
+        "No such dead letter",
+        f"There is no DLQ row {row_id}: it may have been replayed or purged.",
+    )
+
+
 async def dlq_row(request: Request) -> Response:
+    """A row's page; its payload shown up to `PAYLOAD_SHOWN` bytes, the whole a download."""
     settings = request.app.state.settings
-    row_id = int(request.path_params["row_id"])
+    row_id = _int(str(request.path_params["row_id"]), "a row id") or 0
 
     def read() -> Any:
         with settings.database.connection() as conn:
-            return dlq_show(conn, settings.names, row_id)
+            return dlq_show(conn, settings.names, row_id, payload_cap=PAYLOAD_SHOWN)
 
     entry = await run_in_threadpool(read)
     if entry is None:
-        return page(
-            request,
-            "error.html",
-            status=404,
-            title="No such dead letter",
-            message=f"There is no DLQ row {row_id}: it may have been replayed or purged.",
-        )
+        return _gone(request, row_id)
     return page(
         request,
         "dlq_row.html",
         e=entry,
+        cut=entry.payload_bytes > PAYLOAD_SHOWN,
+        shown_bytes=PAYLOAD_SHOWN,
         correlation=correlation(entry.headers),
         exception=StoredException.parse(entry.last_exception),
+    )
+
+
+async def dlq_row_payload(request: Request) -> Response:
+    """A row's payload, whole, as a download: never rendered by the browser (octet-stream,
+    attachment, nosniff), whatever its content type claims."""
+    settings = request.app.state.settings
+    row_id = _int(str(request.path_params["row_id"]), "a row id") or 0
+
+    def read() -> bytes | None:
+        with settings.database.connection() as conn:
+            return dlq_payload(conn, settings.names, row_id)
+
+    body = await run_in_threadpool(read)
+    if body is None:
+        return _gone(request, row_id)
+    return Response(
+        body,
+        media_type="application/octet-stream",
+        headers={
+            "Content-Disposition": f'attachment; filename="dlq-{row_id}-payload.bin"',
+            "X-Content-Type-Options": "nosniff",
+        },
     )
 
 
@@ -217,25 +240,14 @@ async def dlq_row(request: Request) -> Response:
 
 @dataclass
 class FarmPage:
-    farm: FarmView
-    health: Health | None
-    health_error: str | None
+    farm: FarmView  # with the farm's health: the sampler's last reading of /healthz
     xmin: XminHolder | None
     xmin_error: str | None
     xmin_limit: float = XMIN_LIMIT
 
 
-def _farm(request: Request) -> FarmPage:
+def _farm(request: Request, farm: FarmView) -> FarmPage:
     settings = request.app.state.settings
-    farm: FarmView = request.app.state.sampler.view()
-    health = health_error = None
-    if settings.metrics_url:
-        try:
-            health = read_health(settings.metrics_url)
-        except Unreachable as exc:
-            health_error = str(exc)
-    else:
-        health_error = "no --metrics-url given"
     xmin = xmin_error = None
     try:
         with settings.database.connection() as conn:
@@ -245,84 +257,16 @@ def _farm(request: Request) -> FarmPage:
         log.warning("console: the xmin probe failed", exc_info=True)
     except OutboxFarmError as exc:
         xmin_error = scrub(str(exc))
-    return FarmPage(farm, health, health_error, xmin, xmin_error)
+    return FarmPage(farm, xmin, xmin_error)
 
 
 async def farm(request: Request) -> Response:
-    return page(request, "farm.html", f=await run_in_threadpool(_farm, request))
+    """The farm's processes, restarts, relays and health as last read by the sampler (never
+    read here: a slow farm must not hold a page), and the database's xmin horizon."""
+    view = request.app.state.sampler.view()
+    return page(request, "farm.html", f=await run_in_threadpool(_farm, request, view))
 
 
 async def farm_live(request: Request) -> Response:
-    return page(request, "_farm_live.html", f=await run_in_threadpool(_farm, request))
-
-
-# -- login -----------------------------------------------------------------------------------
-
-
-def _next(value: str | None) -> str:
-    """Where to go after logging in: a path of this console only, never another site."""
-    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
-        return value
-    return "/"
-
-
-async def login_form(request: Request) -> Response:
-    if not request.app.state.settings.tokens.required:
-        return RedirectResponse("/", status_code=303)
-    return page(request, "login.html", next=_next(request.query_params.get("next")), error=None)
-
-
-async def login(request: Request) -> Response:
-    settings = request.app.state.settings
-    if not settings.tokens.required:
-        return RedirectResponse("/", status_code=303)
-    form = await request.form()
-    target = _next(str(form.get("next") or ""))
-    who = settings.tokens.who(str(form.get("token") or ""))
-    if who is None:
-        log.warning("console login refused", extra={"event": "console_login_refused"})
-        return page(
-            request, "login.html", status=401, next=target, error="That token is not valid."
-        )
-    signer: Signer = request.app.state.signer
-    response = RedirectResponse(target, status_code=303)
-    set_session_cookie(response, signer.session(who), request.url.scheme == "https")
-    log.info("console login: %s", who, extra={"event": "console_login", "who": who})
-    return response
-
-
-async def logout(request: Request) -> Response:
-    await checked_form(request)
-    response = RedirectResponse(
-        "/login" if request.app.state.settings.tokens.required else "/", 303
-    )
-    response.delete_cookie(COOKIE, path="/")
-    return response
-
-
-async def checked_form(request: Request) -> Any:
-    """The POSTed form, once its CSRF token proved it came from a page of this session."""
-    form = await request.form()
-    given = str(form.get("csrf") or request.headers.get("x-csrf-token") or "")
-    signer: Signer = request.app.state.signer
-    if getattr(request.state, "who", None) is None or not signer.check_csrf(
-        request.state.session, given
-    ):
-        raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
-    return form
-
-
-def who(request: Request) -> str:
-    return str(getattr(request.state, "who", None) or LOOPBACK_NAME)
-
-
-async def database_error(request: Request, exc: Exception) -> Response:
-    """The database refused or could not be reached: a page saying so, status 503 (the next
-    request tries again). A page never names the server: its address is for the log."""
-    if isinstance(exc, ConfigurationError):
-        return page(request, "error.html", 400, title="Not possible", message=str(exc))
-    log.warning("console: %s", scrub(str(exc)), extra={"event": "console_database_error"})
-    message = scrub(str(exc))
-    if isinstance(exc, ConnectionLost):  # its message names the server: the log has it
-        message = "The database cannot be reached (the console's log says why); reload to retry."
-    return page(request, "error.html", 503, title="The database did not answer", message=message)
+    view = request.app.state.sampler.view()
+    return page(request, "_farm_live.html", f=await run_in_threadpool(_farm, request, view))

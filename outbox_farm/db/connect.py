@@ -14,6 +14,7 @@ import psycopg
 
 from ..dsn import redact, scrub
 from ..errors import ConnectionLost
+from .boundary import boundary
 
 Connection: TypeAlias = psycopg.Connection[Any]
 AsyncConnection: TypeAlias = psycopg.AsyncConnection[Any]
@@ -38,3 +39,14 @@ def connect(dsn: str, *, autocommit: bool = False, name: str | None = None) -> C
             "running."
         )
         raise ConnectionLost(scrub(message, dsn)) from exc
+
+
+def limit_statements(conn: Connection, seconds: float) -> None:
+    """Make the server end any statement of this session that runs longer than `seconds`
+    (SQLSTATE 57014, a `DatabaseError`): a caller that serves people (the console) would
+    rather say "narrow the filter" than hold a connection for minutes."""
+    with boundary():
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false)",
+            [f"{max(1, round(seconds * 1000))}ms"],
+        )

@@ -63,12 +63,14 @@ class DlqRow(DlqFacts):
 
 @dataclass(frozen=True)
 class DlqRecord(DlqFacts):
-    """One row whole, as stored."""
+    """One row as stored; `payload` whole, or its first bytes when read with a cap
+    (`payload_bytes` is the whole size either way)."""
 
     payload: bytes
     headers: dict[str, Any]
     last_exception: str | None
     timer_id: str | None
+    payload_bytes: int
 
 
 @dataclass(frozen=True)
@@ -135,12 +137,18 @@ def list_rows(
     ]
 
 
-def read_row(conn: Connection, names: TableNames, row_id: int) -> DlqRecord | None:
-    """Row `row_id`; None when there is none."""
-    rows = _all(conn, names, AdminSql(names).render("admin_dlq_show"), {"id": row_id})
+def read_row(
+    conn: Connection, names: TableNames, row_id: int, payload_cap: int | None = None
+) -> DlqRecord | None:
+    """Row `row_id`, with at most `payload_cap` bytes of its payload (None: all of it); None
+    when there is none."""
+    statement = AdminSql(names).render("admin_dlq_show")
+    rows = _all(conn, names, statement, {"id": row_id, "cap": payload_cap})
     if not rows:
         return None
-    rid, original, queue, reason, deliveries, created, failed, body, headers, exc, timer = rows[0]
+    rid, original, queue, reason, deliveries, created, failed, body, headers, exc, timer, size = (
+        rows[0]
+    )
     return DlqRecord(
         rid,
         original,
@@ -153,7 +161,33 @@ def read_row(conn: Connection, names: TableNames, row_id: int) -> DlqRecord | No
         _object(headers),
         exc,
         timer,
+        int(size),
     )
+
+
+def read_payload(conn: Connection, names: TableNames, row_id: int) -> bytes | None:
+    """Row `row_id`'s payload, whole; None when there is no such row."""
+    rows = _all(conn, names, AdminSql(names).render("admin_dlq_payload"), {"id": row_id})
+    return bytes(rows[0][0]) if rows else None
+
+
+def now(conn: Connection, names: TableNames) -> datetime:
+    """The database's clock."""
+    ((at,),) = _all(conn, names, AdminSql(names).render("admin_now"), {})
+    return at  # type: ignore[no-any-return]
+
+
+def snapshot_xmax(conn: Connection, names: TableNames) -> int:
+    """The first transaction id unassigned at this statement's snapshot."""
+    ((xmax,),) = _all(conn, names, AdminSql(names).render("admin_snapshot_xmax"), {})
+    return int(xmax)
+
+
+def horizon_passed(conn: Connection, names: TableNames, xmax: int) -> bool:
+    """Whether every transaction with an id below `xmax` has ended."""
+    statement = AdminSql(names).render("admin_horizon_passed")
+    ((passed,),) = _all(conn, names, statement, {"xmax": xmax})
+    return bool(passed)
 
 
 def count_rows(conn: Connection, names: TableNames, match: DlqMatch, cap: int) -> tuple[int, bool]:
@@ -170,10 +204,13 @@ def count_rows(conn: Connection, names: TableNames, match: DlqMatch, cap: int) -
     return max(Plan.parse(explained).rows, int(counted)), False
 
 
-def summarize(conn: Connection, names: TableNames, match: DlqMatch) -> Summary:
-    """Counts by queue and reason of the rows matching, and the highest id among them."""
+def summarize(
+    conn: Connection, names: TableNames, match: DlqMatch, upto: int | None = None
+) -> Summary:
+    """Counts by queue and reason of the rows matching (with ids up to `upto`, None: any),
+    and the highest id among them."""
     statement = AdminSql(names).render("admin_dlq_summary", match="admin_dlq_match")
-    rows = _all(conn, names, statement, asdict(match))
+    rows = _all(conn, names, statement, asdict(match) | {"upto": upto})
     return Summary(
         [
             SummaryLine(queue, reason, count, first, last)

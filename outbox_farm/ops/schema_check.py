@@ -69,7 +69,13 @@ OUTBOX_INDEXES = (
         "ordering index", ("queue", "ordering_key", "id"), False, "ordering_key IS NOT NULL"
     ),
 )
-DLQ_INDEXES = (ExpectedIndex("failure index", ("queue", "failed_at"), False, None),)
+DLQ_INDEXES = (
+    ExpectedIndex("failure index", ("queue", "failed_at"), False, None),
+    ExpectedIndex("reason index (migration 0007)", ("failure_reason", "id"), False, None),
+    ExpectedIndex(
+        "queue and reason index (migration 0007)", ("queue", "failure_reason", "id"), False, None
+    ),
+)
 FIX_HINT = (
     "run `outbox-farm migrate`, or for a drifted index or CHECK drop it and recreate it as "
     "`outbox-farm sql` prints it"

@@ -35,23 +35,47 @@ ORDER BY d.id DESC
 LIMIT %(limit)s
 
 -- name: admin_dlq_show
--- `created_at` as in `admin_dlq_list`.
+-- `created_at` as in `admin_dlq_list`. The payload whole, or its first `cap` bytes (a page
+-- need not carry 10 MB to show what a message was), with its whole size.
 SELECT d.id, d.original_id, d.queue, d.failure_reason, d.deliveries_count,
        CASE WHEN d.created_at BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
             THEN d.created_at END,
-       d.failed_at, d.payload, d.headers, d.last_exception, d.timer_id
+       d.failed_at,
+       CASE WHEN %(cap)s::integer IS NULL THEN d.payload
+            ELSE substring(d.payload FROM 1 FOR %(cap)s::integer) END,
+       d.headers, d.last_exception, d.timer_id, octet_length(d.payload)::bigint
 FROM {dlq} AS d
 WHERE d.id = %(id)s
+
+-- name: admin_dlq_payload
+-- One row's payload, whole: the download of a payload too big to show.
+SELECT d.payload FROM {dlq} AS d WHERE d.id = %(id)s
 
 -- name: admin_dlq_summary
 -- What a replay or purge with this filter would touch, by queue and reason; `max(id)` bounds
 -- the operation to the rows counted here, so rows failing meanwhile are left for later.
+-- `upto` (NULL: none) counts only ids up to a bound taken before: the recount of a preview.
 SELECT d.queue, d.failure_reason, count(*)::bigint, min(d.failed_at), max(d.failed_at),
        max(d.id)
 FROM {dlq} AS d
-WHERE {match}
+WHERE {match} AND (%(upto)s::bigint IS NULL OR d.id <= %(upto)s::bigint)
 GROUP BY d.queue, d.failure_reason
 ORDER BY d.queue, d.failure_reason
+
+-- name: admin_snapshot_xmax
+-- The first transaction id not yet started when this statement's snapshot was taken: every
+-- transaction that could still commit a row the count did not see has a lower one (or had
+-- already taken its id, see `admin.dlq.dlq_preview`).
+SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+
+-- name: admin_horizon_passed
+-- Whether every transaction below `xmax` has ended (committed or rolled back): the oldest
+-- transaction still running is at or past it.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= %(xmax)s::bigint
+
+-- name: admin_now
+-- The database clock, which relative times (`2h` ago) are measured on.
+SELECT now()
 
 -- name: admin_dlq_count
 -- At most `cap` rows matching the filter, counted: exact below the cap, milliseconds whatever

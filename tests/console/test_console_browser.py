@@ -143,7 +143,7 @@ def test_filter_open_replay_and_see_it_handled_then_purge_by_filter(
         page.click('#filters button[type="submit"]')
         page.wait_for_url("**/dlq?*text=order*")
         assert page.locator("#dlq-rows tbody tr").count() == 1
-        assert "Rows 1–1 of 1" in page.locator("#dlq-count").inner_text()
+        assert "Rows 1–1 matching" in page.locator("#dlq-count").inner_text()
         page.screenshot(path=str(tmp_path / "dlq-filtered.png"), full_page=True)
         # Open the row, replay it: a dry run first, then the confirmation.
         page.click(f'a[href="/dlq/{target}"]')
@@ -225,3 +225,24 @@ def test_read_only_shows_no_action(page: Any, tmp_path: Path, dsn: str, conn: Co
         page.goto(console.url + f"/dlq/{row}")
         assert page.locator("#payload").count() == 1  # reading still works
     assert dlq_ids(conn) == {row}
+
+
+def test_a_live_part_says_so_when_its_session_ends(
+    page: Any, tmp_path: Path, dsn: str, conn: Conn
+) -> None:
+    token = "s3cret-token-of-alice-0123456789"
+    (tmp_path / "tokens").write_text(f"alice:{token}\n")
+    fail(conn, 1)
+    args = ("--metrics-url", "", "--token-file", str(tmp_path / "tokens"))
+    with console_process(tmp_path, dsn, *args) as console:
+        page.goto(console.url + "/")
+        page.fill('input[name="token"]', token)
+        page.click('button[type="submit"]')
+        page.wait_for_url(console.url + "/")
+        assert page.locator("#queues").count() == 1  # the positive control: the live part
+        csrf = page.locator('input[name="csrf"]').first.get_attribute("value")
+        # The session ends elsewhere (another tab logs out): the next refresh is refused.
+        page.request.post(console.url + "/logout", form={"csrf": csrf})
+        page.locator("#live-error").wait_for(state="visible")
+        assert "session has ended" in page.locator("#live-error").inner_text()
+        assert page.locator("#queues").count() == 0  # the stale numbers are gone

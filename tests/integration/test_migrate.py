@@ -42,6 +42,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0004_lease_expiry on outbox",
             "0005_ordering_key on outbox",
             "0006_row_values_check on outbox",
+            "0007_dlq_filter_indexes on outbox_dlq",
         ]
         assert result.already == []
         assert lines == [
@@ -51,6 +52,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0004_lease_expiry on outbox",
             "applying 0005_ordering_key on outbox",
             "applying 0006_row_values_check on outbox",
+            "applying 0007_dlq_filter_indexes on outbox_dlq",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -61,6 +63,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
             ("outbox_dlq", 2, "dlq"),
+            ("outbox_dlq", 7, "dlq_filter_indexes"),
         ]
         assert check_schema(conn, DEFAULT) == []
 
@@ -78,9 +81,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0004_lease_expiry on outbox",
             "0005_ordering_key on outbox",
             "0006_row_values_check on outbox",
+            "0007_dlq_filter_indexes on outbox_dlq",
         ]
         assert lines == []
-        assert len(records(conn)) == 6
+        assert len(records(conn)) == 7
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -122,6 +126,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0004_lease_expiry on outbox",
         "0005_ordering_key on outbox",
         "0006_row_values_check on outbox",
+        "0007_dlq_filter_indexes on outbox_dlq",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -132,6 +137,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
             ("outbox_dlq", 2, "dlq"),
+            ("outbox_dlq", 7, "dlq_filter_indexes"),
         ]
         tables = conn.execute(
             "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE 'outbox%%'"
@@ -152,6 +158,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0004_lease_expiry on jobs",
             "0005_ordering_key on jobs",
             "0006_row_values_check on jobs",
+            "0007_dlq_filter_indexes on jobs_dead",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -168,15 +175,17 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "jobs_timer_id_uq",
             "jobs_order_idx",
             "jobs_dead_queue_failed_idx",
+            "jobs_dead_reason_idx",
+            "jobs_dead_queue_reason_idx",
         } <= indexes
         assert check_schema(conn, TableNames.build("jobs", "jobs_dead")) == []
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
             *["jobs"] * 5,
-            "jobs_dead",
+            *["jobs_dead"] * 2,
             *["outbox"] * 5,
-            "outbox_dlq",
+            *["outbox_dlq"] * 2,
         ]
 
 
@@ -192,6 +201,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0004_lease_expiry on app.jobs",
             "0005_ordering_key on app.jobs",
             "0006_row_values_check on app.jobs",
+            "0007_dlq_filter_indexes on app.jobs_dlq",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -229,7 +239,10 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
-        assert migrate(conn, DEFAULT).applied == ["0002_dlq on outbox_dlq"]
+        assert migrate(conn, DEFAULT).applied == [
+            "0002_dlq on outbox_dlq",
+            "0007_dlq_filter_indexes on outbox_dlq",
+        ]
 
 
 @pytest.mark.parametrize(
@@ -247,7 +260,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (5 if dlq is None else 6)
+        assert len(result.applied) == (5 if dlq is None else 7)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

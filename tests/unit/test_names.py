@@ -38,6 +38,9 @@ def test_default_names_and_derived_identifiers() -> None:
         "values_ck": '"outbox_values_ck"',
         "dlq": '"outbox_dlq"',
         "dlq_idx": '"outbox_dlq_queue_failed_idx"',
+        "dlq_reason_idx": '"outbox_dlq_reason_idx"',
+        "dlq_queue_reason_idx": '"outbox_dlq_queue_reason_idx"',
+        "dlq_queue_reason_stats": '"outbox_dlq_reason_stats"',
     }
 
 
