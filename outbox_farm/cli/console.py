@@ -18,7 +18,7 @@ from ..names import TableNames
 from ..ops.log_setup import configure
 from ..ops.server import located
 from ..settings import parse_bind
-from .options import EPILOG, dsn_options, table_options
+from .options import EPILOG, dsn_options, log_format_option, table_options
 from .output import notice
 
 DEFAULT_BIND = "127.0.0.1:9465"
@@ -98,15 +98,7 @@ EXTRA = "pip install 'outbox-farm[console]'"
     help="Seconds between two readings of the farm's /metrics (the chart keeps 15 minutes). "
     "[env OUTBOX_FARM_CONSOLE_SAMPLE_EVERY]",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    envvar="OUTBOX_FARM_LOG_FORMAT",
-    help="One line per event (every replay and purge included), as text or JSON. "
-    "[env OUTBOX_FARM_LOG_FORMAT]",
-)
+@log_format_option("One line per event (every replay and purge included)")
 @click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),

@@ -206,3 +206,15 @@ def json_option(shape: str = "one object") -> Decorator:
         envvar="OUTBOX_FARM_JSON",
         help=f"Print JSON ({shape}) instead of text. [env OUTBOX_FARM_JSON]",
     )
+
+
+def log_format_option(lines: str = "One line per event") -> Decorator:
+    """--log-format, for the commands that run a while and log (`start`, `console`)."""
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        envvar="OUTBOX_FARM_LOG_FORMAT",
+        help=f"{lines}, as text or JSON. [env OUTBOX_FARM_LOG_FORMAT]",
+    )

@@ -16,6 +16,7 @@ from .options import (
     EPILOG,
     dsn_options,
     duration,
+    log_format_option,
     parsed,
     seconds_option,
     usage_error,
@@ -150,14 +151,7 @@ def _queues(text: str) -> tuple[str, ...] | None:
     help="Apply migrations before starting (default: only with --embedded). "
     "[env OUTBOX_FARM_MIGRATE]",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    envvar="OUTBOX_FARM_LOG_FORMAT",
-    help="One line per event, as text or JSON. [env OUTBOX_FARM_LOG_FORMAT]",
-)
+@log_format_option()
 @click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
