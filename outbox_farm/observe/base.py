@@ -86,6 +86,10 @@ class Observer:
     def relay_connection(self, target: str, up: bool) -> None:
         """The relay to `target` connected (`up`) or lost its broker."""
 
+    def stopped(self) -> None:
+        """The runtime stopped: nothing more is reported. An observer that buffers what it
+        was told (the metrics one does, for a moment) writes it out here."""
+
 
 _EVENTS = [name for name in vars(Observer) if not name.startswith("_")]
 

@@ -26,6 +26,7 @@ from ..message import Message
 from ..observe import Observer
 from ..outcome import Outcome
 from .completer import Completer
+from .inbox import Inbox
 from .inflight import Ledger
 from .invoke import call_path, on_failure, timed_out
 from .supervised import Supervisor
@@ -63,7 +64,7 @@ class Executors:
     def __init__(
         self,
         spec: HandlerSpec,
-        inbox: asyncio.Queue[Message | None],
+        inbox: Inbox[Message | None],
         ledger: Ledger,
         completer: Completer,
         observer: Observer,

@@ -31,6 +31,7 @@ from ..metrics import metrics
 from ..observe import Observer
 from ..queries import Queries
 from ..tokens import lease_token
+from .inbox import Inbox
 from .inflight import Ledger
 from .problems import Problems, Stall
 from .supervised import Supervisor
@@ -61,7 +62,7 @@ class Fetcher:
         spec: HandlerSpec,
         pool: Pool,
         queries: Queries,
-        inbox: asyncio.Queue[Message | None],
+        inbox: Inbox[Message | None],
         observer: Observer,
         *,
         poll_interval: float = 0.5,

@@ -32,6 +32,7 @@ from .completer import Completer
 from .executor import Executors
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
+from .inbox import Inbox
 from .inflight import Ledger
 from .listener import Listener
 from .problems import Problems
@@ -137,7 +138,7 @@ class Runtime:
 
         self.observer.serving([spec.queue for spec in self.specs])
         for spec in self.specs:
-            inbox: asyncio.Queue[Message | None] = asyncio.Queue()
+            inbox: Inbox[Message | None] = Inbox()
             fetcher = Fetcher(
                 spec,
                 self.pool,
@@ -253,6 +254,7 @@ class Runtime:
         # A pool's close waits for its connection attempts no longer than its timeout.
         closes = (pool.close(timeout=CANCEL_GRACE) for pool in self._pools)
         await self._step("close pools", time.monotonic() + 2 * CANCEL_GRACE, *closes)
+        self.observer.stopped()
         log.info("outbox_farm stopped", extra={"event": "stopped"})
 
     async def _step(self, what: str, until: float | None, *steps: Awaitable[None]) -> None:
