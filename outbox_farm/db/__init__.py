@@ -1,7 +1,7 @@
 """Storage: the only code of the runtime that talks to the database.
 
 Typed functions over a connection pool and the composed `Queries`: rows come back as named
-tuples, writes report the (id, token) pairs they matched. Every driver error is translated
+tuples, writes report which of their rows they matched. Every driver error is translated
 once, here (`boundary`), into the `outbox_farm.errors` family, so the loops above decide
 whether to retry, report or give up from those classes alone and never import psycopg.
 

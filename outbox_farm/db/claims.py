@@ -164,12 +164,12 @@ async def claim(
     limit: int,
     lease_ttl: float,
     token: uuid.UUID,
-    held: list[int],
+    held: list[uuid.UUID],
     far: bool = True,
 ) -> list[ClaimedRow]:
     """Take up to `limit` claimable rows of `queue` (expired leases first, then due rows) under
     `token`, for `lease_ttl` seconds on the database clock, counting a delivery on each. Rows
-    whose ids are in `held` are never taken, even when their lease ran out. `far`: look for
+    claimed under a token in `held` are never taken, even when their lease ran out. `far`: look for
     rows due beyond what a client can load as well (see the statement)."""
     params = {
         "queue": queue,

@@ -1,8 +1,8 @@
 """The completer's writes: lease-guarded, set-based statements, one flush through one pipeline.
 
 A `Write` describes one statement over many rows (`ack`, `retry`, `release`, `dead_letter`);
-`Flush.send` runs it and says which (id, token) pairs it matched, so a caller can tell a row
-written from one whose lease another runner holds. A write is a description rather than a call
+`Flush.send` runs it and says which of its rows it matched (by position), so a caller can tell
+a row written from one whose lease another runner holds. A write is a description rather than a call
 because it may be sent more than once: after a lost connection the caller opens a new flush
 and sends again what was left.
 
@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any
 
 import psycopg
 
@@ -30,9 +30,6 @@ from ..errors import ConnectionLost, DatabaseError
 from ..queries import Queries
 from .boundary import DRIVER_ERRORS, boundary, translate
 from .pool import Pool
-
-Lease: TypeAlias = tuple[int, uuid.UUID]
-"""A row id and the lease token it was claimed under."""
 
 
 @dataclass(slots=True)
@@ -49,7 +46,19 @@ class Write:
     resent: bool = False
 
     def params(self) -> dict[str, Any]:
-        return {"ids": self.ids, "tokens": self.tokens, **self.columns}
+        """The statement's arguments: each row's token as a position (from 1) in the list of
+        the write's distinct tokens (found by identity: a claim's rows share one object, and
+        an equal token twice in the list would still match)."""
+        tokens: list[uuid.UUID] = []
+        slot_of: dict[int, int] = {}
+        slots: list[int] = []
+        for token in self.tokens:
+            slot = slot_of.get(id(token))
+            if slot is None:
+                tokens.append(token)
+                slot = slot_of[id(token)] = len(tokens)
+            slots.append(slot)
+        return {"ids": self.ids, "slots": slots, "tokens": tokens, **self.columns}
 
     def row(self, index: int) -> Write:
         """The same statement for the one row at `index`."""
@@ -100,13 +109,14 @@ def dead_letter(
 
 @dataclass(frozen=True, slots=True)
 class Written:
-    """What one write did. `matched`: the (id, token) pairs written. Of the others, `refused`
-    were refused by the database (each tried alone), `unconfirmed` (ids) were found gone or
-    free after a resend, and the rest are held under another token or gone."""
+    """What one write did, its rows named by their positions in the write (from 0).
+    `matched`: the rows written. Of the others, `refused` were refused by the database (each
+    tried alone), `unconfirmed` were found gone or free after a resend, and the rest are held
+    under another token or gone."""
 
-    matched: set[Lease]
+    matched: set[int]
     unconfirmed: set[int] = field(default_factory=set)
-    refused: dict[Lease, DatabaseError] = field(default_factory=dict)
+    refused: dict[int, DatabaseError] = field(default_factory=dict)
 
 
 class Flush:
@@ -133,7 +143,7 @@ class Flush:
         try:
             await cursor.execute(self._queries[write.statement], write.params())
             await self._pipe.sync()
-            matched = {(row[0], row[1]) for row in await cursor.fetchall()}
+            matched = {row[0] for row in await cursor.fetchall()}
         except DRIVER_ERRORS as exc:
             # The session's end (57P01, say) may be read before libpq sees the socket close.
             error = translate(exc, lost=conn.broken or conn.closed)
@@ -145,29 +155,27 @@ class Flush:
             return Written(matched, await self._unconfirmed(write, matched))
         return Written(matched)
 
-    async def _unconfirmed(self, write: Write, matched: set[Lease]) -> set[int]:
+    async def _unconfirmed(self, write: Write, matched: set[int]) -> set[int]:
         """Of the rows a resent write did not match, those gone or free: the first attempt
         most likely wrote them. The rest are held under another token."""
-        missed = [
-            row_id
-            for row_id, token in zip(write.ids, write.tokens, strict=True)
-            if (row_id, token) not in matched
-        ]
+        missed = [n for n in range(len(write.ids)) if n not in matched]
         if not missed:
             return set()
         with boundary():
             cursor = self._conn.cursor()
-            await cursor.execute(self._queries["lease_holders"], {"ids": missed})
+            await cursor.execute(
+                self._queries["lease_holders"], {"ids": [write.ids[n] for n in missed]}
+            )
             await self._pipe.sync()
             held = {row[0] for row in await cursor.fetchall() if row[1] is not None}
-        return set(missed) - held
+        return {n for n in missed if write.ids[n] not in held}
 
     async def _isolate(self, write: Write, error: DatabaseError) -> Written:
         """The statement was refused as a whole: each row alone, on a pooled connection."""
         if len(write.ids) == 1:
-            return Written(set(), refused={(write.ids[0], write.tokens[0]): error})
-        matched: set[Lease] = set()
-        refused: dict[Lease, DatabaseError] = {}
+            return Written(set(), refused={0: error})
+        matched: set[int] = set()
+        refused: dict[int, DatabaseError] = {}
         for index in range(len(write.ids)):
             single = write.row(index)
             query = self._queries[single.statement]
@@ -175,9 +183,10 @@ class Flush:
                 with boundary():
                     async with self._pool.connection() as conn:
                         cursor = await conn.execute(query, single.params())
-                        matched.update((row[0], row[1]) for row in await cursor.fetchall())
+                        if await cursor.fetchall():
+                            matched.add(index)
             except DatabaseError as row_error:
-                refused[(single.ids[0], single.tokens[0])] = row_error
+                refused[index] = row_error
         return Written(matched, refused=refused)
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..message import Message
 from ..metrics import RelayMetrics, metrics, relay_metrics
 from ..outcome import Kind, Outcome
-from .base import Observer
+from .base import Observer, report_failure
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
@@ -80,11 +80,14 @@ class _Queue:
 
 
 class PrometheusObserver(Observer):
+    _guarded = frozenset({"handler_started", "handler_finished", "decided"})
+
     def __init__(self) -> None:
         self.m = metrics()
         self._queues: dict[str, _Queue] = {}
         self._dirty: list[Tally] = []  # tallies holding observations not yet flushed
         self._flush_at: asyncio.TimerHandle | None = None
+        self._reported: set[tuple[int, str]] = set()  # failures of the guarded events logged
         self._written = {"ack": self.m.acked, "retry": self.m.retried, "release": self.m.released}
         self._relay: RelayMetrics | None = None  # made by the first relay event of the process
 
@@ -132,24 +135,35 @@ class PrometheusObserver(Observer):
     def held(self, queue: str, delta: int) -> None:
         (self._queues.get(queue) or self._add_queue(queue)).inflight.inc(delta)
 
+    # The three per-message events guard themselves (see `Observer._guarded`).
+
     def handler_started(self, msg: Message, lag: float) -> None:
-        (self._queues.get(msg.queue) or self._add_queue(msg.queue)).lag.observe(lag)
-        if self._flush_at is None:
-            self._tallied()
+        try:
+            (self._queues.get(msg.queue) or self._add_queue(msg.queue)).lag.observe(lag)
+            if self._flush_at is None:
+                self._tallied()
+        except Exception:
+            report_failure(self, "handler_started", self._reported)
 
     def handler_finished(self, queue: str, seconds: float) -> None:
-        (self._queues.get(queue) or self._add_queue(queue)).handler_seconds.observe(seconds)
-        if self._flush_at is None:
-            self._tallied()
+        try:
+            (self._queues.get(queue) or self._add_queue(queue)).handler_seconds.observe(seconds)
+            if self._flush_at is None:
+                self._tallied()
+        except Exception:
+            report_failure(self, "handler_finished", self._reported)
 
     def stopped(self) -> None:
         self.flush()
 
     def decided(self, msg: Message, outcome: Outcome) -> None:
-        if outcome.kind is Kind.TERMINAL:
-            self.m.terminal.labels(outcome.queue, str(outcome.reason)).inc()
-        elif outcome.kind is Kind.EXPIRE:
-            self.m.lease_lost.labels(outcome.queue, "start").inc()
+        try:
+            if outcome.kind is Kind.TERMINAL:
+                self.m.terminal.labels(outcome.queue, str(outcome.reason)).inc()
+            elif outcome.kind is Kind.EXPIRE:
+                self.m.lease_lost.labels(outcome.queue, "start").inc()
+        except Exception:
+            report_failure(self, "decided", self._reported)
 
     def lease_lost(self, phase: str, queue: str, row_id: int, deliveries: int | None) -> None:
         self.m.lease_lost.labels(queue, phase).inc()

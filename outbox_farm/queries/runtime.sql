@@ -4,7 +4,9 @@
 -- rows nobody holds (pending index, in due order). Every time is the database's clock. A
 -- lease's expiry is the row's own `lease_expires_at`, set by the claim that took it and moved
 -- on by that claimer's heartbeat, so runners with different lease_ttl settings agree on it.
--- Rows this runner still holds (`held`) are never taken again, even when their lease ran out.
+-- Rows this runner still holds are never taken again, even when their lease ran out: `held` is
+-- the tokens of its claims with rows still in hand (a handful, where their row ids would be
+-- hundreds to send on every claim).
 -- The `legacy` branch serves leases taken by a farm from before migration 0004, which sets no
 -- expiry: they expire by this runner's lease_ttl, as they did then.
 -- A row with an `ordering_key` is taken only while it is the oldest row of its queue and key
@@ -31,7 +33,7 @@
 WITH expired AS (
     SELECT c.id FROM {outbox} AS c
     WHERE c.queue = %(queue)s AND c.acquired_token IS NOT NULL AND c.lease_expires_at < now()
-      AND c.id <> ALL(%(held)s::bigint[])
+      AND c.acquired_token <> ALL(%(held)b::uuid[])
       AND (c.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {outbox} AS older
           WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key AND older.id < c.id))
@@ -123,16 +125,21 @@ FROM (SELECT least(
 -- lease (or are gone) and are reported as lease_lost. Deleting a keyed row may free the next
 -- row of its key, which no fetcher is waiting for: one NOTIFY per queue wakes them (sent at
 -- commit; unkeyed deletions send nothing).
+--
+-- Every write of a flush takes the same arguments: the rows' ids, and for each its lease token
+-- as a position (from 1) in the short array of the flush's distinct tokens (a claim's rows
+-- share one), so that no token is sent, nor read back, once per row. Each returns the
+-- positions (from 0) of the rows it matched.
 WITH gone AS (
     DELETE FROM {outbox} AS o
-    USING unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
-    WHERE o.id = t.id AND o.acquired_token = t.token
-    RETURNING o.id, t.token, o.queue, o.ordering_key
+    USING unnest(%(ids)b::bigint[], %(slots)b::int[]) WITH ORDINALITY AS t(id, slot, n)
+    WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
+    RETURNING t.n, o.queue, o.ordering_key
 ), wake AS (
     SELECT pg_notify({notify_channel}, queue)
     FROM (SELECT DISTINCT queue FROM gone WHERE ordering_key IS NOT NULL) AS freed
 )
-SELECT gone.id, gone.token FROM gone, (SELECT count(*) FROM wake) AS woken
+SELECT gone.n - 1 FROM gone, (SELECT count(*) FROM wake) AS woken
 
 -- name: retry
 -- Handler ran and failed, try again later: count the attempt, set the next due time from the
@@ -149,10 +156,10 @@ SET next_attempt_at = least(now() + make_interval(secs => least(t.delay, 1e11)),
     acquired_token = NULL,
     acquired_at = NULL,
     lease_expires_at = NULL
-FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(delays)b::float8[], %(ran)b::int[],
-            %(started)b::timestamptz[]) AS t(id, token, delay, ran, started_at)
-WHERE o.id = t.id AND o.acquired_token = t.token
-RETURNING o.id, t.token
+FROM unnest(%(ids)b::bigint[], %(slots)b::int[], %(delays)b::float8[], %(ran)b::int[],
+            %(started)b::timestamptz[]) WITH ORDINALITY AS t(id, slot, delay, ran, started_at, n)
+WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
+RETURNING t.n - 1
 
 -- name: release
 -- Claimed but never handed to a handler (graceful stop, or its lease ran short while it
@@ -161,9 +168,9 @@ RETURNING o.id, t.token
 UPDATE {outbox} AS o
 SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
-FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS t(id, token)
-WHERE o.id = t.id AND o.acquired_token = t.token
-RETURNING o.id, t.token
+FROM unnest(%(ids)b::bigint[], %(slots)b::int[]) WITH ORDINALITY AS t(id, slot, n)
+WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
+RETURNING t.n - 1
 
 -- name: dlq_move
 -- Terminal failure with a DLQ: the DELETE feeds the INSERT in one statement, so the row is
@@ -171,14 +178,14 @@ RETURNING o.id, t.token
 -- deletes nothing and therefore archives nothing. A keyed row's move wakes the fetchers, as
 -- `ack` does: it may free the next row of its key.
 WITH t AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(reasons)b::text[],
-                         %(exceptions)b::text[]) AS t(id, token, reason, exc)
+    SELECT * FROM unnest(%(ids)b::bigint[], %(slots)b::int[], %(reasons)b::text[],
+                         %(exceptions)b::text[]) WITH ORDINALITY AS t(id, slot, reason, exc, n)
 ), gone AS (
     DELETE FROM {outbox} AS o
     USING t
-    WHERE o.id = t.id AND o.acquired_token = t.token
+    WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
     RETURNING o.id, o.queue, o.payload, o.headers, o.deliveries_count, o.created_at,
-              o.timer_id, t.reason, t.exc, t.token, o.ordering_key
+              o.timer_id, t.reason, t.exc, t.n, o.ordering_key
 ), moved AS (
     INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
                        failure_reason, last_exception, timer_id)
@@ -189,7 +196,7 @@ WITH t AS (
     SELECT pg_notify({notify_channel}, queue)
     FROM (SELECT DISTINCT queue FROM gone WHERE ordering_key IS NOT NULL) AS freed
 )
-SELECT gone.id, gone.token
+SELECT gone.n - 1
 FROM gone JOIN moved ON moved.original_id = gone.id, (SELECT count(*) FROM wake) AS woken
 
 -- name: gauges

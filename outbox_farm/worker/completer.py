@@ -321,24 +321,29 @@ class Completer:
         if len(refused) < len(stmt.outcomes):
             self.problems.solved(f"{phase} write")
         dead_letters = phase == "terminal" and self.queries.names.dlq is not None
-        done: Counter[str] = Counter()
-        for outcome in stmt.outcomes:
-            lease = (outcome.row_id, outcome.token)
-            if lease in matched:
-                done[outcome.queue] += 1
-                if phase == "retry":
-                    self.on_retry(outcome.queue, outcome.delay)
-                elif dead_letters:
-                    observer.dead_lettered(outcome)
-                continue
-            error = refused.get(lease) if refused else None
-            if error is not None:
-                self._report_failure(phase, outcome, error)
-            elif phase == "expire":
-                pass  # handed back because its lease ran short: losing it is expected
-            elif outcome.row_id in written.unconfirmed:
-                observer.outcome_unconfirmed(phase, outcome)
-            else:
-                observer.lease_lost(phase, outcome.queue, outcome.row_id, outcome.deliveries_count)
-        for queue, n in done.items():
-            observer.written(phase, queue, n)
+        outcomes = stmt.outcomes
+        if phase == "ack" and len(matched) == len(outcomes):  # the common case, in one go
+            done = Counter(outcome.queue for outcome in outcomes)
+        else:
+            done = Counter()
+            for n, outcome in enumerate(outcomes):
+                if n in matched:
+                    done[outcome.queue] += 1
+                    if phase == "retry":
+                        self.on_retry(outcome.queue, outcome.delay)
+                    elif dead_letters:
+                        observer.dead_lettered(outcome)
+                    continue
+                error = refused.get(n) if refused else None
+                if error is not None:
+                    self._report_failure(phase, outcome, error)
+                elif phase == "expire":
+                    pass  # handed back because its lease ran short: losing it is expected
+                elif n in written.unconfirmed:
+                    observer.outcome_unconfirmed(phase, outcome)
+                else:
+                    observer.lease_lost(
+                        phase, outcome.queue, outcome.row_id, outcome.deliveries_count
+                    )
+        for queue, count in done.items():
+            observer.written(phase, queue, count)

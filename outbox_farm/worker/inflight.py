@@ -17,6 +17,7 @@ import asyncio
 import enum
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 from ..observe import Observer
 
@@ -44,6 +45,9 @@ class Ledger:
         self.capacity = capacity
         self.observer = observer
         self.rows: dict[int, Lease] = {}
+        # The claims with rows still held, by token (keyed by the token object's id: a claim's
+        # rows share that object, and UUID hashes in Python): [token, rows held under it].
+        self._claims: dict[int, list[Any]] = {}
         self.slots = asyncio.Event()  # set whenever a row is settled
 
     def __len__(self) -> int:
@@ -53,17 +57,25 @@ class Ledger:
     def free(self) -> int:
         return self.capacity - len(self.rows)
 
-    def held(self) -> list[int]:
-        """Ids of every row held: a claim must not take any of them again."""
-        return list(self.rows)
+    def held(self) -> list[uuid.UUID]:
+        """The tokens of every claim with a row still held: a claim must not take those rows
+        again, even once their leases ran out."""
+        return [claim[0] for claim in self._claims.values()]
 
     # -- fetcher -------------------------------------------------------------------------
 
     def hold(self, row_ids: Iterable[int], token: uuid.UUID) -> None:
-        rows = self.rows
+        rows, claims = self.rows, self._claims
         before = len(rows)
+        count = 0
         for row_id in row_ids:
+            old = rows.get(row_id)
+            if old is not None:  # claimed again (its retry was written, the reply not yet read)
+                self._release(old.token)
             rows[row_id] = Lease(token)
+            count += 1
+        if count:
+            claims.setdefault(id(token), [token, 0])[1] += count
         self.observer.held(self.queue, len(rows) - before)
 
     # -- executors -----------------------------------------------------------------------
@@ -138,11 +150,19 @@ class Ledger:
         before = len(rows)
         for row_id, token in leases:
             lease = rows.get(row_id)
-            if lease is not None and _same(lease.token, token):
+            if lease is not None and (lease.token is token or lease.token == token):
                 del rows[row_id]
+                self._release(lease.token)
         if len(rows) < before:
             self.observer.held(self.queue, len(rows) - before)
             self.slots.set()
+
+    def _release(self, token: uuid.UUID) -> None:
+        """One row of the claim under `token` is no longer held."""
+        claim = self._claims[id(token)]
+        claim[1] -= 1
+        if not claim[1]:
+            del self._claims[id(token)]
 
 
 def _same(held: uuid.UUID, token: uuid.UUID) -> bool:

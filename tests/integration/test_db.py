@@ -91,7 +91,9 @@ def test_claim_returns_typed_rows_under_the_new_lease(
 ) -> None:
     """An expired lease is taken before due rows; a row this runner still holds never is."""
     ids = insert(conn, "q", 2)
-    mine, theirs = insert(conn, "q", 2, uuid.uuid4())
+    held = uuid.uuid4()  # the token of a claim this runner still has rows of
+    (mine,) = insert(conn, "q", 1, held)
+    (theirs,) = insert(conn, "q", 1, uuid.uuid4())
     conn.execute(
         "UPDATE outbox SET lease_expires_at = now() - interval '1 s' WHERE id >= %s", [mine]
     )
@@ -100,7 +102,7 @@ def test_claim_returns_typed_rows_under_the_new_lease(
     token = uuid.uuid4()
 
     async def scenario(pool: Pool) -> tuple[list[claims.ClaimedRow], list[claims.ClaimedRow]]:
-        return await claim(pool, limit=1, held=[mine]), await claim(pool, token=token, held=[mine])
+        return await claim(pool, limit=1, held=[held]), await claim(pool, token=token, held=[held])
 
     expired, rows = run(dsn, scenario)
     assert [row[0] for row in expired] == [theirs]
@@ -175,7 +177,7 @@ async def send_all(pool: Pool, *batch: writes.Write) -> list[writes.Written]:
         return [await flush.send(write) for write in batch]
 
 
-def test_writes_return_the_pairs_they_matched_and_ignore_other_tokens(
+def test_writes_return_the_rows_they_matched_and_ignore_other_tokens(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
     token, other = uuid.uuid4(), uuid.uuid4()
@@ -188,8 +190,9 @@ def test_writes_return_the_pairs_they_matched_and_ignore_other_tokens(
         writes.dead_letter(moved, wrong, reasons=["rejected"] * 2, exceptions=["boom", None]),
     ]
     results = run(dsn, lambda pool: send_all(pool, *batch))
-    for ids, written in zip((acked, retried, released, moved), results, strict=True):
-        assert written.matched == {(ids[0], token)}
+    assert len(results) == 4
+    for written in results:
+        assert written.matched == {0}  # the first row of the write
         assert (written.unconfirmed, written.refused) == (set(), {})
 
     state = dict(
@@ -208,6 +211,25 @@ def test_writes_return_the_pairs_they_matched_and_ignore_other_tokens(
     assert dlq.fetchall() == [(moved[0], "rejected", "boom")]
 
 
+def test_a_write_over_several_claims_checks_each_row_against_its_own_token(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A flush carries the rows of several claims; each token goes out once, and each row is
+    matched against its own (an equal token in another object included)."""
+    first, second = uuid.uuid4(), uuid.uuid4()
+    a, b = insert(conn, "q", 2, first), insert(conn, "q", 2, second)
+    copy = uuid.UUID(str(first))  # equal to `first`, another object
+    ids = [a[0], b[0], a[1], b[1]]
+    tokens = [first, second, copy, first]  # the last names the wrong lease
+    write = writes.ack(ids, tokens)
+    assert write.params()["tokens"] == [first, second, copy]
+    assert write.params()["slots"] == [1, 2, 3, 1]
+    (written,) = run(dsn, lambda pool: send_all(pool, write))
+    assert written.matched == {0, 1, 2}
+    left = conn.execute("SELECT id, acquired_token FROM outbox").fetchall()
+    assert left == [(b[1], second)]
+
+
 def test_a_refused_row_is_isolated_and_the_rest_of_its_write_goes_through(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
@@ -221,13 +243,13 @@ def test_a_refused_row_is_isolated_and_the_rest_of_its_write_goes_through(
     )
     move = writes.dead_letter(ids, [token] * 3, reasons=["rejected"] * 3, exceptions=["x"] * 3)
     dead, ack = run(dsn, lambda pool: send_all(pool, move, writes.ack(acked, [token])))
-    assert dead.matched == {(ids[0], token), (ids[2], token)}
-    assert list(dead.refused) == [(ids[1], token)]
-    error = dead.refused[(ids[1], token)]
+    assert dead.matched == {0, 2}
+    assert list(dead.refused) == [1]
+    error = dead.refused[1]
     assert type(error) is DatabaseError  # refused, neither a lost connection nor permanent
     assert error.sqlstate == "23514"
     assert "no_bad" in str(error)
-    assert ack.matched == {(acked[0], token)}  # the next statement of the pipeline is fine
+    assert ack.matched == {0}  # the next statement of the pipeline is fine
     left = conn.execute("SELECT id, acquired_token FROM outbox").fetchall()
     assert left == [(ids[1], token)]  # still leased: delivered again when the lease expires
 
@@ -258,7 +280,7 @@ def test_a_write_resent_after_a_lost_connection_tells_unconfirmed_from_lost(
 
     written = run(dsn, scenario, max_size=1)
     assert written.matched == set()
-    assert written.unconfirmed == {gone}
+    assert written.unconfirmed == {0}  # `gone`, the first row of the write
     assert written.refused == {}
 
 
