@@ -58,13 +58,24 @@ class Write:
                 tokens.append(token)
                 slot = slot_of[id(token)] = len(tokens)
             slots.append(slot)
-        return {"ids": self.ids, "slots": slots, "tokens": tokens, **self.columns}
+        return {
+            "ids": _int_array(self.ids),
+            "slots": _int_array(slots),
+            "tokens": tokens,
+            **self.columns,
+        }
 
     def row(self, index: int) -> Write:
         """The same statement for the one row at `index`."""
         one = slice(index, index + 1)
         columns = {name: values[one] for name, values in self.columns.items()}
         return Write(self.statement, self.ids[one], self.tokens[one], columns)
+
+
+def _int_array(values: list[int]) -> str:
+    """An array of integers as its text literal: joined in C, where a binary array would be
+    dumped element by element in Python (two elements per row of every flush)."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def ack(ids: list[int], tokens: list[uuid.UUID]) -> Write:

@@ -127,7 +127,7 @@ class Observers(Observer):
         if len(calls) == 1:
             observer, call = calls[0]
             if event in observer._guarded:
-                return call
+                return call  # type: ignore[no-any-return]
 
             def one(*args: Any) -> None:
                 try:

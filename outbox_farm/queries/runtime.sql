@@ -132,7 +132,7 @@ FROM (SELECT least(
 -- positions (from 0) of the rows it matched.
 WITH gone AS (
     DELETE FROM {outbox} AS o
-    USING unnest(%(ids)b::bigint[], %(slots)b::int[]) WITH ORDINALITY AS t(id, slot, n)
+    USING unnest(%(ids)s::bigint[], %(slots)s::int[]) WITH ORDINALITY AS t(id, slot, n)
     WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
     RETURNING t.n, o.queue, o.ordering_key
 ), wake AS (
@@ -156,7 +156,7 @@ SET next_attempt_at = least(now() + make_interval(secs => least(t.delay, 1e11)),
     acquired_token = NULL,
     acquired_at = NULL,
     lease_expires_at = NULL
-FROM unnest(%(ids)b::bigint[], %(slots)b::int[], %(delays)b::float8[], %(ran)b::int[],
+FROM unnest(%(ids)s::bigint[], %(slots)s::int[], %(delays)b::float8[], %(ran)b::int[],
             %(started)b::timestamptz[]) WITH ORDINALITY AS t(id, slot, delay, ran, started_at, n)
 WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
 RETURNING t.n - 1
@@ -168,7 +168,7 @@ RETURNING t.n - 1
 UPDATE {outbox} AS o
 SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
-FROM unnest(%(ids)b::bigint[], %(slots)b::int[]) WITH ORDINALITY AS t(id, slot, n)
+FROM unnest(%(ids)s::bigint[], %(slots)s::int[]) WITH ORDINALITY AS t(id, slot, n)
 WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
 RETURNING t.n - 1
 
@@ -178,7 +178,7 @@ RETURNING t.n - 1
 -- deletes nothing and therefore archives nothing. A keyed row's move wakes the fetchers, as
 -- `ack` does: it may free the next row of its key.
 WITH t AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(slots)b::int[], %(reasons)b::text[],
+    SELECT * FROM unnest(%(ids)s::bigint[], %(slots)s::int[], %(reasons)b::text[],
                          %(exceptions)b::text[]) WITH ORDINALITY AS t(id, slot, reason, exc, n)
 ), gone AS (
     DELETE FROM {outbox} AS o

@@ -70,6 +70,7 @@ class Completer:
         self.flush_interval = flush_interval
         self.flush_size = flush_size
         self.high_water = high_water
+        self._quick = min(flush_size - 1, high_water)  # `put` appends inline below this
         self.on_retry = on_retry
         self.ledgers: Mapping[str, Ledger] = ledgers if ledgers is not None else {}
         self.problems = problems or Problems()
@@ -90,6 +91,12 @@ class Completer:
 
     async def put(self, outcome: Outcome) -> None:
         """Queue an outcome; waits while the completer is `high_water` outcomes behind."""
+        pending = self._pending
+        if len(pending) < self._quick:  # neither full nor behind: the common case, inline
+            if not pending:
+                self._wake.set()  # the first outcome of a batch
+            pending.append(outcome)
+            return
         while len(self._pending) >= self.high_water:
             self._room.clear()
             await self._room.wait()

@@ -185,16 +185,20 @@ class Executors:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _work(self, slot: _Slot) -> None:
-        ledger, spec = self.ledger, self.spec
+        """One row at a time. The clock reads and observations of `_started` and `_ran` are
+        written out here: this loop runs once per message, and a call less each counts."""
+        ledger, spec, observer, inbox = self.ledger, self.spec, self.observer, self.inbox
+        queue = spec.queue
         while True:
-            msg = await self.inbox.get()
+            msg = await inbox.get()
             if msg is None:
                 return
             if self._closing:
                 self.completer.put_nowait(decision.released(msg))
                 continue
             slot.hand = (msg,)
-            if time.monotonic() > msg.start_by:
+            now = time.monotonic()
+            if now > msg.start_by:
                 await self._hand_back(msg)
                 slot.hand = ()
                 continue
@@ -202,17 +206,21 @@ class Executors:
             exc: BaseException | None = None
             verdict = decision.before_run(spec, msg)
             if verdict is None:
-                started = self._started(msg)
+                started = msg.claimed_epoch + (now - msg.received_monotonic)
+                lag = started - msg.due_epoch
+                observer.handler_started(msg, lag if lag > 0.0 else 0.0)
                 began = time.perf_counter()
                 try:
-                    exc = await self._run(slot, msg)
+                    exc = await self._run(slot, msg, now)
                 except asyncio.CancelledError:
                     self._interrupted([(msg, started)], began)
                     raise
                 if self._committed and msg.id in self._committed:
                     exc = None  # the row is gone with its handler's writes: acked, whatever
                     # a middleware outside the transaction did afterwards
-                verdict = decision.decide(spec, msg, exc, started, self._ran(began))
+                duration = time.perf_counter() - began
+                observer.handler_finished(queue, duration)
+                verdict = decision.decide(spec, msg, exc, started, duration)
             outcome = self._settle(msg, verdict)
             if outcome is None or (self._committed and self._written(msg)):
                 slot.hand = ()
@@ -251,7 +259,7 @@ class Executors:
                 continue
             began = time.perf_counter()
             try:
-                exc = await self._run(slot, [msg for msg, _ in runs])
+                exc = await self._run(slot, [msg for msg, _ in runs], time.monotonic())
             except asyncio.CancelledError:
                 self._interrupted(runs, began)
                 raise
@@ -284,11 +292,11 @@ class Executors:
                     rows.append(msg)
         return rows
 
-    async def _run(self, slot: _Slot, arg: Any) -> BaseException | None:
-        """Call the handler through its middleware under the slot's deadline: None when it
-        returned, else the exception it ended with (its timeout as HandlerTimeout). The
-        cancellation of a stop past its deadline propagates."""
-        slot.deadline = time.monotonic() + self._timeout
+    async def _run(self, slot: _Slot, arg: Any, now: float) -> BaseException | None:
+        """Call the handler through its middleware under the slot's deadline (its timeout
+        from `now`, monotonic): None when it returned, else the exception it ended with (its
+        timeout as HandlerTimeout). The cancellation of a stop past its deadline propagates."""
+        slot.deadline = now + self._timeout
         exc: BaseException | None = None
         try:
             await self._call(arg)

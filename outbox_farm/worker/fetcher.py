@@ -224,6 +224,7 @@ class Fetcher:
         most = spec.max_deliveries
         aside: list[tuple[int, str]] = []
         msgs: list[Message] = []
+        ids: list[int] = []
         for (
             row_id,
             payload,
@@ -242,6 +243,7 @@ class Fetcher:
                 aside.append((row_id, invalid))
                 continue
             due = due or claimed_at
+            ids.append(row_id)
             msgs.append(
                 Message(
                     id=row_id,
@@ -264,10 +266,8 @@ class Fetcher:
                     invalid=invalid,
                 )
             )
-        self.ledger.hold((msg.id for msg in msgs), token)
-        put = self.inbox.put_nowait
-        for msg in msgs:
-            put(msg)
+        self.ledger.hold(ids, token)
+        self.inbox.put_all(msgs)
         if aside:
             await self._set_aside(aside, token)
         return len(rows)

@@ -89,7 +89,7 @@ class Ledger:
         """The handler returned: True when its outcome should be written, False when the
         heartbeat found the lease lost meanwhile (then the row is settled here, unwritten)."""
         lease = self.rows.get(row_id)
-        if lease is None or not _same(lease.token, token):
+        if lease is None or not (lease.token is token or lease.token == token):
             return True  # not ours to judge: the write is token-guarded anyway
         if lease.lost:
             self.settle(row_id, token)
@@ -146,13 +146,16 @@ class Ledger:
     def settle_all(self, leases: Iterable[tuple[int, uuid.UUID]]) -> None:
         """Free the slots of rows whose outcomes are written. The change is observed once per
         call: with the multiprocess registry each gauge move is a locked write to a shared file."""
-        rows = self.rows
+        rows, claims = self.rows, self._claims
         before = len(rows)
         for row_id, token in leases:
             lease = rows.get(row_id)
             if lease is not None and (lease.token is token or lease.token == token):
                 del rows[row_id]
-                self._release(lease.token)
+                claim = claims[id(lease.token)]  # `_release`, written out: once per row
+                claim[1] -= 1
+                if not claim[1]:
+                    del claims[id(lease.token)]
         if len(rows) < before:
             self.observer.held(self.queue, len(rows) - before)
             self.slots.set()

@@ -223,7 +223,7 @@ def test_a_write_over_several_claims_checks_each_row_against_its_own_token(
     tokens = [first, second, copy, first]  # the last names the wrong lease
     write = writes.ack(ids, tokens)
     assert write.params()["tokens"] == [first, second, copy]
-    assert write.params()["slots"] == [1, 2, 3, 1]
+    assert write.params()["slots"] == "{1,2,3,1}"
     (written,) = run(dsn, lambda pool: send_all(pool, write))
     assert written.matched == {0, 1, 2}
     left = conn.execute("SELECT id, acquired_token FROM outbox").fetchall()
