@@ -89,9 +89,7 @@ def _drain(dsn: str, rows: int) -> None:
     async def run() -> None:
         # Nothing here waits on the wall clock (which valgrind slows fifty-fold): flushes go
         # out when the fetcher runs out of slots, polls and chores do not come round.
-        async with farm.running(
-            dsn, vacuum_interval=None, poll_interval=5.0, flush_interval=5.0
-        ):
+        async with farm.running(dsn, vacuum_interval=None, poll_interval=5.0, flush_interval=5.0):
             await asyncio.wait_for(done.wait(), timeout=600)
 
     uvloop.run(run())

@@ -24,10 +24,12 @@ from outbox_farm.metrics import metrics
 from . import publish
 from .common import Progress, outbox_stats, scratch, server_info, settled_xacts
 from .farm import APP, TARGET_DRAIN_2, drain_run
+from .floor import floor_run
 from .latency import latency
 from .report import Row, print_measures, verdict
 
 TARGET_STATEMENTS = 0.05
+TARGET_OF_FLOOR = 0.75  # the --procs 2 drain against the raw claim/delete floor
 TARGET_P99_MS = 10.0
 
 
@@ -98,7 +100,7 @@ def drain_section(admin_dsn: str, dsn: str, procs: int, rows: int, appdir: Path)
 
 def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     farm = Farm(dlq_table="outbox_dlq")
-    progress = Progress(4 + 2 * 3 + 2)
+    progress = Progress(4 + 2 * 3 + 2 + 2)
     metrics()  # Prometheus objects once, before the in-process runtime
     result: dict[str, Any] = {}
     with scratch(admin_dsn, farm) as dsn:
@@ -116,6 +118,8 @@ def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
             for procs in (1, 2):
                 progress.step(f"drain procs {procs}", 3)
                 result["drain"].append(drain_section(admin_dsn, dsn, procs, args.rows, appdir))
+        progress.step("drain floor: raw claim and delete", 2)
+        result["floor"] = floor_run(dsn, args.rows)
         progress.step(f"latency at {args.latency_rate:g} msg/s", 2)
         lat = uvloop.run(
             latency(dsn, args.latency_messages, args.latency_rate, 64, args.phase_timeout)
@@ -192,6 +196,26 @@ def standard_rows(r: dict[str, Any]) -> list[Row]:
                 f"{d['dead_tuples_left']:,} / {d['farm_vacuums']} / {d['autovacuums']}",
                 "-",
                 "",
+            )
+        )
+    floor = r.get("floor")
+    if floor is not None:
+        rows.append(
+            (
+                f"drain floor: raw claim + DELETE, {floor['clients']} connections",
+                f"{floor['rate']:,.0f} msg/s",
+                "-",
+                "",
+            )
+        )
+        two = next(d for d in r["drain"] if d["procs"] == 2)
+        share = two["rate_msg_s"] / floor["rate"]
+        rows.append(
+            (
+                "  start --procs 2 / floor",
+                f"{share:.2f}",
+                f">= {TARGET_OF_FLOOR}",
+                verdict(share >= TARGET_OF_FLOOR),
             )
         )
     lat = r["latency"]

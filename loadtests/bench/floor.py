@@ -1,0 +1,108 @@
+"""The database's floor for a drain: the same pre-loaded rows claimed and deleted by the least
+SQL that can do it, from raw psycopg connections, with no outbox_farm code in the loop.
+
+Each of --clients processes repeats, on its own autocommit connection, two statements: a claim
+of --batch due rows (`FOR UPDATE SKIP LOCKED`, a fresh token, the delivery counted, as the
+farm's claim does without its expired-lease, ordering and unloadable-value branches) and a
+`DELETE ... WHERE id = ANY(...) AND acquired_token = ...` of what it claimed, until a claim
+comes back empty. What the farm adds on top of that (handlers, verdicts, metrics, leases kept
+alive) is the gap between this rate and the farm's drain of the same rows.
+
+    python -m loadtests.bench.floor --dsn "host=127.0.0.1 user=postgres dbname=postgres"
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+
+from outbox_farm import Farm
+
+from .common import QUEUE, add_dsn, scratch, server
+from .farm import preload
+
+CLAIM = """
+WITH c AS (
+    SELECT id FROM {outbox}
+    WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {outbox} AS o
+SET acquired_token = %(token)s, acquired_at = now(),
+    lease_expires_at = now() + interval '30 seconds', deliveries_count = o.deliveries_count + 1
+FROM c WHERE o.id = c.id
+RETURNING o.id, o.payload, o.headers
+"""
+DELETE = "DELETE FROM {outbox} WHERE id = ANY(%(ids)s) AND acquired_token = %(token)s"
+CLIENTS = 4
+BATCH = 256
+
+
+def _client(dsn: str, batch: int, start: multiprocessing.synchronize.Event) -> None:
+    outbox = Farm().names.outbox.identifier()
+    claim = sql.SQL(CLAIM).format(outbox=outbox)
+    delete = sql.SQL(DELETE).format(outbox=outbox)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        start.wait()
+        while True:
+            token = uuid.uuid4()
+            rows = conn.execute(claim, {"queue": QUEUE, "limit": batch, "token": token}).fetchall()
+            if not rows:
+                return
+            conn.execute(delete, {"ids": [row[0] for row in rows], "token": token})
+
+
+def floor_run(dsn: str, rows: int, clients: int = CLIENTS, batch: int = BATCH) -> dict[str, float]:
+    """Pre-load `rows`, drain them with `clients` raw loops; the rate, first claim to last."""
+    preload(dsn, rows)
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    procs = [context.Process(target=_client, args=(dsn, batch, start)) for _ in range(clients)]
+    for proc in procs:
+        proc.start()
+    time.sleep(1.0)  # every client connected and waiting (a spawned interpreter starts slowly)
+    began = time.perf_counter()
+    start.set()
+    for proc in procs:
+        proc.join(timeout=300)
+    elapsed = time.perf_counter() - began
+    failed = [proc.exitcode for proc in procs if proc.exitcode != 0]
+    if failed:
+        raise SystemExit(f"a floor client failed (exit codes {failed})")
+    with psycopg.connect(dsn) as conn:
+        left = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(Farm().names.outbox.identifier())
+        ).fetchone()
+    if left != (0,):
+        raise SystemExit(f"the floor clients left {left} rows")
+    return {"rate": rows / elapsed, "seconds": elapsed, "clients": clients, "batch": batch}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.floor", description=__doc__.split("\n\n")[0]
+    )
+    add_dsn(parser)
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--clients", type=int, default=CLIENTS)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    args = parser.parse_args(argv)
+    with server(args.dsn) as admin, scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn:
+        result = floor_run(dsn, args.rows, args.clients, args.batch)
+    print(
+        f"floor: {args.rows:,} rows claimed and deleted by {args.clients} raw connections, "
+        f"{args.batch} per claim: {result['rate']:,.0f} msg/s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
