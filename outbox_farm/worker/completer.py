@@ -205,9 +205,14 @@ class Completer:
     # -- writing -------------------------------------------------------------------------
 
     def _statements(self, batch: list[Outcome]) -> list[_Statement]:
+        # Grouped by identity tests: an Enum member hashes in Python, once per outcome.
         by_kind: dict[Kind, list[Outcome]] = {kind: [] for kind in Kind}
+        acks, ack = by_kind[Kind.ACK], Kind.ACK
         for outcome in batch:
-            by_kind[outcome.kind].append(outcome)
+            if outcome.kind is ack:
+                acks.append(outcome)
+            else:
+                by_kind[outcome.kind].append(outcome)
         phases = (
             ("ack", Kind.ACK),
             ("retry", Kind.RETRY),
@@ -330,7 +335,11 @@ class Completer:
         dead_letters = phase == "terminal" and self.queries.names.dlq is not None
         outcomes = stmt.outcomes
         if phase == "ack" and len(matched) == len(outcomes):  # the common case, in one go
-            done = Counter(outcome.queue for outcome in outcomes)
+            queues = {outcome.queue for outcome in outcomes}
+            if len(queues) == 1:
+                done = Counter({queues.pop(): len(outcomes)})
+            else:
+                done = Counter(outcome.queue for outcome in outcomes)
         else:
             done = Counter()
             for n, outcome in enumerate(outcomes):
