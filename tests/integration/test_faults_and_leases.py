@@ -610,7 +610,7 @@ def test_the_runtime_statements_use_their_indexes(
                 "limit": 64,
                 "lease_ttl": 60.0,
                 "token": uuid.uuid4(),
-                "held": list(range(21, 1300, 20)),
+                "held": [uuid.uuid4() for _ in range(4)],  # the tokens of claims in hand
                 "far": True,
             },
             ("outbox_pending_idx", "outbox_lease_idx", "outbox_order_idx"),
