@@ -124,11 +124,22 @@ class HeadersLoader(Loader):
         return headers if headers is not None else _undecodable(text, why or "")
 
 
+_CLAIMED_NAMES = tuple(name.encode() for name in CLAIMED_COLUMNS)
+
+
 def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[Any]:
-    """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned."""
-    names = tuple(column.name for column in cursor.description or ())
-    if names == CLAIMED_COLUMNS:
+    """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned.
+
+    The names are read off the result itself: `cursor.description` builds a column object,
+    type lookups included, for each of the twelve columns of every claim, which took a tenth
+    of a one-row claim's time in the client."""
+    result = cursor.pgresult
+    if (
+        result is not None
+        and tuple(result.fname(i) for i in range(result.nfields)) == _CLAIMED_NAMES
+    ):
         return rows
+    names = tuple(column.name for column in cursor.description or ())
     missing = set(CLAIMED_COLUMNS) - set(names)
     if missing:
         raise RuntimeError(f"the claim statement does not return {sorted(missing)}")
