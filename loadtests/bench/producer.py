@@ -42,8 +42,10 @@ from .common import (
     write_json,
 )
 from .publish import (
+    TARGET_OF_BATCH_FLOOR,
     TARGET_ONE_PER_TXN,
     Phase,
+    batch_floor,
     batch_phase,
     concurrent_phase,
     median_phase,
@@ -94,6 +96,12 @@ def print_table(phases: list[Phase], info: dict[str, Any], n: int) -> None:
     c = by_name.get("c_publish_batch")
     if c:
         print(f"(c) {c.extra['batches_per_s']:,} batches/s; p50/p99 are per batch")
+        floor = batch_floor(phases)
+        if floor:
+            print(
+                f"(c) publish_batch / raw batch floor ({floor.label.split(': ')[-1]}): "
+                f"{c.rate / floor.rate:.2f}x (target >= {TARGET_OF_BATCH_FLOOR:.2f})"
+            )
     for p in phases:
         if "rates_by_round" in p.extra:
             print(f"{p.name}: {p.unit} by round {p.extra['rates_by_round']} (median shown)")
@@ -162,7 +170,16 @@ def plan(args: argparse.Namespace, dsn: str, farm: Farm) -> list[tuple[str, Call
         f"(b) publish, 1 msg/txn, {args.producers} processes",
     )
     c = partial(batch_phase, dsn, farm, n, args.batch_size, budget)
-    return [*([] if args.skip_baseline else baseline), ("(a)", a), ("(b)", b), ("(c)", c)]
+    batch_floor = [
+        (f"raw SQL batches, {mode}", partial(c, mode=mode)) for mode in ("raw_unnest", "raw_copy")
+    ]
+    return [
+        *([] if args.skip_baseline else baseline),
+        ("(a)", a),
+        ("(b)", b),
+        *([] if args.skip_baseline else batch_floor),
+        ("(c)", c),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ Each phase starts from an emptied table and reports what it did by its time budg
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 import time
 import uuid
@@ -27,6 +28,7 @@ from .common import QUEUE, percentiles, raise_errors, reap
 WARMUP_QUEUE = "warmup"
 TARGET_ONE_PER_TXN = 2_000.0  # msg/s, one message per transaction
 TARGET_BATCH = 50_000.0  # rows/s, publish_batch of 100
+TARGET_OF_BATCH_FLOOR = 2 / 3  # publish_batch against raw psycopg sending the same rows
 
 
 # -- the table between phases ----------------------------------------------------------------
@@ -250,21 +252,82 @@ def concurrent_phase(
     )
 
 
-def batch_phase(dsn: str, farm: Farm, n: int, size: int, budget: float) -> Phase:
+BATCH_MODES = {
+    "publish_batch": ("c_publish_batch", "(c) publish_batch, {size}/txn", TARGET_BATCH),
+    "raw_unnest": ("raw_batch_unnest", "baseline: raw INSERT over arrays, {size}/txn", None),
+    "raw_copy": ("raw_batch_copy", "baseline: raw COPY + pg_notify, {size}/txn", None),
+}
+"""The batch phases: publish_batch, and the floor it is held against, raw psycopg sending the
+same bytes per row (the JSON body; headers with content type and a fresh correlation id) in the
+two cheapest ways we know: one INSERT over binary arrays returning the ids (publish_batch's
+own statement shape, without the farm's code around it), and COPY (no ids back)."""
+
+
+def make_batch_step(
+    mode: str, conn: psycopg.Connection[Any], farm: Farm
+) -> Callable[[list[dict[str, Any]]], None]:
+    """Send one batch of bodies in one transaction, the `mode` way."""
+    table = farm.names.outbox.identifier()
+    channel = farm.names.channel
+    unnest = sql.SQL(
+        "INSERT INTO {} (queue, payload, headers) SELECT %s, b.payload, b.headers "
+        "FROM unnest(%b::bytea[], %b::jsonb[]) WITH ORDINALITY AS b(payload, headers, n) "
+        "ORDER BY b.n RETURNING id"
+    ).format(table)
+    copy = sql.SQL("COPY {} (queue, payload, headers) FROM STDIN").format(table)
+
+    def encoded(bodies: list[dict[str, Any]]) -> tuple[list[bytes], list[str]]:
+        payloads = [orjson.dumps(b) for b in bodies]
+        headers = [
+            orjson.dumps(
+                {"content-type": "application/json", "correlation_id": os.urandom(16).hex()}
+            ).decode()
+            for _ in bodies
+        ]
+        return payloads, headers
+
+    def publish_batch(bodies: list[dict[str, Any]]) -> None:
+        with conn.transaction():
+            farm.publish_batch(conn, bodies, queue=QUEUE)
+
+    def raw_unnest(bodies: list[dict[str, Any]]) -> None:
+        payloads, headers = encoded(bodies)
+        with conn.transaction():
+            conn.execute(unnest, [QUEUE, payloads, headers]).fetchall()
+            conn.execute("SELECT pg_notify(%s, %s)", [channel, QUEUE])
+
+    def raw_copy(bodies: list[dict[str, Any]]) -> None:
+        payloads, headers = encoded(bodies)
+        with conn.transaction():
+            with conn.cursor().copy(copy) as rows:
+                for payload, header in zip(payloads, headers, strict=True):
+                    rows.write_row((QUEUE, payload, header))
+            conn.execute("SELECT pg_notify(%s, %s)", [channel, QUEUE])
+
+    return {"publish_batch": publish_batch, "raw_unnest": raw_unnest, "raw_copy": raw_copy}[mode]
+
+
+def batch_phase(
+    dsn: str, farm: Farm, n: int, size: int, budget: float, mode: str = "publish_batch"
+) -> Phase:
+    """`n` rows in batches of `size`, one batch per transaction, the `mode` way (`BATCH_MODES`)."""
+    name, label, target = BATCH_MODES[mode]
     reset_table(dsn, farm)
     durations: list[float] = []
     done = 0
     with psycopg.connect(dsn) as conn:
+        step = make_batch_step(mode, conn, farm)
         for _ in range(5):  # warm-up
             with conn.transaction():
                 farm.publish_batch(conn, [body(-j) for j in range(size)], queue=WARMUP_QUEUE)
+            step([body(-j) for j in range(size)])
+        reset_table(dsn, farm)
         deadline = time.perf_counter() + budget
         t0 = time.perf_counter()
         while done < n and time.perf_counter() < deadline:
             bodies = [body(done + j) for j in range(min(size, n - done))]
             began = time.perf_counter()
-            with conn.transaction():
-                farm.publish_batch(conn, bodies, queue=QUEUE)
+            step(bodies)
             durations.append(time.perf_counter() - began)
             done += len(bodies)
         seconds = time.perf_counter() - t0
@@ -275,12 +338,18 @@ def batch_phase(dsn: str, farm: Farm, n: int, size: int, budget: float) -> Phase
         done,
         seconds,
         durations,
-        name="c_publish_batch",
-        label=f"(c) publish_batch, {size}/txn",
+        name=name,
+        label=label.format(size=size),
         unit="rows/s",
-        target=TARGET_BATCH,
+        target=target,
         extra={"batch_size": size, "batches_per_s": round(len(durations) / seconds, 1)},
     )
+
+
+def batch_floor(phases: list[Phase]) -> Phase | None:
+    """The faster of the raw batch baselines among `phases`, if any ran."""
+    raws = [p for p in phases if p.name in ("raw_batch_unnest", "raw_batch_copy")]
+    return max(raws, key=lambda p: p.rate) if raws else None
 
 
 def median_phase(runs: list[Phase]) -> Phase:

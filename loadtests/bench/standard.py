@@ -51,11 +51,15 @@ def producer_section(dsn: str, farm: Farm, n: int, budget: float, progress: Prog
     eight = publish.concurrent_phase(
         dsn, farm, n, 8, budget, "b_publish_concurrent", "publish 1 msg/txn, 8 producers"
     )
+    floors = []
+    for mode in ("raw_unnest", "raw_copy"):
+        progress.step(f"producer raw-SQL batches of 100 ({mode})")
+        floors.append(publish.batch_phase(dsn, farm, n * 2, 100, budget, mode=mode))
     progress.step("producer publish_batch of 100")
     batch = publish.batch_phase(dsn, farm, n * 2, 100, budget)
     for phase in (one, eight):
         phase.extra["raw_baseline_msg_s"] = round(raw.rate, 1)
-    return [raw, one, eight, batch]
+    return [raw, one, eight, *floors, batch]
 
 
 def drain_section(admin_dsn: str, dsn: str, procs: int, rows: int, appdir: Path) -> dict[str, Any]:
@@ -155,6 +159,20 @@ def standard_rows(r: dict[str, Any]) -> list[Row]:
             verdict(b["rate"] >= publish.TARGET_BATCH),
         )
     )
+    floors = [prod[name] for name in ("raw_batch_unnest", "raw_batch_copy") if name in prod]
+    if floors:
+        floor = max(floors, key=lambda p: p["rate"])
+        ratio = b["rate"] / floor["rate"]
+        rows.append(
+            (
+                f"  / raw batch floor: {floor['label'].split(': ')[-1]} "
+                f"({floor['rate']:,.0f} rows/s; the other raw way "
+                f"{min(floors, key=lambda p: p['rate'])['rate']:,.0f})",
+                f"{ratio:.2f}",
+                f">= {publish.TARGET_OF_BATCH_FLOOR:.2f}",
+                verdict(ratio >= publish.TARGET_OF_BATCH_FLOOR),
+            )
+        )
     for d in r["drain"]:
         target = TARGET_DRAIN_2 if d["procs"] == 2 else None
         rows.append(
