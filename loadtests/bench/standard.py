@@ -31,6 +31,8 @@ from .report import Row, print_measures, verdict
 TARGET_STATEMENTS = 0.05
 TARGET_OF_FLOOR = 0.75  # the --procs 2 drain against the raw claim/delete floor
 TARGET_P99_MS = 10.0
+# The raw floor of publish_batch: the better of the two ways, in the same run.
+BATCH_FLOORS = {"raw_batch_unnest": "INSERT over arrays", "raw_batch_copy": "COPY"}
 
 
 def table_stats(dsn: str) -> dict[str, int]:
@@ -159,15 +161,13 @@ def standard_rows(r: dict[str, Any]) -> list[Row]:
             verdict(b["rate"] >= publish.TARGET_BATCH),
         )
     )
-    floors = [prod[name] for name in ("raw_batch_unnest", "raw_batch_copy") if name in prod]
+    floors = {way: prod[name] for name, way in BATCH_FLOORS.items() if name in prod}
     if floors:
-        floor = max(floors, key=lambda p: p["rate"])
+        way, floor = max(floors.items(), key=lambda item: item[1]["rate"])
         ratio = b["rate"] / floor["rate"]
         rows.append(
             (
-                f"  / raw batch floor: {floor['label'].split(': ')[-1]} "
-                f"({floor['rate']:,.0f} rows/s; the other raw way "
-                f"{min(floors, key=lambda p: p['rate'])['rate']:,.0f})",
+                f"  / raw floor ({way}, {floor['rate']:,.0f} rows/s)",
                 f"{ratio:.2f}",
                 f">= {publish.TARGET_OF_BATCH_FLOOR:.2f}",
                 verdict(ratio >= publish.TARGET_OF_BATCH_FLOOR),
