@@ -1,5 +1,6 @@
 """Commit -> handler-start latency of an idle runtime, shared by the runtime benchmark
-(`runtime.py`) and the standard report.
+(`runtime.py`) and the standard report, and the floor it stands beside: a raw LISTEN + claim
+loop receiving the same messages from the same producer (`raw_latency`).
 
 The runtime runs in this process (`farm.running`) and starts idle; a spawned producer process
 publishes one message per transaction at a steady rate and notes `time.time()` right after
@@ -13,15 +14,21 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
 import psycopg
+from psycopg import sql
 
-from loadtests.harness import note
+from loadtests.harness import note as note_stop
 from outbox_farm import Farm, Message
 
+from . import floor
 from .common import QUEUE, percentiles, raise_errors, reap
 
 
@@ -69,17 +76,85 @@ class Latency:
     completed: bool = False
 
 
+Receiver = Callable[[Callable[[int, float], None]], AbstractAsyncContextManager[None]]
+"""Given `note(i, when)`, a context that delivers messages while it is open, calling `note` with
+each message's number and the moment its handling began; entered: ready to receive."""
+
+
 async def latency(dsn: str, n: int, rate: float, concurrency: int, budget: float) -> Latency:
-    result = Latency(n, rate, concurrency)
-    warmup = 50
-    starts: dict[int, float] = {}
-    all_in = asyncio.Event()
+    """The farm's latency: its runtime in this process, `concurrency` executors."""
+    return await _measure(dsn, n, rate, concurrency, budget, partial(_farm, dsn, concurrency))
+
+
+async def raw_latency(dsn: str, n: int, rate: float, budget: float) -> Latency:
+    """The floor beside it: the least code that delivers the same messages (see `_raw`)."""
+    return await _measure(dsn, n, rate, 1, budget, partial(_raw, dsn))
+
+
+@asynccontextmanager
+async def _farm(
+    dsn: str, concurrency: int, note: Callable[[int, float], None]
+) -> AsyncIterator[None]:
     farm = Farm()
 
     @farm.handler(QUEUE, concurrency=concurrency)
     async def handle(msg: Message) -> None:
         now = time.time()  # first thing: the handler started
-        starts[orjson.loads(msg.body)["i"]] = now
+        note(orjson.loads(msg.body)["i"], now)
+
+    async with farm.running(dsn) as runtime:
+        assert runtime.listener is not None
+        await runtime.listener.connected.wait()
+        yield
+
+
+@asynccontextmanager
+async def _raw(dsn: str, note: Callable[[int, float], None]) -> AsyncIterator[None]:
+    """One connection LISTENs; on each notification another claims due rows with the drain
+    floor's statement (`floor.CLAIM`) until a claim comes back short, notes every row as handled
+    the moment its claim returned, and deletes them under their token: no executors, leases kept
+    alive, metrics or outcome batching."""
+    names = Farm().names
+    claim = sql.SQL(floor.CLAIM).format(outbox=names.outbox.identifier())
+    delete = sql.SQL(floor.DELETE).format(outbox=names.outbox.identifier())
+    connect = partial(psycopg.AsyncConnection.connect, dsn, autocommit=True)
+    async with await connect() as listen, await connect() as work:
+        await listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(names.channel)))
+
+        async def deliver() -> None:
+            async for _ in listen.notifies():
+                while True:
+                    token = uuid.uuid4()
+                    params = {"queue": QUEUE, "limit": floor.BATCH, "token": token}
+                    rows = await (await work.execute(claim, params)).fetchall()
+                    now = time.time()
+                    for row in rows:
+                        note(orjson.loads(row[1])["i"], now)
+                    if rows:
+                        await work.execute(
+                            delete, {"ids": [row[0] for row in rows], "token": token}
+                        )
+                    if len(rows) < floor.BATCH:
+                        break
+
+        task = asyncio.create_task(deliver())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _measure(
+    dsn: str, n: int, rate: float, concurrency: int, budget: float, receiver: Receiver
+) -> Latency:
+    result = Latency(n, rate, concurrency)
+    warmup = 50
+    starts: dict[int, float] = {}
+    all_in = asyncio.Event()
+
+    def note(i: int, when: float) -> None:
+        starts[i] = when
         if len(starts) >= n + warmup:
             all_in.set()
 
@@ -91,13 +166,11 @@ async def latency(dsn: str, n: int, rate: float, concurrency: int, budget: float
         name="bench-latency-producer",
         daemon=True,
     )
-    proc.start()  # spawning takes a while: overlap it with the runtime's start
+    proc.start()  # spawning takes a while: overlap it with the receiver's start
     loop = asyncio.get_running_loop()
     report: dict[str, Any] = {}
     try:
-        async with farm.running(dsn) as runtime, asyncio.timeout(budget):
-            assert runtime.listener is not None
-            await runtime.listener.connected.wait()
+        async with receiver(note), asyncio.timeout(budget):
             await loop.run_in_executor(None, ready.wait, 60)
             await asyncio.sleep(0.5)  # idle: the fetcher went back to sleep after its claims
             go.set()
@@ -105,7 +178,7 @@ async def latency(dsn: str, n: int, rate: float, concurrency: int, budget: float
             result.completed = True
             report = await loop.run_in_executor(None, results.get, True, 30)
     except TimeoutError:
-        note(f"latency: not finished after {budget:g}s; stopping")
+        note_stop(f"latency: not finished after {budget:g}s; stopping")
     finally:
         go.set()
         await loop.run_in_executor(None, reap, [proc])

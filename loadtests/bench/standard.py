@@ -25,7 +25,7 @@ from . import publish
 from .common import Progress, outbox_stats, scratch, server_info, settled_xacts
 from .farm import APP, TARGET_DRAIN_2, drain_run
 from .floor import floor_run
-from .latency import latency
+from .latency import latency, raw_latency
 from .report import Row, print_measures, verdict
 
 TARGET_STATEMENTS = 0.05
@@ -106,7 +106,7 @@ def drain_section(admin_dsn: str, dsn: str, procs: int, rows: int, appdir: Path)
 
 def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     farm = Farm(dlq_table="outbox_dlq")
-    progress = Progress(4 + 2 * 3 + 2 + 2)
+    progress = Progress(6 + 2 * 3 + 2 + 2 + 2)
     metrics()  # Prometheus objects once, before the in-process runtime
     result: dict[str, Any] = {}
     with scratch(admin_dsn, farm) as dsn:
@@ -132,6 +132,13 @@ def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         )
         result["latency"] = asdict(lat) | {
             "runner": "in-process runtime (farm.running), spawned producer process"
+        }
+        progress.step("latency floor: raw LISTEN + claim loop", 2)
+        raw = uvloop.run(
+            raw_latency(dsn, args.latency_messages, args.latency_rate, args.phase_timeout)
+        )
+        result["latency_floor"] = asdict(raw) | {
+            "runner": "raw LISTEN connection + claim/DELETE connection, same producer"
         }
         progress.show("done")
     return result
@@ -248,6 +255,12 @@ def standard_rows(r: dict[str, Any]) -> list[Row]:
             verdict(lat["completed"] and lat["p99_ms"] <= TARGET_P99_MS),
         )
     )
+    raw = r.get("latency_floor")
+    if raw and raw["completed"] and raw["p50_ms"] > 0:
+        cuts = " / ".join(f"{raw[k]:.2f}" for k in ("p50_ms", "p95_ms", "p99_ms"))
+        rows.append(("  floor, raw LISTEN + claim loop: p50 / p95 / p99 ms", cuts, "-", ""))
+        ratios = " / ".join(f"{lat[k] / raw[k]:.2f}" for k in ("p50_ms", "p95_ms", "p99_ms"))
+        rows.append(("  farm / floor: p50 / p95 / p99", ratios, "-", ""))
     return rows
 
 

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -624,6 +625,24 @@ def test_the_runtime_statements_use_their_indexes(
             dict(zip(("low", "high"), token_range(5), strict=True)),
             ("outbox_lease_idx",),
         ),
+    }
+    # The completer's writes: a flush of 64 rows under two tokens, each row found by its id.
+    ids, token = list(range(21, 1300, 20)), uuid.uuid4()
+    flush = {"ids": ids, "slots": [1 + n % 2 for n in range(64)], "tokens": [token, token]}
+    when = [datetime.now(UTC)] * 64
+    cases |= {
+        "ack": (flush, ("outbox_pkey",)),
+        "retry": (
+            flush | {"delays": [1.0] * 64, "ran": [1] * 64, "started": when},
+            ("outbox_pkey",),
+        ),
+        "release": (flush, ("outbox_pkey",)),
+        "dlq_move": (flush | {"reasons": ["x"] * 64, "exceptions": ["e"] * 64}, ("outbox_pkey",)),
+        "set_aside": (
+            {"ids": ids, "token": token, "aside": token, "seconds": 1.0},
+            ("outbox_pkey",),
+        ),
+        "lease_holders": ({"ids": ids}, ("outbox_pkey",)),
     }
     for name, (params, indexes) in cases.items():
         statement_text = queries[name]
