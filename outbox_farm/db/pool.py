@@ -25,13 +25,6 @@ CLOSE_TIMEOUT = 0.2  # seconds a pool cancelled while opening waits for its atte
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(orjson.loads, conn)
-    # The runtime runs the same few statements thousands of times; psycopg prepares them after
-    # a few runs. Left to choose, Postgres plans the claim afresh on every run (its generic
-    # plan looks dearer on paper), and that planning probes the ends of the pending and lease
-    # indexes, where an outbox keeps its dead entries until VACUUM: on an analysed table with
-    # dead rows it is most of a one-row claim's time. The generic plans of every runtime
-    # statement use their indexes (tests/integration/test_faults_and_leases.py holds them to it).
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
 async def open_pool(dsn: str, max_size: int) -> Pool:

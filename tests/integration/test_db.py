@@ -20,7 +20,7 @@ from outbox_farm.db import claims, housekeeping
 from outbox_farm.db import outcomes as writes
 from outbox_farm.db.leases import extend_leases
 from outbox_farm.db.listen import listen
-from outbox_farm.db.pool import Pool, open_pool
+from outbox_farm.db.pool import Pool
 from outbox_farm.errors import (
     ConnectionLost,
     DatabaseError,
@@ -153,35 +153,6 @@ def test_claim_reads_columns_by_name_whatever_order_the_statement_returns(
         (ids[1], b"body-2", 1),
     ]
     assert isinstance(rows[0]["acquired_at"], datetime)
-
-
-def test_the_runtime_pool_plans_the_claim_once_not_on_every_run(
-    dsn: str, conn: psycopg.Connection[Any]
-) -> None:
-    """psycopg prepares the claim after a few runs; left to choose, Postgres still plans it
-    afresh on every run (a custom plan), at a cost that grows with the dead entries at the ends
-    of the pending and lease indexes. The runtime's pool has it use one generic plan."""
-    insert(conn, "q", 1)
-
-    async def scenario() -> list[tuple[int, int]]:
-        pool = await open_pool(dsn, 1)
-        try:
-            for _ in range(10):
-                await claims.claim(pool, QUERIES, queue="q", limit=10, lease_ttl=60.0,
-                                   token=uuid.uuid4(), held=[])  # fmt: skip
-            async with pool.connection() as c:
-                cursor = await c.execute(
-                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                    "WHERE statement LIKE %s",
-                    ["%WITH expired AS%"],
-                )
-                return [(int(g), int(c)) for g, c in await cursor.fetchall()]
-        finally:
-            await pool.close()
-
-    plans = asyncio.run(scenario())
-    assert plans, "the claim was never prepared"
-    assert all(custom == 0 and generic > 0 for generic, custom in plans), plans
 
 
 def test_next_due_is_seconds_on_the_database_clock_or_none(
