@@ -42,6 +42,7 @@ from .common import (
     write_json,
 )
 from .publish import (
+    RAW_BATCH_MODES,
     TARGET_OF_BATCH_FLOOR,
     TARGET_ONE_PER_TXN,
     Phase,
@@ -170,9 +171,7 @@ def plan(args: argparse.Namespace, dsn: str, farm: Farm) -> list[tuple[str, Call
         f"(b) publish, 1 msg/txn, {args.producers} processes",
     )
     c = partial(batch_phase, dsn, farm, n, args.batch_size, budget)
-    batch_floor = [
-        (f"raw SQL batches, {mode}", partial(c, mode=mode)) for mode in ("raw_unnest", "raw_copy")
-    ]
+    batch_floor = [(f"raw SQL batches, {mode}", partial(c, mode=mode)) for mode in RAW_BATCH_MODES]
     return [
         *([] if args.skip_baseline else baseline),
         ("(a)", a),

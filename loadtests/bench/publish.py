@@ -252,6 +252,9 @@ def concurrent_phase(
     )
 
 
+RAW_BATCH_MODES = {"raw_unnest": "INSERT over arrays", "raw_copy": "COPY"}
+"""The raw batch floor's two ways (`BATCH_MODES` keys), with what a report calls them."""
+
 BATCH_MODES = {
     "publish_batch": ("c_publish_batch", "(c) publish_batch, {size}/txn", TARGET_BATCH),
     "raw_unnest": ("raw_batch_unnest", "baseline: raw INSERT over arrays, {size}/txn", None),
@@ -348,7 +351,8 @@ def batch_phase(
 
 def batch_floor(phases: list[Phase]) -> Phase | None:
     """The faster of the raw batch baselines among `phases`, if any ran."""
-    raws = [p for p in phases if p.name in ("raw_batch_unnest", "raw_batch_copy")]
+    names = {BATCH_MODES[mode][0] for mode in RAW_BATCH_MODES}
+    raws = [p for p in phases if p.name in names]
     return max(raws, key=lambda p: p.rate) if raws else None
 
 
