@@ -11,6 +11,9 @@ connection set-up cancelled out. The database server is another process and is n
   drain          the in-process runtime (`farm.running`, uvloop, the multiprocess metrics
                  registry as under `outbox-farm start`) handling pre-loaded rows with a no-op
                  async handler: claim, executor, verdict, observers, batched DELETE
+  relay          the same runtime relaying pre-loaded rows in batches of the relay's default
+                 size to a target that confirms every envelope at once (no broker): the relay's
+                 batch path, envelopes and settling, per message
   publish_batch  `publish_batch` of 100 bodies per call, per row
   publish        `publish` of one body, per call (each in its own transaction)
 
@@ -62,6 +65,7 @@ class Measure:
 
 MEASURES = (
     Measure("drain", "message", 1_000, 5_000, preload=True),
+    Measure("relay", "message", 2_000, 10_000, preload=True),
     Measure("publish_batch", "row", 1_000, 5_000, preload=False),
     Measure("publish", "call", 200, 1_000, preload=False),
 )
@@ -95,6 +99,42 @@ def _drain(dsn: str, rows: int) -> None:
     uvloop.run(run())
 
 
+def _relay(dsn: str, rows: int) -> None:
+    import uvloop
+
+    from outbox_farm import Farm
+    from outbox_farm.relay import CONFIRMED, Delivery, Envelope
+
+    done = asyncio.Event()
+
+    class Confirming:
+        """A broker that takes every envelope at once: what is counted is the relay's side."""
+
+        label = "confirming"
+        sent = 0
+
+        async def connect(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+        async def publish(self, batch: list[Envelope]) -> list[Delivery]:
+            self.sent += len(batch)
+            if self.sent >= rows:
+                done.set()
+            return [CONFIRMED] * len(batch)
+
+    farm = Farm()
+    farm.relay(QUEUE, to=Confirming())
+
+    async def run() -> None:
+        async with farm.running(dsn, vacuum_interval=None, poll_interval=5.0, flush_interval=5.0):
+            await asyncio.wait_for(done.wait(), timeout=600)
+
+    uvloop.run(run())
+
+
 def _publish_batch(dsn: str, rows: int) -> None:
     from outbox_farm import Farm
 
@@ -116,7 +156,7 @@ def _publish(dsn: str, calls: int) -> None:
                 farm.publish(conn, {"i": i, "kind": "bench"}, queue=QUEUE)
 
 
-WORKLOADS = {"drain": _drain, "publish_batch": _publish_batch, "publish": _publish}
+WORKLOADS = {"drain": _drain, "relay": _relay, "publish_batch": _publish_batch, "publish": _publish}
 
 
 def child(name: str, dsn: str, count: int) -> None:

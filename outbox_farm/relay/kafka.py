@@ -210,69 +210,50 @@ class Kafka:
         if producer is None:
             raise TargetUnavailable("not connected")
         topics = route_all(self.topic, batch)
+        keys = self._keys(batch)
         reports = _Reports(asyncio.get_running_loop(), len(batch))
+        report, produce = reports.report, producer.produce
         settled = 0  # known without a report: refused before librdkafka took it
-        for i, (envelope, topic) in enumerate(zip(batch, topics, strict=True)):
-            if isinstance(topic, Delivery):
-                reports.known(i, topic)
-                settled += 1
-                continue
-            try:
-                key = self._key(envelope)
-            except Exception as exc:
-                reports.known(i, Delivery(BrokerReply.NACKED, f"key {self.key!r} failed: {exc!r}"))
+        # Written out, not a call per row: this loop runs for every message the relay sends.
+        for i, envelope in enumerate(batch):
+            topic, key = topics[i], keys[i]
+            if isinstance(topic, Delivery) or isinstance(key, Delivery):
+                reports.known(i, topic if isinstance(topic, Delivery) else key)  # type: ignore[arg-type]
                 settled += 1
                 continue
             headers = _headers(envelope)
-            queued = self._produce(producer, reports, i, topic, key, envelope.body, headers)
-            while queued is None:  # librdkafka's queue is full: the poller drains it
-                await asyncio.sleep(QUEUE_FULL_WAIT)
-                queued = self._produce(producer, reports, i, topic, key, envelope.body, headers)
-            if not queued:
-                settled += 1
+            while True:
+                try:
+                    produce(
+                        topic, envelope.body, key, headers=headers, on_delivery=partial(report, i)
+                    )
+                    break
+                except BufferError:  # librdkafka's queue is full: the poller drains it
+                    await asyncio.sleep(QUEUE_FULL_WAIT)
+                except (KafkaException, TypeError, ValueError) as exc:
+                    # librdkafka's own checks (too large, a topic it knows is missing) answer
+                    # at once, with the codes a delivery report would carry.
+                    reports.known(i, _refused(exc))
+                    settled += 1
+                    break
         await reports.wait(settled, self.confirm_timeout + 5)
         self._broken = self._broken or reports.state_lost
         return reports.deliveries()
 
-    def _produce(
-        self,
-        producer: Producer,
-        reports: _Reports,
-        i: int,
-        topic: str,
-        key: str | bytes | None,
-        body: bytes,
-        headers: list[tuple[str, str | bytes | None]],
-    ) -> bool | None:
-        """Hand one record to librdkafka: True; False when it was refused at once (the reason
-        is recorded); None when librdkafka's local queue is full (try again shortly). A plain
-        function, not a coroutine: it runs once per row, and never waits."""
-        try:
-            producer.produce(
-                topic, body, key, headers=headers, on_delivery=partial(reports.report, i)
-            )
-        except BufferError:
-            return None
-        except (KafkaException, TypeError, ValueError) as exc:
-            # librdkafka's own checks (too large, a topic it knows is missing) answer at once,
-            # with the codes a delivery report would carry.
-            error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-            if isinstance(error, KafkaError):
-                reports.known(i, _delivery(error))
-            else:
-                reports.known(i, Delivery(BrokerReply.NACKED, f"cannot be produced: {exc!r}"))
-            return False
-        return True
-
-    def _key(self, envelope: Envelope) -> str | bytes | None:
+    def _keys(self, batch: Sequence[Envelope]) -> list[str | bytes | Delivery | None]:
+        """Each envelope's record key, or the NACKED delivery of one whose key fails."""
         key = self.key
         if key is None:
-            return None
-        if callable(key):
-            return key(envelope)
+            return [None] * len(batch)
         if key == ORDERING_KEY:
-            return envelope.ordering_key
-        return resolve(key, envelope)
+            return [envelope.ordering_key for envelope in batch]
+        out: list[str | bytes | Delivery | None] = []
+        for envelope in batch:
+            try:
+                out.append(key(envelope) if callable(key) else resolve(key, envelope))
+            except Exception as exc:
+                out.append(Delivery(BrokerReply.NACKED, f"key {key!r} failed: {exc!r}"))
+        return out
 
     # -- closing -----------------------------------------------------------------------------
 
@@ -357,6 +338,15 @@ class _Reports:
     def deliveries(self) -> list[Delivery]:
         lost = Delivery(BrokerReply.UNCONFIRMED, "no delivery report")
         return [lost if result is None else result for result in self._results]
+
+
+def _refused(exc: Exception) -> Delivery:
+    """A record `produce` refused at once: as its delivery report would have said, when the
+    exception carries librdkafka's error."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(error, KafkaError):
+        return _delivery(error)
+    return Delivery(BrokerReply.NACKED, f"cannot be produced: {exc!r}")
 
 
 def _delivery(error: KafkaError) -> Delivery:

@@ -76,11 +76,16 @@ def header_bytes(envelope: Envelope) -> int:
 
 
 def envelope(table: str, msg: Message) -> Envelope:
-    headers = {
-        key: value if isinstance(value, str) else orjson.dumps(value).decode()
-        for key, value in msg.headers.items()
-        if key not in (CONTENT_TYPE, CORRELATION_ID)
-    }
+    row = msg.headers
+    headers = (
+        {
+            key: value if isinstance(value, str) else orjson.dumps(value).decode()
+            for key, value in row.items()
+            if key not in (CONTENT_TYPE, CORRELATION_ID)
+        }
+        if row
+        else {}
+    )
     return Envelope(
         msg.id,
         message_id(table, msg),
@@ -159,21 +164,21 @@ class Relay:
         return ready, batch
 
     def _settle(self, msgs: Sequence[Message], deliveries: Sequence[Delivery]) -> None:
-        counts = dict.fromkeys(BrokerReply, 0)
+        confirmed = BrokerReply.CONFIRMED
+        failed: dict[BrokerReply, int] = {}  # by outcome; counted apart, as they are rare
         for msg, delivery in zip(msgs, deliveries, strict=True):
-            counts[delivery.outcome] += 1
-            if delivery.outcome is BrokerReply.CONFIRMED:
+            outcome = delivery.outcome
+            if outcome is confirmed:
                 msg.ack()
-            else:
-                error = _ERRORS[delivery.outcome](
-                    f"{self.label}: {delivery.reason or delivery.outcome.value}"
-                )
-                msg.nack(error=error)
-        if counts[BrokerReply.UNCONFIRMED]:
+                continue
+            failed[outcome] = failed.get(outcome, 0) + 1
+            msg.nack(error=_ERRORS[outcome](f"{self.label}: {delivery.reason or outcome.value}"))
+        if BrokerReply.UNCONFIRMED in failed:
             self._up = False  # maybe a broken connection: the next batch checks it first
-        for outcome, rows in counts.items():
-            if rows:
-                self.observer.relay_settled(self.label, outcome.value, rows)
+        if acked := len(msgs) - sum(failed.values()):
+            self.observer.relay_settled(self.label, confirmed.value, acked)
+        for outcome, rows in failed.items():
+            self.observer.relay_settled(self.label, outcome.value, rows)
 
     async def _connected(self) -> None:
         """Return once the target is connected: at once while it is; else reconnect with a

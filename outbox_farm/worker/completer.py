@@ -102,6 +102,19 @@ class Completer:
             await self._room.wait()
         self.put_nowait(outcome)
 
+    async def put_all(self, outcomes: list[Outcome]) -> None:
+        """Queue a batch handler's outcomes at once; waits, as `put`, while the completer is
+        `high_water` outcomes behind (the batch may then take it past that mark)."""
+        while len(self._pending) >= self.high_water:
+            self._room.clear()
+            await self._room.wait()
+        pending = self._pending
+        if not pending:
+            self._wake.set()
+        pending.extend(outcomes)
+        if len(pending) >= self.flush_size:
+            self._full.set()
+
     def put_nowait(self, outcome: Outcome) -> None:
         """Queue an outcome without waiting (for cancelled executors that cannot wait)."""
         self._pending.append(outcome)

@@ -185,7 +185,7 @@ class Executors:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _work(self, slot: _Slot) -> None:
-        """One row at a time. The clock reads and observations of `_started` and `_ran` are
+        """One row at a time. The clock reads and observations around the handler's run are
         written out here: this loop runs once per message, and a call less each counts."""
         ledger, spec, observer, inbox = self.ledger, self.spec, self.observer, self.inbox
         queue = spec.queue
@@ -231,8 +231,9 @@ class Executors:
                 await on_failure(self.spec, msg, exc, outcome)
 
     async def _work_batches(self, slot: _Slot) -> None:
-        """`_work` for a batch handler: one call per batch, the rest per row."""
-        ledger, spec = self.ledger, self.spec
+        """`_work` for a batch handler: one call per batch, the rest per row, written out here
+        as in `_work` (a relay runs this loop for every row it sends)."""
+        ledger, spec, observer, completer = self.ledger, self.spec, self.observer, self.completer
         while True:
             async with self._forming:
                 rows = await self._take()
@@ -240,20 +241,24 @@ class Executors:
                 return
             if self._closing:
                 for msg in rows:
-                    self.completer.put_nowait(decision.released(msg))
+                    completer.put_nowait(decision.released(msg))
                 continue
             slot.hand = rows
             runs: list[tuple[Message, float]] = []  # the rows passed in, and their start
+            now = time.monotonic()
             for msg in rows:
-                if time.monotonic() > msg.start_by:
+                if now > msg.start_by:
                     await self._hand_back(msg)
                     continue
                 ledger.start(msg.id)
                 verdict = decision.before_run(spec, msg)
                 if verdict is None:
-                    runs.append((msg, self._started(msg)))
+                    started = msg.claimed_epoch + (now - msg.received_monotonic)
+                    lag = started - msg.due_epoch
+                    observer.handler_started(msg, lag if lag > 0.0 else 0.0)
+                    runs.append((msg, started))
                 elif (outcome := self._settle(msg, verdict)) is not None:
-                    await self.completer.put(outcome)
+                    await completer.put(outcome)
             if not runs:
                 slot.hand = ()
                 continue
@@ -263,13 +268,14 @@ class Executors:
             except asyncio.CancelledError:
                 self._interrupted(runs, began)
                 raise
-            duration = self._ran(began)
+            duration = time.perf_counter() - began
+            observer.handler_finished(spec.queue, duration)
             written: list[tuple[Message, Outcome]] = []
             for msg, started in runs:
                 outcome = self._settle(msg, decision.decide(spec, msg, exc, started, duration))
                 if outcome is not None:
-                    await self.completer.put(outcome)
                     written.append((msg, outcome))
+            await completer.put_all([outcome for _, outcome in written])
             slot.hand = ()
             if spec.on_failure is not None:  # after every outcome was handed over
                 for msg, outcome in written:
@@ -356,18 +362,3 @@ class Executors:
         self.observer.decided(msg, outcome)
         self.observer.noted(msg, notes)
         await self.completer.put(outcome)
-
-    # -- what the observer is told, besides verdicts -----------------------------------------
-
-    def _started(self, msg: Message) -> float:
-        """Now as seconds since the epoch on the database clock (the claim's now() plus local
-        time since); the row's delivery lag is observed."""
-        started = msg.claimed_epoch + (time.monotonic() - msg.received_monotonic)
-        self.observer.handler_started(msg, max(started - msg.due_epoch, 0.0))
-        return started
-
-    def _ran(self, began: float) -> float:
-        """Seconds since `began` (perf_counter), observed as a handler call's run time."""
-        duration = time.perf_counter() - began
-        self.observer.handler_finished(self.spec.queue, duration)
-        return duration
