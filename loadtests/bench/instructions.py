@@ -65,7 +65,7 @@ class Measure:
 
 MEASURES = (
     Measure("drain", "message", 1_000, 5_000, preload=True),
-    Measure("relay", "message", 2_000, 10_000, preload=True),
+    Measure("relay", "message", 4_000, 12_000, preload=True),
     Measure("publish_batch", "row", 1_000, 5_000, preload=False),
     Measure("publish", "call", 200, 1_000, preload=False),
 )

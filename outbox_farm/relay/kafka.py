@@ -1,9 +1,10 @@
 """The Kafka target (confluent-kafka, the librdkafka client; `pip install 'outbox-farm[kafka]'`).
 
-confluent-kafka rather than aiokafka: on the relay benchmark's ceiling (the same records, acks
-from every in-sync replica, one relay batch in flight) librdkafka published several times as
-many messages per second as aiokafka on the same broker, and its idempotent producer works where
-aiokafka's was refused (the README's relay section has the numbers).
+confluent-kafka rather than aiokafka: batch by batch, as the relay sends (the benchmark's
+ceiling: the same records, acks from every in-sync replica, one relay batch in flight), the two
+publish alike on the same broker, within the run-to-run noise; streaming records without a wait
+per batch librdkafka made several times aiokafka's rate; and its idempotent producer works where
+aiokafka's was refused (the benchmarks page has the numbers).
 
 A batch is handed to librdkafka's queue at once (`produce` never waits on the network) with
 `acks=all`; librdkafka batches, retries what is retriable and reconnects by itself, within
@@ -31,7 +32,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -217,8 +218,8 @@ class Kafka:
         # Written out, not a call per row: this loop runs for every message the relay sends.
         for i, envelope in enumerate(batch):
             topic, key = topics[i], keys[i]
-            if isinstance(topic, Delivery) or isinstance(key, Delivery):
-                reports.known(i, topic if isinstance(topic, Delivery) else key)  # type: ignore[arg-type]
+            if isinstance(topic, Delivery) or isinstance(key, Delivery):  # route or key failed
+                reports.known(i, topic if isinstance(topic, Delivery) else cast(Delivery, key))
                 settled += 1
                 continue
             headers = _headers(envelope)
