@@ -134,3 +134,39 @@ def test_a_resent_ack_that_finds_its_row_gone_is_unconfirmed_not_lease_lost(
     assert conn.execute("SELECT acquired_token FROM outbox WHERE id = %s", [taken]).fetchone() == (
         other,
     )
+
+
+def test_put_and_put_all_wait_while_the_completer_is_high_water_behind(dsn: str) -> None:
+    """Executors stop handing over outcomes while `high_water` of them wait unwritten: a batch
+    handler's whole batch waits as one row's outcome does, and both go on, in the order they
+    came, as flushes take what is waiting."""
+
+    def acks(first: int, count: int) -> list[Outcome]:
+        return [Outcome(Kind.ACK, i, uuid.uuid4(), "q", 1) for i in range(first, first + count)]
+
+    async def settled() -> None:  # let every task run up to its next wait (no clock involved)
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        queries = Queries(TableNames.build("outbox", "outbox_dlq"))
+        async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
+            completer = Completer(pool, queries, flush_size=5, high_water=5)
+            await completer.put_all(acks(0, 5))  # under the mark when it came: taken at once
+            batch = asyncio.create_task(completer.put_all(acks(5, 6)))
+            single = asyncio.create_task(completer.put(acks(11, 1)[0]))
+            await settled()
+            assert not batch.done()
+            assert not single.done()
+            first = await completer._collect()
+            assert [o.row_id for o in first] == [0, 1, 2, 3, 4]
+            await settled()
+            assert batch.done()  # the batch went in whole, past the mark ...
+            assert not single.done()  # ... so the next outcome waits again
+            second = await completer._collect()
+            assert [o.row_id for o in second] == [5, 6, 7, 8, 9, 10]
+            await settled()
+            assert single.done()
+            assert [o.row_id for o in await completer._collect()] == [11]
+
+    asyncio.run(scenario())
