@@ -105,6 +105,8 @@ class Completer:
     async def put_all(self, outcomes: list[Outcome]) -> None:
         """Queue a batch handler's outcomes at once; waits, as `put`, while the completer is
         `high_water` outcomes behind (the batch may then take it past that mark)."""
+        if not outcomes:  # every row's lease was lost while it ran: nothing to write
+            return
         while len(self._pending) >= self.high_water:
             self._room.clear()
             await self._room.wait()
