@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..backoff import Backoff
@@ -97,29 +97,28 @@ class Completer:
                 self._wake.set()  # the first outcome of a batch
             pending.append(outcome)
             return
-        while len(self._pending) >= self.high_water:
-            self._room.clear()
-            await self._room.wait()
-        self.put_nowait(outcome)
+        await self._room_left()
+        self._add((outcome,))
 
     async def put_all(self, outcomes: list[Outcome]) -> None:
         """Queue a batch handler's outcomes at once; waits, as `put`, while the completer is
         `high_water` outcomes behind (the batch may then take it past that mark)."""
         if not outcomes:  # every row's lease was lost while it ran: nothing to write
             return
-        while len(self._pending) >= self.high_water:
-            self._room.clear()
-            await self._room.wait()
-        pending = self._pending
-        if not pending:
-            self._wake.set()
-        pending.extend(outcomes)
-        if len(pending) >= self.flush_size:
-            self._full.set()
+        await self._room_left()
+        self._add(outcomes)
 
     def put_nowait(self, outcome: Outcome) -> None:
         """Queue an outcome without waiting (for cancelled executors that cannot wait)."""
-        self._pending.append(outcome)
+        self._add((outcome,))
+
+    async def _room_left(self) -> None:
+        while len(self._pending) >= self.high_water:
+            self._room.clear()
+            await self._room.wait()
+
+    def _add(self, outcomes: Iterable[Outcome]) -> None:
+        self._pending.extend(outcomes)
         self._wake.set()
         if len(self._pending) >= self.flush_size:
             self._full.set()
