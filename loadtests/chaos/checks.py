@@ -60,11 +60,20 @@ class Result:
         return [f for f in self.findings if not f.ok]
 
 
+RECOVERY = 30.0  # seconds a farm may take to be healthy again: a backed-off slot and a boot
+
+
 def survived(result: Result, run: FarmRun, *, restarts_allowed: bool = False) -> None:
-    """The farm is up and healthy at the end, and (unless the fault kills workers on
-    purpose) replaced none of its workers."""
-    alive = run.proc.poll() is None and (run.health() or (0, {}))[0] == 200
-    result.findings.append(Finding("farm-keeps-running", alive, run.tail(3) if not alive else ""))
+    """The farm is up and becomes healthy within `RECOVERY`, and (unless the fault kills
+    workers on purpose) replaced none of its workers. Waited for, not sampled: a worker killed
+    a moment ago is replaced after its slot's backoff and a boot, which a busy machine slows."""
+
+    def healthy() -> bool:
+        return run.proc.poll() is None and (run.health() or (0, {}))[0] == 200
+
+    alive = wait_for(healthy, RECOVERY)
+    detail = "" if alive else f"/healthz: {run.health()}; exit: {run.proc.poll()}\n{run.tail(3)}"
+    result.findings.append(Finding("farm-keeps-running", alive, detail))
     if not restarts_allowed:
         restarts = run.scrape().total("outbox_farm_worker_restarts_total")
         result.findings.append(
