@@ -114,9 +114,11 @@ class TableNames:
             "lease_idx": out.sibling("_lease_idx", "lease index name"),
             "timer_idx": out.sibling("_timer_id_uq", "timer index name"),
             "ordering_idx": out.sibling("_order_idx", "ordering index name"),
+            "blocked_idx": out.sibling("_blocked_idx", "blocked rows index name"),
             "lease_ck": out.sibling("_lease_ck", "lease check name"),
             "counts_ck": out.sibling("_counts_ck", "counters check name"),
             "values_ck": out.sibling("_values_ck", "values check name"),
+            "blocked_ck": out.sibling("_blocked_ck", "blocked rows check name"),
         }
         if self.dlq is not None:
             ids["dlq"] = self.dlq.identifier()

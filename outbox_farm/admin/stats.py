@@ -1,8 +1,9 @@
 """Per-queue numbers for an operator, fast on a table of millions of rows.
 
-Every count is read from an index range (the pending, lease and (queue, failed_at) indexes) and
-capped: at most `exact_limit` rows are counted. Past that the number is the planner's estimate
-of the same statement (EXPLAIN, from the table's statistics), and is marked as an estimate. A
+Every count is read from an index range (the pending, lease, blocked and (queue, failed_at)
+indexes) and capped: at most `exact_limit` rows are counted. Past that the number is the
+planner's estimate of the same statement (EXPLAIN, from the table's statistics), and is marked
+as an estimate. A
 count the planner expects to be expensive even with the cap (rows no index covers, such as
 "retrying": attempts_count > 0, on a big queue) is estimated without running it. So `stats`
 costs milliseconds per queue whatever the table's size, and exact numbers are shown whenever

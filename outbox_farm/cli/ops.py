@@ -116,9 +116,9 @@ def stats(
     exact_limit: int,
     as_json: bool,
 ) -> None:
-    """Per queue: ready, scheduled, in flight, expired leases, retrying rows, the oldest
-    ready row's age, DLQ rows by reason (last hour, day, all), whether it is stalled, and
-    the running farm's rates.
+    """Per queue: ready, scheduled, waiting (deep in an ordering key's line), in flight,
+    expired leases, retrying rows, the oldest ready row's age, DLQ rows by reason (last hour,
+    day, all), whether it is stalled, and the running farm's rates.
 
     Counts are exact up to --exact-limit and the planner's estimate above it (marked ~ in
     text, "exact": false in JSON), so this answers in milliseconds on any table size.

@@ -214,6 +214,16 @@ async def next_due(pool: Pool, queries: Queries, queue: str) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
+async def free_stranded(pool: Pool, queries: Queries, queue: str) -> int:
+    """Unmark the rows of `queue` left marked `key_blocked` at the head of their key (see the
+    statement); how many. Rare, so it is looked for every few seconds, not on every claim."""
+    with boundary():
+        async with pool.connection() as conn:
+            cursor = await conn.execute(queries["free_stranded"], {"queue": queue})
+            row = await cursor.fetchone()
+    return 0 if row is None else int(row[0])
+
+
 async def set_aside(
     pool: Pool,
     queries: Queries,

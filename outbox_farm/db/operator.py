@@ -26,11 +26,12 @@ PROBE_LEASE_TTL = 60.0
 PROBE_LOCK_TIMEOUT = "1s"
 PROBE_STATEMENT_TIMEOUT = "5s"
 
-OutboxFigure = Literal["ready", "scheduled", "in_flight", "expired", "retrying"]
+OutboxFigure = Literal["ready", "scheduled", "waiting", "in_flight", "expired", "retrying"]
 # Each figure of `stats`, in the order it is shown, and the admin_is_* condition it counts.
 OUTBOX_CONDITIONS: dict[OutboxFigure, str] = {
     "ready": "admin_is_ready",
     "scheduled": "admin_is_scheduled",
+    "waiting": "admin_is_waiting",
     "in_flight": "admin_is_leased",
     "expired": "admin_is_expired",
     "retrying": "admin_is_retrying",

@@ -34,6 +34,7 @@ OUTBOX_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "lease_expires_at": (TSTZ, False, False),
     "timer_id": (VARCHAR, False, False),
     "ordering_key": (VARCHAR, False, False),
+    "key_blocked": ("boolean", True, True),
 }
 
 DLQ_COLUMNS: dict[str, tuple[str, bool, bool]] = {
@@ -60,13 +61,21 @@ class ExpectedIndex:
 
 
 OUTBOX_INDEXES = (
-    ExpectedIndex("pending index", ("queue", "next_attempt_at"), False, "acquired_token IS NULL"),
+    ExpectedIndex(
+        "pending index",
+        ("queue", "next_attempt_at"),
+        False,
+        "acquired_token IS NULL AND NOT key_blocked",
+    ),
     ExpectedIndex(
         "lease index", ("queue", "lease_expires_at"), False, "acquired_token IS NOT NULL"
     ),
     ExpectedIndex("timer index", ("queue", "timer_id"), True, "timer_id IS NOT NULL"),
     ExpectedIndex(
         "ordering index", ("queue", "ordering_key", "id"), False, "ordering_key IS NOT NULL"
+    ),
+    ExpectedIndex(
+        "blocked rows index (migration 0008)", ("queue", "ordering_key", "id"), False, "key_blocked"
     ),
 )
 DLQ_INDEXES = (
@@ -122,6 +131,11 @@ class ExpectedCheck:
 
 
 OUTBOX_CHECKS = (
+    ExpectedCheck(
+        "blocked rows CHECK (only a keyed row is key_blocked; migration 0008)",
+        ("ordering_key is not null or not key_blocked",),
+        ("ordering_key", "key_blocked"),
+    ),
     ExpectedCheck(
         "counters CHECK (0 <= deliveries_count, attempts_count < bigint max; migration 0006)",
         (

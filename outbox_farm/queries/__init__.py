@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
+from string import Formatter
 
 from psycopg import sql
 
@@ -41,12 +42,29 @@ def load_blocks() -> dict[str, str]:
     return blocks
 
 
+# How many older rows of its ordering key a row may have before it is marked `key_blocked`
+# (migration 0008): the longest walk a claim makes behind a running head, and the most index
+# entries a publish reads to decide the mark. Keys with fewer rows waiting are never marked.
+KEY_WINDOW = 8
+
+
 def compose(text: str, names: TableNames) -> str:
-    """`text` with its `{placeholders}` filled with the quoted identifiers of `names`.
+    """`text` with its `{placeholders}` filled: with the quoted identifiers of `names`,
+    `{key_window}` with `KEY_WINDOW`, and a placeholder that names a block with that block
+    (itself composed), so a fragment several statements share is written once.
 
     KeyError when the text needs `{dlq}` (or its index) and no DLQ table is configured.
     """
-    return sql.SQL(text).format(**names.identifiers()).as_string(None)
+    return _composed(text, names).as_string(None)
+
+
+def _composed(text: str, names: TableNames) -> sql.Composed:
+    blocks = load_blocks()
+    fields = {field for _, field, _, _ in Formatter().parse(text) if field}
+    fragments = {field: _composed(blocks[field], names) for field in fields if field in blocks}
+    return sql.SQL(text).format(
+        **names.identifiers(), key_window=sql.Literal(KEY_WINDOW), **fragments
+    )
 
 
 class Queries:

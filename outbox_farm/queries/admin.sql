@@ -180,12 +180,15 @@ SELECT max(id), count(*)::bigint FROM gone
 -- name: outbox_queues
 -- The queues with rows in the outbox, read as a loose index scan: one index probe per queue on
 -- each partial index (pending, leased) instead of a scan of every row. The planner needs the
--- partial indexes' predicates spelled out to use them.
+-- partial indexes' predicates spelled out to use them. A queue whose rows were all marked
+-- `key_blocked` cannot exist: a marked row waits behind older rows of its queue and key.
 WITH RECURSIVE pending AS (
-    (SELECT queue FROM {outbox} WHERE acquired_token IS NULL ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {outbox} WHERE acquired_token IS NULL AND NOT key_blocked
+     ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT o.queue FROM {outbox} AS o
-            WHERE o.acquired_token IS NULL AND o.queue > p.queue ORDER BY o.queue LIMIT 1)
+            WHERE o.acquired_token IS NULL AND NOT o.key_blocked AND o.queue > p.queue
+            ORDER BY o.queue LIMIT 1)
     FROM pending AS p WHERE p.queue IS NOT NULL
 ), leased AS (
     (SELECT queue FROM {outbox} WHERE acquired_token IS NOT NULL ORDER BY queue LIMIT 1)
@@ -222,12 +225,18 @@ SELECT count(*)::bigint FROM (
 EXPLAIN (FORMAT JSON) {statement}
 
 -- name: admin_is_ready
--- Due rows nobody holds: a range of the pending index.
-acquired_token IS NULL AND next_attempt_at <= now()
+-- Due rows nobody holds: a range of the pending index. Rows deep in an ordering key's line
+-- (`key_blocked`, migration 0008) are not in it and count as waiting (admin_is_waiting).
+acquired_token IS NULL AND NOT key_blocked AND next_attempt_at <= now()
 
 -- name: admin_is_scheduled
 -- Rows due later (delayed publishes and retries waiting for their time): the pending index.
-acquired_token IS NULL AND next_attempt_at > now()
+acquired_token IS NULL AND NOT key_blocked AND next_attempt_at > now()
+
+-- name: admin_is_waiting
+-- Rows deep in an ordering key's line, behind a whole window of older rows of their key: the
+-- blocked index.
+key_blocked
 
 -- name: admin_is_leased
 -- Claimed rows, in flight: the lease index.
@@ -273,8 +282,8 @@ ORDER BY failure_reason
 -- dead-letters it) is skipped: its age is no number, and the subtraction would fail.
 SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8
 FROM {outbox}
-WHERE queue = %(queue)s AND acquired_token IS NULL AND next_attempt_at <= now()
-  AND next_attempt_at > '-infinity'::timestamptz
+WHERE queue = %(queue)s AND acquired_token IS NULL AND NOT key_blocked
+  AND next_attempt_at <= now() AND next_attempt_at > '-infinity'::timestamptz
 
 -- name: admin_stall
 -- What says whether one queue is stalled with nobody working on it, from the database alone:
@@ -290,7 +299,8 @@ SELECT coalesce((
            SELECT extract(epoch FROM now() - greatest(c.next_attempt_at,
                                                       '0001-01-02 00:00:00+00'::timestamptz))
            FROM {outbox} AS c
-           WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND c.next_attempt_at <= now()
+           WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND NOT c.key_blocked
+             AND c.next_attempt_at <= now()
              AND (c.ordering_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM {outbox} AS older
                  WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key

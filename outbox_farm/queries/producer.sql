@@ -1,11 +1,23 @@
+-- name: key_blocked_at_publish
+-- A fragment of the publish statements: a keyed row is marked `key_blocked` when a whole window
+-- of older rows of its key is already waiting (migration 0008), and stays out of the pending
+-- index until the deletions before it bring it within the window. Reading the window costs a
+-- keyed row at most `KEY_WINDOW` entries of the ordering index, an unkeyed row one empty probe.
+(SELECT count(*) FROM (SELECT FROM {outbox} AS older
+                       WHERE older.queue = %(queue)s::varchar
+                         AND older.ordering_key = %(ordering_key)s::varchar
+                       LIMIT {key_window}) AS w) >= {key_window}
+
 -- name: publish
 -- One row, and its wake-up, in one statement and one round trip. The NOTIFY is sent only when
 -- the row is already due; Postgres folds identical notifications of one transaction into one.
 WITH ins AS (
-    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, ordering_key)
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, ordering_key,
+                               key_blocked)
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(ordering_key)s)
+            %(ordering_key)s,
+            {key_blocked_at_publish})
     RETURNING o.id, o.next_attempt_at
 )
 SELECT ins.id,
@@ -17,10 +29,12 @@ FROM ins
 -- A timer publish with the `ignore` policy: a live timer with the same id wins, nothing is
 -- inserted, no id is returned and no NOTIFY is sent.
 WITH ins AS (
-    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key)
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key,
+                               key_blocked)
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(timer_id)s, %(ordering_key)s)
+            %(timer_id)s, %(ordering_key)s,
+            {key_blocked_at_publish})
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
     RETURNING o.id, o.next_attempt_at
 )
@@ -34,10 +48,12 @@ FROM ins
 -- new due time and takes the new body. A timer whose handler is running (leased) is left
 -- alone, and the publish returns no id, so a running handler's ack cannot delete a newer timer.
 WITH ins AS (
-    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key)
+    INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key,
+                               key_blocked)
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(timer_id)s, %(ordering_key)s)
+            %(timer_id)s, %(ordering_key)s,
+            {key_blocked_at_publish})
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             headers = excluded.headers,
@@ -53,13 +69,20 @@ FROM ins
 -- name: publish_batch
 -- Many bodies of one queue in one statement over arrays; WITH ORDINALITY keeps the returned
 -- ids in the order of the bodies (so rows of one ordering key run in that order). A NULL
--- `ordering_keys` array is padded with NULLs by unnest: no key for any row. One NOTIFY for the
--- whole batch when any row is due.
+-- `ordering_keys` array is padded with NULLs by unnest: no key for any row. A row's place in
+-- its key's line counts the batch's rows of that key before it. One NOTIFY for the whole batch
+-- when any row is due.
 WITH ins AS (
-    INSERT INTO {outbox} (queue, payload, headers, next_attempt_at, ordering_key)
+    INSERT INTO {outbox} (queue, payload, headers, next_attempt_at, ordering_key, key_blocked)
     SELECT %(queue)s, b.payload, b.headers,
            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-           b.ordering_key
+           b.ordering_key,
+           b.ordering_key IS NOT NULL
+           AND (SELECT count(*) FROM (SELECT FROM {outbox} AS older
+                                      WHERE older.queue = %(queue)s::varchar
+                                        AND older.ordering_key = b.ordering_key
+                                      LIMIT {key_window}) AS w)
+               + row_number() OVER (PARTITION BY b.ordering_key ORDER BY b.n) > {key_window}
     FROM unnest(%(payloads)b::bytea[], %(headers)b::jsonb[], %(ordering_keys)b::text[])
          WITH ORDINALITY AS b(payload, headers, ordering_key, n)
     ORDER BY b.n

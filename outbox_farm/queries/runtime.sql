@@ -12,7 +12,9 @@
 -- A row with an `ordering_key` is taken only while it is the oldest row of its queue and key
 -- left in the table (one lookup in the ordering index): an older one running, waiting for a
 -- retry or not yet due blocks it, across every process, until that one is deleted (acked or
--- dead-lettered). Rows without a key skip the lookup.
+-- dead-lettered). Rows without a key skip the lookup. Rows with a whole window of their key
+-- before them are marked `key_blocked` and are not in the pending index (migration 0008), so
+-- the walk behind a running head is at most the window long however deep the key's backlog.
 -- The `far` branch takes the rows a producer scheduled beyond what any client can load
 -- (`next_attempt_at` past year 9999, or +infinity): they would never fall due, so they are
 -- claimed at once to be dead-lettered as invalid (one probe at the top of the pending index, and
@@ -48,7 +50,8 @@ WITH expired AS (
     FOR UPDATE OF c SKIP LOCKED
 ), pending AS (
     SELECT c.id FROM {outbox} AS c
-    WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND c.next_attempt_at <= now()
+    WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND NOT c.key_blocked
+      AND c.next_attempt_at <= now()
       AND (c.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {outbox} AS older
           WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key AND older.id < c.id))
@@ -57,7 +60,7 @@ WITH expired AS (
     FOR UPDATE OF c SKIP LOCKED
 ), far AS (
     SELECT c.id FROM {outbox} AS c
-    WHERE %(far)s::bool AND c.queue = %(queue)s AND c.acquired_token IS NULL
+    WHERE %(far)s::bool AND c.queue = %(queue)s AND c.acquired_token IS NULL AND NOT c.key_blocked
       AND c.next_attempt_at > '9999-12-30 00:00:00+00'::timestamptz
     LIMIT %(limit)s
     FOR UPDATE OF c SKIP LOCKED
@@ -104,14 +107,15 @@ RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count,
 -- lookups on the partial indexes. (Leases from before migration 0004 carry no expiry and are
 -- found by the poll.) A keyed row held back by an older row of its key is not claimable
 -- however due it is: it does not count, or a fetcher would wake every millisecond for it; the
--- deletion that frees it sends a NOTIFY instead (`ack`, `dlq_move`). A row another writer
+-- deletion that frees it sends a NOTIFY instead (`ack`, `dlq_move`). Marked rows are not
+-- even looked at. A row another writer
 -- dated ±infinity answers "now" or "not for ages" (±1e9 s) instead of failing every idle fetch;
 -- a finite time costs one isfinite() more than the plain subtraction.
 SELECT CASE WHEN NOT isfinite(t) THEN CASE WHEN t < now() THEN -1e9 ELSE 1e9 END
             ELSE extract(epoch FROM t - now()) END::float8
 FROM (SELECT least(
     (SELECT min(c.next_attempt_at) FROM {outbox} AS c
-      WHERE c.queue = %(queue)s AND c.acquired_token IS NULL
+      WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND NOT c.key_blocked
         AND (c.ordering_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {outbox} AS older
             WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key
@@ -120,11 +124,61 @@ FROM (SELECT least(
       WHERE queue = %(queue)s AND acquired_token IS NOT NULL)
 ) AS t) AS due
 
+-- name: moved_up
+-- A fragment of the deleting statements (`ack`, `dlq_move`, `complete_in_transaction`), after
+-- their `gone`: each keyed row deleted moves its key's line up one place, so the key's first
+-- `key_blocked` row comes within the window and is unmarked (one probe of the blocked index,
+-- which is empty unless some key is deep).
+moved_up AS (
+    UPDATE {outbox} AS o SET key_blocked = false
+    FROM gone
+    WHERE gone.ordering_key IS NOT NULL
+      AND o.id = (SELECT b.id FROM {outbox} AS b
+                  WHERE b.queue = gone.queue AND b.ordering_key = gone.ordering_key
+                    AND b.key_blocked
+                  ORDER BY b.id LIMIT 1)
+)
+
+-- name: free_stranded
+-- Unmark the rows of a queue marked `key_blocked` that wait for nothing: the first marked row
+-- of its key with no older row of the key left. The farm's deletions unmark a key's rows as its
+-- line moves up, but a row marked by a publish whose transaction stayed open while the rows
+-- before it were deleted, or a key whose rows an operator deleted by hand, is left marked at
+-- the head. Only the first marked row of a key can be stranded, so the walk reads one entry per
+-- key with marked rows (a loose scan of the blocked index; one probe when no key is deep).
+-- Rows another process is unmarking are skipped, not waited for. Returns how many rows it
+-- freed and wakes the fetchers (NOTIFY at commit).
+WITH RECURSIVE firsts AS (
+    (SELECT b.ordering_key, b.id FROM {outbox} AS b
+     WHERE b.queue = %(queue)s AND b.key_blocked
+     ORDER BY b.ordering_key, b.id LIMIT 1)
+    UNION ALL
+    SELECT n.ordering_key, n.id FROM firsts AS f, LATERAL (
+        SELECT b.ordering_key, b.id FROM {outbox} AS b
+        WHERE b.queue = %(queue)s AND b.key_blocked AND b.ordering_key > f.ordering_key
+        ORDER BY b.ordering_key, b.id LIMIT 1) AS n
+), stranded AS (
+    SELECT o.id FROM {outbox} AS o JOIN firsts AS f ON o.id = f.id
+    WHERE o.key_blocked
+      AND NOT EXISTS (
+          SELECT 1 FROM {outbox} AS older
+          WHERE older.queue = o.queue AND older.ordering_key = o.ordering_key
+            AND older.id < o.id)
+    FOR UPDATE OF o SKIP LOCKED
+), freed AS (
+    UPDATE {outbox} AS o SET key_blocked = false
+    FROM stranded WHERE o.id = stranded.id
+    RETURNING o.id
+), wake AS (
+    SELECT pg_notify({notify_channel}, %(queue)s) WHERE EXISTS (SELECT 1 FROM freed)
+)
+SELECT count(*)::int FROM freed, (SELECT count(*) FROM wake) AS woken
+
 -- name: ack
 -- Success: delete the rows this runner still holds. Rows not returned were lost to a newer
 -- lease (or are gone) and are reported as lease_lost. Deleting a keyed row may free the next
 -- row of its key, which no fetcher is waiting for: one NOTIFY per queue wakes them (sent at
--- commit; unkeyed deletions send nothing).
+-- commit; unkeyed deletions send nothing), and moves its key's line up (`moved_up`).
 --
 -- Every write of a flush takes the same arguments: the rows' ids, and for each its lease token
 -- as a position (from 1) in the short array of the flush's distinct tokens (a claim's rows
@@ -138,7 +192,7 @@ WITH gone AS (
 ), wake AS (
     SELECT pg_notify({notify_channel}, queue)
     FROM (SELECT DISTINCT queue FROM gone WHERE ordering_key IS NOT NULL) AS freed
-)
+), {moved_up}
 SELECT gone.n - 1 FROM gone, (SELECT count(*) FROM wake) AS woken
 
 -- name: retry
@@ -175,8 +229,8 @@ RETURNING t.n - 1
 -- name: dlq_move
 -- Terminal failure with a DLQ: the DELETE feeds the INSERT in one statement, so the row is
 -- either archived and gone, or (the INSERT failed) still here under its lease. A lost lease
--- deletes nothing and therefore archives nothing. A keyed row's move wakes the fetchers, as
--- `ack` does: it may free the next row of its key.
+-- deletes nothing and therefore archives nothing. A keyed row's move wakes the fetchers and
+-- moves its key's line up, as `ack` does: it may free the next row of its key.
 WITH t AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(slots)s::int[], %(reasons)b::text[],
                          %(exceptions)b::text[]) WITH ORDINALITY AS t(id, slot, reason, exc, n)
@@ -195,7 +249,7 @@ WITH t AS (
 ), wake AS (
     SELECT pg_notify({notify_channel}, queue)
     FROM (SELECT DISTINCT queue FROM gone WHERE ordering_key IS NOT NULL) AS freed
-)
+), {moved_up}
 SELECT gone.n - 1
 FROM gone JOIN moved ON moved.original_id = gone.id, (SELECT count(*) FROM wake) AS woken
 
@@ -305,12 +359,12 @@ SELECT 1
 -- A transactional handler's ack, inside the handler's own transaction, after its writes: the
 -- row goes only while this runner's lease still holds, and it goes or stays with those writes.
 -- Nothing returned: the lease was lost, and the transaction is rolled back. A keyed row wakes
--- the fetchers at commit, as `ack` does.
+-- the fetchers at commit and moves its key's line up, as `ack` does.
 WITH gone AS (
     DELETE FROM {outbox}
     WHERE id = %(id)s AND acquired_token = %(token)s
     RETURNING id, queue, ordering_key
 ), wake AS (
     SELECT pg_notify({notify_channel}, queue) FROM gone WHERE ordering_key IS NOT NULL
-)
+), {moved_up}
 SELECT gone.id FROM gone, (SELECT count(*) FROM wake) AS woken

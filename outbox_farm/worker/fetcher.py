@@ -42,6 +42,7 @@ STALL_FAILURES = 5  # claims failed in a row that make the queue stalled ...
 STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
 STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
 FAR_EVERY = 2.0  # seconds between looks for rows due beyond what a client can load
+STRANDED_EVERY = 2.0  # seconds between looks for rows left marked at the head of their key
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -81,6 +82,7 @@ class Fetcher:
         self.on_starved = on_starved
         self.operation = f"claim for queue {spec.queue}"
         self._far_at = 0.0  # monotonic time of the next claim that also looks for far rows
+        self._stranded_at = 0.0  # monotonic time of the next look for stranded keyed rows
         self.capacity = spec.capacity
         self.ledger = Ledger(spec.queue, self.capacity, observer)
         # Claim in halves of the capacity: one half is handled while the other half's outcomes
@@ -144,6 +146,7 @@ class Fetcher:
             self._wake.clear()
             want = min(free, self.batch)
             try:
+                await self._free_stranded()
                 got = await self._claimed(want)
                 if got == want:
                     backoff.reset()
@@ -171,6 +174,23 @@ class Fetcher:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    async def _free_stranded(self) -> None:
+        """Every `STRANDED_EVERY` seconds, busy or not: unmark the queue's rows left marked
+        `key_blocked` at the head of their key (see `claims.free_stranded`), which no claim
+        would otherwise ever take. Its failure is the claim's: the same connection problems."""
+        now = time.monotonic()
+        if now < self._stranded_at:
+            return
+        self._stranded_at = now + STRANDED_EVERY
+        freed = await claims.free_stranded(self.pool, self.queries, self.spec.queue)
+        if freed:
+            log.info(
+                "unmarked %d row(s) of queue %s left waiting at the head of their ordering key",
+                freed,
+                self.spec.queue,
+                extra={"event": "stranded_freed", "queue": self.spec.queue, "rows": freed},
+            )
 
     async def _claimed(self, want: int) -> int:
         """`_claim(want)`, its failure counted and its success or failure told to the stall
@@ -267,6 +287,7 @@ class Fetcher:
                 )
             )
         self.ledger.hold(ids, token)
+        self.ledger.keyed = key is not None  # the last row's: a hint, not worth a test per row
         self.inbox.put_all(msgs)
         if aside:
             await self._set_aside(aside, token)

@@ -49,6 +49,9 @@ class Ledger:
         # rows share that object, and UUID hashes in Python): [token, rows held under it].
         self._claims: dict[int, list[Any]] = {}
         self.slots = asyncio.Event()  # set whenever a row is settled
+        # The latest claim's rows carry ordering keys: the next row of a key is claimable only
+        # once this one's outcome is written (see `Completer.awaited`).
+        self.keyed = False
 
     def __len__(self) -> int:
         return len(self.rows)

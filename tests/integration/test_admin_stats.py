@@ -53,6 +53,7 @@ def test_counts_per_queue_are_exact_while_small(conn: Conn) -> None:
     assert q.counts == {
         "ready": exact(3),
         "scheduled": exact(2),
+        "waiting": exact(0),
         "in_flight": exact(2),
         "expired": exact(1),
         "retrying": exact(2),

@@ -132,10 +132,10 @@ def test_schema_reads_are_typed_rows(conn: Conn) -> None:
             ("queue", "next_attempt_at"),
             False,
             False,
-            "(acquired_token IS NULL)",
+            "((acquired_token IS NULL) AND (NOT key_blocked))",
         )
     ]
-    assert len(live.checks) == 3  # lease, counters, values (migration 0006)
+    assert len(live.checks) == 4  # lease, counters, values (0006), blocked rows (0008)
     assert read_table(conn, QualifiedName(None, "no_such_table")) is None
     assert missing_tables(conn, NAMES) == []
     conn.execute("DROP TABLE outbox_dlq")

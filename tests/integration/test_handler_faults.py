@@ -552,6 +552,13 @@ def test_a_missing_privilege_is_the_runtimes_problem_until_it_is_granted_again(
         async with farm.running(worker_dsn, poll_interval=POLL, vacuum_interval=None) as rt:
             first = publish(farm, conn, "before", queue=q)
             await eventually(lambda: first in handled, "a delivery while all is well")
+
+            def acked() -> bool:
+                return conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+
+            # Its ack too: a keyed row's ack moves its key's line up (UPDATE), so every write
+            # of the runtime needs the privilege revoked below; the claim is the one watched.
+            await eventually(acked, "the delivery's ack")
             assert rt.problem is None
             conn.execute(grant.format(sql.SQL("REVOKE"), sql.SQL("FROM"), sql.Identifier(role)))
             reported: list[str] = []  # every failed claim the fetcher reports, logged or not

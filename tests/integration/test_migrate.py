@@ -43,6 +43,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0005_ordering_key on outbox",
             "0006_row_values_check on outbox",
             "0007_dlq_filter_indexes on outbox_dlq",
+            "0008_key_blocked on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -53,6 +54,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0005_ordering_key on outbox",
             "applying 0006_row_values_check on outbox",
             "applying 0007_dlq_filter_indexes on outbox_dlq",
+            "applying 0008_key_blocked on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -62,6 +64,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 4, "lease_expiry"),
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
+            ("outbox", 8, "key_blocked"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
         ]
@@ -82,9 +85,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0005_ordering_key on outbox",
             "0006_row_values_check on outbox",
             "0007_dlq_filter_indexes on outbox_dlq",
+            "0008_key_blocked on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 7
+        assert len(records(conn)) == 8
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -127,6 +131,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0005_ordering_key on outbox",
         "0006_row_values_check on outbox",
         "0007_dlq_filter_indexes on outbox_dlq",
+        "0008_key_blocked on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -136,6 +141,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 4, "lease_expiry"),
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
+            ("outbox", 8, "key_blocked"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
         ]
@@ -159,6 +165,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0005_ordering_key on jobs",
             "0006_row_values_check on jobs",
             "0007_dlq_filter_indexes on jobs_dead",
+            "0008_key_blocked on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -174,6 +181,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "jobs_lease_idx",
             "jobs_timer_id_uq",
             "jobs_order_idx",
+            "jobs_blocked_idx",
             "jobs_dead_queue_failed_idx",
             "jobs_dead_reason_idx",
             "jobs_dead_queue_reason_idx",
@@ -182,9 +190,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 5,
+            *["jobs"] * 6,
             *["jobs_dead"] * 2,
-            *["outbox"] * 5,
+            *["outbox"] * 6,
             *["outbox_dlq"] * 2,
         ]
 
@@ -202,6 +210,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0005_ordering_key on app.jobs",
             "0006_row_values_check on app.jobs",
             "0007_dlq_filter_indexes on app.jobs_dlq",
+            "0008_key_blocked on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -227,6 +236,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0004_lease_expiry on outbox",
             "0005_ordering_key on outbox",
             "0006_row_values_check on outbox",
+            "0008_key_blocked on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -236,6 +246,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 4, "lease_expiry"),
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
+            ("outbox", 8, "key_blocked"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -260,7 +271,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (5 if dlq is None else 7)
+        assert len(result.applied) == (6 if dlq is None else 8)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

@@ -98,7 +98,7 @@ def test_pending_index_not_partial(conn: Conn) -> None:
     conn.execute("CREATE INDEX outbox_pending_idx ON outbox (queue, next_attempt_at)")
     assert only(conn).startswith(
         "outbox: pending index outbox_pending_idx on (queue, next_attempt_at) is not partial "
-        "(expected WHERE acquired_token IS NULL)"
+        "(expected WHERE acquired_token IS NULL AND NOT key_blocked)"
     )
 
 
@@ -106,7 +106,7 @@ def test_pending_index_must_not_be_unique(conn: Conn) -> None:
     conn.execute("DROP INDEX outbox_pending_idx")
     conn.execute(
         "CREATE UNIQUE INDEX outbox_pending_idx ON outbox (queue, next_attempt_at)"
-        " WHERE acquired_token IS NULL"
+        " WHERE acquired_token IS NULL AND NOT key_blocked"
     )
     assert "pending index outbox_pending_idx on (queue, next_attempt_at) must not be UNIQUE" in (
         only(conn)
@@ -159,7 +159,7 @@ def test_index_columns_in_wrong_order_count_as_missing(conn: Conn) -> None:
     conn.execute("DROP INDEX outbox_pending_idx")
     conn.execute(
         "CREATE INDEX outbox_pending_idx ON outbox (next_attempt_at, queue)"
-        " WHERE acquired_token IS NULL"
+        " WHERE acquired_token IS NULL AND NOT key_blocked"
     )
     assert "pending index on (queue, next_attempt_at) is missing" in only(conn)
 
@@ -168,7 +168,7 @@ def test_index_under_another_name_passes(conn: Conn) -> None:
     conn.execute("DROP INDEX outbox_pending_idx")
     conn.execute(
         "CREATE INDEX ix_alembic_made_this ON outbox (queue, next_attempt_at)"
-        " WHERE (acquired_token IS NULL)"
+        " WHERE (acquired_token IS NULL) AND NOT key_blocked"
     )
     assert problems(conn) == []
 
