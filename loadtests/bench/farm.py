@@ -71,17 +71,31 @@ def stop_bench_farm(proc: subprocess.Popen[bytes]) -> None:
     stop_farm(proc, timeout=40)
 
 
+PRELOAD_BATCH = 1000
+
+
 def preload(dsn: str, rows: int, keys: int | None = None) -> None:
     """`rows` due rows; with `keys`, row g gets ordering key g % keys (keys interleaved, so each
-    key's rows are spread over the whole table, as many entities' events would be)."""
+    key's rows are spread over the whole table, as many entities' events would be), published
+    by `publish_batch` as an app's would be (a publish marks the rows deep in a key's line)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
-        conn.execute(
-            "INSERT INTO outbox (queue, payload, ordering_key) SELECT %s, '\\x7b7d', "
-            "CASE WHEN %s::int IS NOT NULL THEN 'key-' || (g %% %s::int) END "
-            "FROM generate_series(1, %s) AS g",
-            [QUEUE, keys, keys, rows],
-        )
+        if keys is None:
+            conn.execute(
+                "INSERT INTO outbox (queue, payload) SELECT %s, '\\x7b7d' "
+                "FROM generate_series(1, %s)",
+                [QUEUE, rows],
+            )
+        else:
+            farm = Farm()
+            for start in range(0, rows, PRELOAD_BATCH):
+                batch = range(start + 1, min(start + PRELOAD_BATCH, rows) + 1)
+                farm.publish_batch(
+                    conn,
+                    [{}] * len(batch),
+                    queue=QUEUE,
+                    ordering_keys=[f"key-{g % keys}" for g in batch],
+                )
         conn.execute("VACUUM ANALYZE outbox")
 
 

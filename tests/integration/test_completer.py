@@ -14,9 +14,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
+from outbox_farm.observe import observers
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.queries import Queries
-from outbox_farm.worker.completer import Completer
+from outbox_farm.worker.completer import KEYED_AT_ONCE, Completer
+from outbox_farm.worker.inflight import Ledger
 
 metrics()  # register the collectors before the first sample is read
 
@@ -170,3 +172,41 @@ def test_put_and_put_all_wait_while_the_completer_is_high_water_behind(dsn: str)
             assert [o.row_id for o in await completer._collect()] == [11]
 
     asyncio.run(scenario())
+
+
+def test_a_keyed_outcome_goes_at_once_when_the_process_holds_only_a_handful(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The next row of a key cannot be claimed before this one's ack: with nothing else held,
+    the batch is written now, not `flush_interval` (an hour here) after its first outcome. Held
+    rows without a key, or more than a handful, keep the interval."""
+    token = uuid.uuid4()
+    row = conn.execute(
+        "INSERT INTO outbox (queue, payload, ordering_key, acquired_token, acquired_at)"
+        " VALUES ('q', 'x', 'k', %s, now()) RETURNING id",
+        [token],
+    ).fetchone()
+    assert row is not None
+
+    async def scenario() -> None:
+        queries = Queries(TableNames.build("outbox", "outbox_dlq"))
+        ledger = Ledger("q", 16, observers())
+        ledger.hold([row[0]], token)
+        ledger.keyed = True
+        async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
+            completer = Completer(pool, queries, flush_interval=3600, ledgers={"q": ledger})
+            await completer.put(Outcome(Kind.ACK, row[0], token, "q", 1))
+            assert completer.awaited()
+            batch = await asyncio.wait_for(completer._collect(), 30)
+            await completer.write(batch)
+            assert len(ledger) == 0
+            ledger.hold(range(1000, 1000 + KEYED_AT_ONCE + 1), token)
+            completer._pending = [Outcome(Kind.ACK, i, token, "q", 1) for i in ledger.rows]
+            assert not completer.awaited()  # a busy process keeps its batches
+            ledger.keyed = False
+            completer._pending = completer._pending[:1]
+            ledger.settle_all([(i, token) for i in list(ledger.rows)[1:]])
+            assert not completer.awaited()  # nobody waits on an unkeyed row's ack
+
+    asyncio.run(scenario())
+    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
