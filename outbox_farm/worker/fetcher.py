@@ -146,7 +146,6 @@ class Fetcher:
             self._wake.clear()
             want = min(free, self.batch)
             try:
-                await self._free_stranded()
                 got = await self._claimed(want)
                 if got == want:
                     backoff.reset()
@@ -175,13 +174,15 @@ class Fetcher:
             except TimeoutError:
                 pass
 
-    async def _free_stranded(self) -> None:
-        """Every `STRANDED_EVERY` seconds, busy or not: unmark the queue's rows left marked
-        `key_blocked` at the head of their key (see `claims.free_stranded`), which no claim
-        would otherwise ever take. Its failure is the claim's: the same connection problems."""
+    async def _free_stranded(self) -> int:
+        """At most every `STRANDED_EVERY` seconds, when a claim came back short: unmark the
+        queue's rows left marked `key_blocked` at the head of their key (see
+        `claims.free_stranded`), which no claim would otherwise take; how many. A queue whose
+        claims all come back full has rows enough to run meanwhile. Its failure is the
+        claim's: the same connection problems."""
         now = time.monotonic()
         if now < self._stranded_at:
-            return
+            return 0
         self._stranded_at = now + STRANDED_EVERY
         freed = await claims.free_stranded(self.pool, self.queries, self.spec.queue)
         if freed:
@@ -191,6 +192,7 @@ class Fetcher:
                 self.spec.queue,
                 extra={"event": "stranded_freed", "queue": self.spec.queue, "rows": freed},
             )
+        return freed
 
     async def _claimed(self, want: int) -> int:
         """`_claim(want)`, its failure counted and its success or failure told to the stall
@@ -316,10 +318,13 @@ class Fetcher:
             metrics().set_aside.labels(queue).inc(len(parked))
 
     async def _next_wait(self, *, idle: bool) -> float:
-        """Seconds to sleep: the poll interval, or less when something is due sooner. `idle`:
-        the claim came back short and nothing of the queue is held, so a row overdue now is
-        one the farm could run and does not (see `Stall.idle`)."""
+        """Seconds to sleep: the poll interval, or less when something is due sooner (none
+        when stranded keyed rows were just freed). `idle`: the claim came back short and
+        nothing of the queue is held, so a row overdue now is one the farm could run and does
+        not (see `Stall.idle`)."""
         wait = self.poll_interval * random.uniform(0.9, 1.1)
+        if await self._free_stranded():
+            return 0.0
         due = await claims.next_due(self.pool, self.queries, self.spec.queue)
         if idle and self.stall.idle(-due if due is not None else 0.0):
             self.observer.stalled(self.spec.queue, self.stall.reason)
