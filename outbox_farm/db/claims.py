@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import orjson
-from psycopg import AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
@@ -127,8 +128,9 @@ class HeadersLoader(Loader):
 _CLAIMED_NAMES = tuple(name.encode() for name in CLAIMED_COLUMNS)
 
 
-def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[Any]:
-    """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned.
+def _in_order(cursor: AsyncCursor[Any], rows: list[Any], skip: int = 0) -> list[Any]:
+    """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned, its
+    first `skip` columns left out.
 
     The names are read off the result itself: `cursor.description` builds a column object,
     type lookups included, for each of the twelve columns of every claim, which took a tenth
@@ -136,14 +138,14 @@ def _in_order(cursor: AsyncCursor[Any], rows: list[Any]) -> list[Any]:
     result = cursor.pgresult
     if (
         result is not None
-        and tuple(result.fname(i) for i in range(result.nfields)) == _CLAIMED_NAMES
+        and tuple(result.fname(i) for i in range(skip, result.nfields)) == _CLAIMED_NAMES
     ):
-        return rows
-    names = tuple(column.name for column in cursor.description or ())
+        return [row[skip:] for row in rows] if skip else rows
+    names = tuple(column.name for column in cursor.description or ())[skip:]
     missing = set(CLAIMED_COLUMNS) - set(names)
     if missing:
         raise RuntimeError(f"the claim statement does not return {sorted(missing)}")
-    positions = [names.index(name) for name in CLAIMED_COLUMNS]
+    positions = [names.index(name) + skip for name in CLAIMED_COLUMNS]
     return [tuple(row[i] for i in positions) for row in rows]
 
 
@@ -167,6 +169,83 @@ def _reason(value: str) -> str:
     return f"{field}: {stored} is outside the years 1 to 9999"
 
 
+@dataclass(slots=True)
+class Request:
+    """A claim as its fetcher made it: the statement (`claim`, or `claim_next`) and its
+    arguments, its lease token, and when it was made (monotonic), which the lease's deadline is
+    counted from."""
+
+    statement: str
+    params: dict[str, Any]
+    token: uuid.UUID
+    sent: float
+
+
+def claim_request(
+    *,
+    queue: str,
+    limit: int,
+    lease_ttl: float,
+    token: uuid.UUID,
+    held: list[uuid.UUID],
+    far: bool = True,
+    sent: float = 0.0,
+) -> Request:
+    """The claim statement's request (see `claim`)."""
+    params = {
+        "queue": queue,
+        "limit": limit,
+        "lease_ttl": lease_ttl,
+        "token": token,
+        "held": held,
+        "far": far,
+    }
+    return Request("claim", params, token, sent)
+
+
+def next_request(*, queue: str, lease_ttl: float, token: uuid.UUID, sent: float) -> Request:
+    """A hand-over's request: the next row of each key of `queue` an ack deletes a row of,
+    taken by that ack (`ack_next`, see `outcomes.Flush.send`)."""
+    params = {"queue": queue, "lease_ttl": lease_ttl, "token": token}
+    return Request("ack_next", params, token, sent)
+
+
+async def send_claim(
+    conn: AsyncConnection[Any],
+    queries: Queries,
+    request: Request,
+    more: dict[str, Any] | None = None,
+) -> AsyncCursor[Any]:
+    """Run a claiming statement on `conn` (in pipeline mode, only queue it), with the
+    arguments `more` besides its own; the rows are read by `claimed_rows` (`handed_over`)."""
+    cursor = conn.cursor()
+    cursor.adapters.register_loader("jsonb", HeadersLoader)
+    params = request.params if more is None else {**more, **request.params}
+    await cursor.execute(queries[request.statement], params, binary=True)
+    return cursor
+
+
+async def claimed_rows(cursor: AsyncCursor[Any]) -> list[ClaimedRow]:
+    """The rows a claim sent by `send_claim` took, each loadable (see `ClaimedRow`)."""
+    return _loadable(_in_order(cursor, await cursor.fetchall()))
+
+
+def handed_over(cursor: AsyncCursor[Any], rows: list[Any]) -> list[ClaimedRow]:
+    """The rows an `ack_next` took (sent by `send_claim`): each row of its result past the
+    first column (the positions acked), none when those columns are NULL."""
+    return _loadable([row for row in _in_order(cursor, rows, skip=1) if row[0] is not None])
+
+
+def _loadable(rows: list[Any]) -> list[ClaimedRow]:
+    """Claimed rows in the order of `CLAIMED_COLUMNS`, each made loadable (see `ClaimedRow`)."""
+    return [
+        row
+        if row[UNLOADABLE] is None and not isinstance(row[HEADERS], Undecodable)
+        else _loaded(row)
+        for row in rows
+    ]
+
+
 async def claim(
     pool: Pool,
     queries: Queries,
@@ -182,26 +261,17 @@ async def claim(
     `token`, for `lease_ttl` seconds on the database clock, counting a delivery on each. Rows
     claimed under a token in `held` are never taken, even when their lease ran out. `far`: look for
     rows due beyond what a client can load as well (see the statement)."""
-    params = {
-        "queue": queue,
-        "limit": limit,
-        "lease_ttl": lease_ttl,
-        "token": token,
-        "held": held,
-        "far": far,
-    }
+    request = claim_request(
+        queue=queue, limit=limit, lease_ttl=lease_ttl, token=token, held=held, far=far
+    )
+    return await take(pool, queries, request)
+
+
+async def take(pool: Pool, queries: Queries, request: Request) -> list[ClaimedRow]:
+    """Send the claim `request` on a pooled connection; the rows it took."""
     with boundary():
         async with pool.connection() as conn:
-            cursor = conn.cursor()
-            cursor.adapters.register_loader("jsonb", HeadersLoader)
-            await cursor.execute(queries["claim"], params, binary=True)
-            rows = _in_order(cursor, await cursor.fetchall())
-    return [
-        row
-        if row[UNLOADABLE] is None and not isinstance(row[HEADERS], Undecodable)
-        else _loaded(row)
-        for row in rows
-    ]
+            return await claimed_rows(await send_claim(conn, queries, request))
 
 
 async def next_due(pool: Pool, queries: Queries, queue: str) -> float | None:

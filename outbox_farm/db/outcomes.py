@@ -29,6 +29,7 @@ import psycopg
 from ..errors import ConnectionLost, DatabaseError
 from ..queries import Queries
 from .boundary import DRIVER_ERRORS, boundary, translate
+from .claims import ClaimedRow, Request, handed_over, send_claim
 from .pool import Pool
 
 
@@ -128,33 +129,49 @@ class Written:
     matched: set[int]
     unconfirmed: set[int] = field(default_factory=set)
     refused: dict[int, DatabaseError] = field(default_factory=dict)
+    claimed: list[ClaimedRow] = field(default_factory=list)
+    """What the claim sent with the write took (its hand-over, see `Flush.send`)."""
 
 
 class Flush:
-    """One connection in pipeline mode, for the writes of one flush; see `pipeline()`."""
+    """One connection, in pipeline mode unless the flush is a single write, for the writes of
+    one flush; see `pipeline()`."""
 
     def __init__(
         self,
         pool: Pool,
         queries: Queries,
         conn: psycopg.AsyncConnection[Any],
-        pipe: psycopg.AsyncPipeline,
+        pipe: psycopg.AsyncPipeline | None,
     ) -> None:
         self._pool = pool
         self._queries = queries
         self._conn = conn
         self._pipe = pipe
 
-    async def send(self, write: Write) -> Written:
+    async def send(self, write: Write, handover: Request | None = None) -> Written:
         """Run `write` and sync. Raises `ConnectionLost` when the connection broke (then the
         flush is over: open another and send the write again); any other error of the
-        statement is in the result, row by row."""
+        statement is in the result, row by row.
+
+        `handover` (an `ack` only): the ack runs as `ack_next`, which also claims the next row
+        of each key it deletes a row of (`Written.claimed`). Refused, it takes the ack with it:
+        the ack's rows are then sent again alone, as plain acks, and nothing is claimed."""
         conn = self._conn
-        cursor = conn.cursor()
         try:
-            await cursor.execute(self._queries[write.statement], write.params())
-            await self._pipe.sync()
-            matched = {row[0] for row in await cursor.fetchall()}
+            if handover is None:
+                cursor = conn.cursor()
+                await cursor.execute(self._queries[write.statement], write.params())
+            else:
+                cursor = await send_claim(conn, self._queries, handover, write.params())
+            if self._pipe is not None:
+                await self._pipe.sync()
+            rows = await cursor.fetchall()
+            if handover is None:
+                matched = {row[0] for row in rows}
+            else:
+                matched = set(rows[0][0] or ()) if rows else set()
+                claimed = handed_over(cursor, rows)
         except DRIVER_ERRORS as exc:
             # The session's end (57P01, say) may be read before libpq sees the socket close.
             error = translate(exc, lost=conn.broken or conn.closed)
@@ -164,7 +181,7 @@ class Flush:
             return await self._isolate(write, error)
         if write.resent:
             return Written(matched, await self._unconfirmed(write, matched))
-        return Written(matched)
+        return Written(matched) if handover is None else Written(matched, claimed=claimed)
 
     async def _unconfirmed(self, write: Write, matched: set[int]) -> set[int]:
         """Of the rows a resent write did not match, those gone or free: the first attempt
@@ -177,7 +194,8 @@ class Flush:
             await cursor.execute(
                 self._queries["lease_holders"], {"ids": [write.ids[n] for n in missed]}
             )
-            await self._pipe.sync()
+            if self._pipe is not None:
+                await self._pipe.sync()
             held = {row[0] for row in await cursor.fetchall() if row[1] is not None}
         return {n for n in missed if write.ids[n] not in held}
 
@@ -201,10 +219,27 @@ class Flush:
         return Written(matched, refused=refused)
 
 
-@asynccontextmanager
-async def pipeline(pool: Pool, queries: Queries) -> AsyncIterator[Flush]:
-    """A pooled connection in pipeline mode for one flush. Raises `ConnectionLost` when no
-    connection can be had, or when the last sync fails as the block ends."""
+async def give_back(pool: Pool, queries: Queries, ids: list[int], token: uuid.UUID) -> None:
+    """Release rows claimed under `token` that will not be handed to a handler (a claim that
+    came back after the stop began): their leases cleared and their deliveries taken back, at
+    once, on a pooled connection."""
+    write = release(ids, [token] * len(ids))
     with boundary():
-        async with pool.connection() as conn, conn.pipeline() as pipe:
-            yield Flush(pool, queries, conn, pipe)
+        async with pool.connection() as conn:
+            await conn.execute(queries[write.statement], write.params())
+
+
+@asynccontextmanager
+async def pipeline(pool: Pool, queries: Queries, *, single: bool = False) -> AsyncIterator[Flush]:
+    """A pooled connection in pipeline mode for one flush. Raises `ConnectionLost` when no
+    connection can be had, or when the last sync fails as the block ends.
+
+    `single`: the flush is one statement: sent as it is, without pipeline mode, whose entry
+    and closing sync cost a single write another round trip."""
+    with boundary():
+        async with pool.connection() as conn:
+            if single:
+                yield Flush(pool, queries, conn, None)
+                return
+            async with conn.pipeline() as pipe:
+                yield Flush(pool, queries, conn, pipe)

@@ -71,14 +71,21 @@ WITH expired AS (
     ) AS c
     LIMIT %(limit)s
 )
+{take}
+
+-- name: take
+-- A fragment, the end of the claiming statements (`claim`, `ack_next`): lease the `picked`
+-- rows under one fresh token and count a delivery on each (see `claim`). The ids are looked
+-- up by primary key as an array, whatever the statistics say: a table the planner believes
+-- empty (new, not yet analyzed) would otherwise be scanned whole, once per row picked.
 UPDATE {outbox} AS o
 SET acquired_token = %(token)s, acquired_at = now(),
     lease_expires_at = now() + make_interval(secs => %(lease_ttl)s::float8),
     deliveries_count = least(greatest(o.deliveries_count, 0), 9223372036854775805) + 1,
     attempts_count = least(greatest(o.attempts_count, 0), 9223372036854775805)
-FROM picked, (VALUES ('0001-01-02 00:00:00+00'::timestamptz,
-                      '9999-12-30 00:00:00+00'::timestamptz)) AS b(lo, hi)
-WHERE o.id = picked.id
+FROM (VALUES ('0001-01-02 00:00:00+00'::timestamptz,
+              '9999-12-30 00:00:00+00'::timestamptz)) AS b(lo, hi)
+WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING o.id, o.payload, o.headers, o.deliveries_count, o.attempts_count,
           CASE WHEN o.created_at BETWEEN b.lo AND b.hi THEN o.created_at END AS created_at,
           CASE WHEN o.next_attempt_at BETWEEN b.lo AND b.hi
@@ -128,15 +135,16 @@ FROM (SELECT least(
 -- A fragment of the deleting statements (`ack`, `dlq_move`, `complete_in_transaction`), after
 -- their `gone`: each keyed row deleted moves its key's line up one place, so the key's first
 -- `key_blocked` row comes within the window and is unmarked (one probe of the blocked index,
--- which is empty unless some key is deep).
+-- which is empty unless some key is deep). The rows are looked up by primary key as an array:
+-- joined to `gone`, a table the planner believes empty (new, not yet analyzed) was read whole.
 moved_up AS (
     UPDATE {outbox} AS o SET key_blocked = false
-    FROM gone
-    WHERE gone.ordering_key IS NOT NULL
-      AND o.id = (SELECT b.id FROM {outbox} AS b
-                  WHERE b.queue = gone.queue AND b.ordering_key = gone.ordering_key
-                    AND b.key_blocked
-                  ORDER BY b.id LIMIT 1)
+    WHERE o.id = ANY(ARRAY(
+        SELECT (SELECT b.id FROM {outbox} AS b
+                WHERE b.queue = gone.queue AND b.ordering_key = gone.ordering_key
+                  AND b.key_blocked
+                ORDER BY b.id LIMIT 1)
+        FROM gone WHERE gone.ordering_key IS NOT NULL))
 )
 
 -- name: free_stranded
@@ -184,16 +192,54 @@ SELECT count(*)::int FROM freed, (SELECT count(*) FROM wake) AS woken
 -- as a position (from 1) in the short array of the flush's distinct tokens (a claim's rows
 -- share one), so that no token is sent, nor read back, once per row. Each returns the
 -- positions (from 0) of the rows it matched.
-WITH gone AS (
-    DELETE FROM {outbox} AS o
-    USING unnest(%(ids)s::bigint[], %(slots)s::int[]) WITH ORDINALITY AS t(id, slot, n)
-    WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
-    RETURNING t.n, o.queue, o.ordering_key
-), wake AS (
+WITH {deleted}, wake AS (
     SELECT pg_notify({notify_channel}, queue)
     FROM (SELECT DISTINCT queue FROM gone WHERE ordering_key IS NOT NULL) AS freed
 ), {moved_up}
 SELECT gone.n - 1 FROM gone, (SELECT count(*) FROM wake) AS woken
+
+-- name: deleted
+-- A fragment, the DELETE of `ack` and `ack_next`: the rows still held under their tokens.
+gone AS (
+    DELETE FROM {outbox} AS o
+    USING unnest(%(ids)s::bigint[], %(slots)s::int[]) WITH ORDINALITY AS t(id, slot, n)
+    WHERE o.id = t.id AND o.acquired_token = (%(tokens)b::uuid[])[t.slot]
+    RETURNING t.n, o.id, o.queue, o.ordering_key
+)
+
+-- name: ack_next
+-- The hand-over: `ack`, and in the same statement the claim of the next row of each key of
+-- %(queue)s it deletes a row of, under the new lease %(token)s. That row becomes claimable only
+-- with this deletion: taken here, it runs one round trip after the ack of the row before it,
+-- instead of after a NOTIFY and a claim, and no other process is woken to find it taken. The
+-- deleted rows are still visible to this statement, so the next row is the key's first row
+-- not among them; it is taken while due, free and not locked, and for a key whose next row is
+-- not taken (and for every other queue's keys) the NOTIFY goes out as from `ack`. One row
+-- with the positions matched (`acked`, NULL when none), then the rows taken, each beside
+-- them; no row taken: their columns are NULL.
+WITH {deleted}, {moved_up}, heads AS (
+    SELECT h.id FROM (SELECT DISTINCT ordering_key FROM gone
+                      WHERE queue = %(queue)s AND ordering_key IS NOT NULL) AS k, LATERAL (
+        SELECT c.id FROM {outbox} AS c
+        WHERE c.queue = %(queue)s AND c.ordering_key = k.ordering_key
+          AND c.id <> ALL(ARRAY(SELECT id FROM gone))
+        ORDER BY c.id LIMIT 1) AS h
+), picked AS (
+    SELECT c.id FROM {outbox} AS c
+    WHERE c.id = ANY(ARRAY(SELECT id FROM heads))
+      AND c.acquired_token IS NULL AND NOT c.key_blocked AND c.next_attempt_at <= now()
+    FOR UPDATE OF c SKIP LOCKED
+), taken AS (
+    {take}
+), wake AS (
+    SELECT pg_notify({notify_channel}, freed.queue)
+    FROM (SELECT queue, count(DISTINCT ordering_key) AS keys FROM gone
+          WHERE ordering_key IS NOT NULL GROUP BY queue) AS freed
+    WHERE freed.queue <> %(queue)s OR freed.keys > (SELECT count(*) FROM taken)
+)
+SELECT acks.acked, taken.*
+FROM (SELECT array_agg(n - 1) AS acked FROM gone) AS acks
+LEFT JOIN taken ON true, (SELECT count(*) FROM wake) AS woken
 
 -- name: retry
 -- Handler ran and failed, try again later: count the attempt, set the next due time from the

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 
 from ..backoff import Backoff
-from ..db import claims
+from ..db import claims, outcomes
 from ..db.pool import Pool
 from ..errors import ConnectionLost, DatabaseError, PermanentError
 from ..handler import HandlerSpec
@@ -215,24 +215,54 @@ class Fetcher:
         # The lease runs from the claim's now() on the database, which is after this moment:
         # a deadline counted from here errs on the early side.
         sent = time.monotonic()
-        token = lease_token(self.worker_id)
         far = sent >= self._far_at
-        rows = await claims.claim(
-            self.pool,
-            self.queries,
+        request = claims.claim_request(
             queue=spec.queue,
             limit=limit,
             lease_ttl=spec.lease_ttl,
-            token=token,
+            token=lease_token(self.worker_id),
             held=self.ledger.held(),
             far=far,
+            sent=sent,
         )
-        received = time.monotonic()
+        rows = await claims.take(self.pool, self.queries, request)
         if far and len(rows) < limit:  # a full claim may have left the far rows out
-            self._far_at = received + FAR_EVERY
+            self._far_at = time.monotonic() + FAR_EVERY
         self.observer.claimed(spec.queue, len(rows), time.perf_counter() - started)
+        return await self._take(request, rows)
+
+    def handover(self) -> claims.Request:
+        """The claim of the next rows of the keys an ack deletes rows of, for the completer to
+        send with that ack (see `Completer._handover`). At most one row per row acked: the
+        queue stays within its capacity even beside a claim of the loop's."""
+        return claims.next_request(
+            queue=self.spec.queue,
+            lease_ttl=self.spec.lease_ttl,
+            token=lease_token(self.worker_id),
+            sent=time.monotonic(),
+        )
+
+    async def handed(
+        self, request: claims.Request, rows: list[claims.ClaimedRow], seconds: float
+    ) -> None:
+        """The rows a claim sent with a write took (`handover`): counted, and in the inbox;
+        or, when the stop began meanwhile (the executors may have swept their inbox already),
+        released at once."""
+        self.observer.claimed(self.spec.queue, len(rows), seconds)
+        if self._stopping and rows:
+            await outcomes.give_back(
+                self.pool, self.queries, [row[0] for row in rows], request.token
+            )
+            return
+        await self._take(request, rows)
+
+    async def _take(self, request: claims.Request, rows: list[claims.ClaimedRow]) -> int:
+        """Hold `rows`, claimed by `request`, and hand them to the executors; how many."""
         if not rows:
             return 0
+        spec = self.spec
+        token, sent = request.token, request.sent
+        received = time.monotonic()
         start_by = sent + spec.lease_ttl - spec.start_margin
         queue = spec.queue
         claimed_at = rows[0][9]  # one statement: one now() for every row

@@ -131,6 +131,7 @@ class Runtime:
             flush_size=self.settings.flush_size,
             on_retry=self._on_retry,
             ledgers=self.ledgers,
+            handovers=self.fetchers,
             problems=self.problems,
             observer=self.observer,
         )

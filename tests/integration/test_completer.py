@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
+from outbox_farm.db.claims import ClaimedRow, Request, next_request
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
 from outbox_farm.observe import observers
@@ -196,17 +197,123 @@ def test_a_keyed_outcome_goes_at_once_when_the_process_holds_only_a_handful(
         async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
             completer = Completer(pool, queries, flush_interval=3600, ledgers={"q": ledger})
             await completer.put(Outcome(Kind.ACK, row[0], token, "q", 1))
-            assert completer.awaited()
+            assert completer.awaited(len(completer._pending))
             batch = await asyncio.wait_for(completer._collect(), 30)
             await completer.write(batch)
             assert len(ledger) == 0
             ledger.hold(range(1000, 1000 + KEYED_AT_ONCE + 1), token)
             completer._pending = [Outcome(Kind.ACK, i, token, "q", 1) for i in ledger.rows]
-            assert not completer.awaited()  # a busy process keeps its batches
+            assert not completer.awaited(
+                len(completer._pending)
+            )  # a busy process keeps its batches
             ledger.keyed = False
             completer._pending = completer._pending[:1]
             ledger.settle_all([(i, token) for i in list(ledger.rows)[1:]])
-            assert not completer.awaited()  # nobody waits on an unkeyed row's ack
+            assert not completer.awaited(1)  # nobody waits on an unkeyed row's ack
 
     asyncio.run(scenario())
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+
+
+class _Claimer:
+    """The fetcher's side of a hand-over: the claim it asks for, and what it was handed."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.token = uuid.uuid4()
+        self.taken: list[list[ClaimedRow]] = []
+
+    def handover(self) -> Request:
+        return next_request(queue=self.queue, lease_ttl=30.0, token=self.token, sent=0.0)
+
+    async def handed(self, request: Request, rows: list[ClaimedRow], seconds: float) -> None:
+        assert request.token == self.token
+        self.taken.append(rows)
+
+
+def _keyed(conn: psycopg.Connection[Any], queue: str, token: uuid.UUID, due: str) -> list[int]:
+    """The head of key `k` of `queue`, leased under `token`, and the row behind it, due `due`
+    (an interval) from now."""
+    ids = []
+    for leased, after in ((True, "0 s"), (False, due)):
+        row = conn.execute(
+            "INSERT INTO outbox (queue, payload, ordering_key, acquired_token, acquired_at,"
+            " next_attempt_at) VALUES (%s, 'x', 'k', %s, CASE WHEN %s THEN now() END,"
+            " now() + %s::interval) RETURNING id",
+            [queue, token if leased else None, leased, after],
+        ).fetchone()
+        assert row is not None
+        ids.append(row[0])
+    return ids
+
+
+async def _handover(dsn: str, queue: str, head: int, token: uuid.UUID) -> _Claimer:
+    """The ack of `head` by a completer whose process holds nothing else of the keyed `queue`."""
+    queries = Queries(TableNames.build("outbox", "outbox_dlq"))
+    ledger = Ledger(queue, 16, observers())
+    ledger.hold([head], token)
+    ledger.keyed = True
+    claimer = _Claimer(queue)
+    async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
+        completer = Completer(pool, queries, ledgers={queue: ledger}, handovers={queue: claimer})
+        await completer.write([Outcome(Kind.ACK, head, token, queue, 1)])
+    assert len(ledger) == 0
+    return claimer
+
+
+def _listening(dsn: str) -> psycopg.Connection[Any]:
+    listener = psycopg.connect(dsn, autocommit=True)
+    listener.execute("LISTEN outbox_outbox")
+    return listener
+
+
+def _woken(dsn: str, listener: psycopg.Connection[Any]) -> list[str]:
+    """The queues named on the farm's channel before a marker sent now: notifications arrive
+    in commit order, so whatever the write sent is read before the marker."""
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT pg_notify('outbox_outbox', 'marker')")
+    seen: list[str] = []
+    for note in listener.notifies(timeout=30):
+        if note.payload == "marker":
+            return seen
+        seen.append(note.payload)
+    raise AssertionError("the marker notification never arrived")
+
+
+def test_the_ack_of_a_hot_keys_row_claims_the_next_row_of_the_key(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A process that holds nothing but a keyed row: its ack takes the next row of the key in
+    the same statement, under the fetcher's new token, and wakes nobody (the row is taken)."""
+    token = uuid.uuid4()
+    head, after = _keyed(conn, "handover", token, "0 s")
+    listener = _listening(dsn)
+    try:
+        claimer = asyncio.run(_handover(dsn, "handover", head, token))
+        assert [[row[0] for row in rows] for rows in claimer.taken] == [[after]]
+        assert _woken(dsn, listener) == []
+    finally:
+        listener.close()
+    assert conn.execute(
+        "SELECT id, acquired_token, deliveries_count FROM outbox"
+        " WHERE queue = 'handover' AND acquired_token IS NOT NULL"
+    ).fetchall() == [(after, claimer.token, 1)]
+
+
+def test_a_next_row_not_due_is_left_and_the_fetchers_are_woken(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The row behind the acked one is not due: nothing is claimed, and the NOTIFY goes out
+    as from a plain ack, so no fetcher sleeps through the key's next row."""
+    token = uuid.uuid4()
+    head, _ = _keyed(conn, "handover_later", token, "1 hour")
+    listener = _listening(dsn)
+    try:
+        claimer = asyncio.run(_handover(dsn, "handover_later", head, token))
+        assert claimer.taken == []
+        assert _woken(dsn, listener) == ["handover_later"]
+    finally:
+        listener.close()
+    assert conn.execute(
+        "SELECT count(*) FROM outbox WHERE queue = 'handover_later' AND acquired_token IS NOT NULL"
+    ).fetchone() == (0,)

@@ -1,0 +1,55 @@
+"""A hand-over that comes back after the stop began: its rows are released at once, not left
+in an inbox nobody reads any more (their leases would hold them for `lease_ttl`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from outbox_farm.db import claims
+from outbox_farm.handler import HandlerSpec
+from outbox_farm.message import Message
+from outbox_farm.names import TableNames
+from outbox_farm.observe import observers
+from outbox_farm.queries import Queries
+from outbox_farm.worker.fetcher import Fetcher
+from outbox_farm.worker.inbox import Inbox
+
+
+def test_rows_handed_over_after_the_stop_began_are_released(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    row = conn.execute(
+        "INSERT INTO outbox (queue, payload, ordering_key) VALUES ('handed_late', 'x', 'k')"
+        " RETURNING id"
+    ).fetchone()
+    assert row is not None
+
+    async def scenario() -> Inbox[Message | None]:
+        queries = Queries(TableNames.build("outbox", "outbox_dlq"))
+        inbox: Inbox[Message | None] = Inbox()
+        spec = HandlerSpec(queue="handed_late", func=lambda msg: None)
+        async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
+            fetcher = Fetcher(spec, pool, queries, inbox, observers())
+            request = fetcher.handover()
+            rows = await claims.take(
+                pool,
+                queries,
+                claims.claim_request(
+                    queue="handed_late", limit=1, lease_ttl=30.0, token=request.token, held=[]
+                ),
+            )
+            assert [r[0] for r in rows] == [row[0]]
+            await fetcher.stop()  # never started: the stop only marks it stopping
+            await fetcher.handed(request, rows, 0.001)
+            assert len(fetcher.ledger) == 0
+        return inbox
+
+    inbox = asyncio.run(scenario())
+    assert inbox.empty()
+    assert conn.execute(
+        "SELECT acquired_token, deliveries_count FROM outbox WHERE id = %s", [row[0]]
+    ).fetchone() == (None, 0)
