@@ -191,7 +191,11 @@ def claim_request(
     far: bool = True,
     sent: float = 0.0,
 ) -> Request:
-    """The claim statement's request (see `claim`)."""
+    """A claim of up to `limit` claimable rows of `queue` (expired leases first, then due rows)
+    under `token`, for `lease_ttl` seconds on the database clock, counting a delivery on each.
+    Rows claimed under a token in `held` are never taken, even when their lease ran out. `far`:
+    look for rows due beyond what a client can load as well (see the statement). `sent`: when
+    it was made (monotonic)."""
     params = {
         "queue": queue,
         "limit": limit,
@@ -244,27 +248,6 @@ def _loadable(rows: list[Any]) -> list[ClaimedRow]:
         else _loaded(row)
         for row in rows
     ]
-
-
-async def claim(
-    pool: Pool,
-    queries: Queries,
-    *,
-    queue: str,
-    limit: int,
-    lease_ttl: float,
-    token: uuid.UUID,
-    held: list[uuid.UUID],
-    far: bool = True,
-) -> list[ClaimedRow]:
-    """Take up to `limit` claimable rows of `queue` (expired leases first, then due rows) under
-    `token`, for `lease_ttl` seconds on the database clock, counting a delivery on each. Rows
-    claimed under a token in `held` are never taken, even when their lease ran out. `far`: look for
-    rows due beyond what a client can load as well (see the statement)."""
-    request = claim_request(
-        queue=queue, limit=limit, lease_ttl=lease_ttl, token=token, held=held, far=far
-    )
-    return await take(pool, queries, request)
 
 
 async def take(pool: Pool, queries: Queries, request: Request) -> list[ClaimedRow]:

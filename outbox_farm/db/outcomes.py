@@ -13,6 +13,10 @@ other connections, so one bad row stays alone (`Written.refused`). A write sent 
 lost connection may find its rows gone because its first attempt committed before the reply
 was lost; the rows it did not match are then looked up, and those gone or free are
 `Written.unconfirmed` rather than lost to another lease.
+
+An ack may carry a hand-over (`Flush.send`): sent as `ack_next`, it also claims the next row of
+each key it deletes a row of, for the fetcher. A flush that is that one statement goes without
+pipeline mode (`pipeline(single=True)`), a round trip sooner.
 """
 
 from __future__ import annotations

@@ -329,8 +329,9 @@ class Completer:
         nothing but (`awaited`): the next row of every key of one keyed queue it deletes a
         row of. That row becomes claimable only with this deletion; taken by the ack itself
         (`ack_next`), it runs one round trip after it instead of three (the ack, the NOTIFY,
-        the claim), and no other process is woken to find it taken."""
-        if not self.awaited(len(batch)):
+        the claim), and no other process is woken to find it taken. Not at the stop: the
+        executors take nothing new then."""
+        if self._closing or not self.awaited(len(batch)):
             return None
         for queue in {outcome.queue for outcome in ack.outcomes}:
             ledger, fetcher = self.ledgers.get(queue), self.handovers.get(queue)

@@ -249,12 +249,21 @@ class Fetcher:
         or, when the stop began meanwhile (the executors may have swept their inbox already),
         released at once."""
         self.observer.claimed(self.spec.queue, len(rows), seconds)
-        if self._stopping and rows:
-            await outcomes.give_back(
-                self.pool, self.queries, [row[0] for row in rows], request.token
-            )
+        if not self._stopping:
+            await self._take(request, rows)
             return
-        await self._take(request, rows)
+        ids = [row[0] for row in rows]
+        try:
+            await outcomes.give_back(self.pool, self.queries, ids, request.token)
+        except DatabaseError as exc:
+            log.warning(
+                "could not release rows %s of queue %s, claimed as the stop began (%s); they "
+                "are delivered again when their leases expire",
+                ids,
+                self.spec.queue,
+                exc,
+                extra={"event": "release_failed", "queue": self.spec.queue},
+            )
 
     async def _take(self, request: claims.Request, rows: list[claims.ClaimedRow]) -> int:
         """Hold `rows`, claimed by `request`, and hand them to the executors; how many."""

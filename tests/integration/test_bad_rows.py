@@ -297,10 +297,10 @@ def test_a_row_due_beyond_year_9999_is_claimed_only_by_a_claim_that_looks_far(
         try:
             took = []
             for far in (False, True):
-                rows = await claims.claim(
-                    pool, Queries(NAMES), queue="q", limit=10, lease_ttl=60.0,
-                    token=uuid.uuid4(), held=[], far=far,
-                )  # fmt: skip
+                request = claims.claim_request(
+                    queue="q", limit=10, lease_ttl=60.0, token=uuid.uuid4(), held=[], far=far
+                )
+                rows = await claims.take(pool, Queries(NAMES), request)
                 took.append([row[0] for row in rows])
             return took[0], took[1]
         finally:

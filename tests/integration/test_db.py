@@ -76,7 +76,9 @@ def insert(
 async def claim(pool: Pool, queue: str = "q", limit: int = 10, **overrides: Any) -> Any:
     params: dict[str, Any] = {"lease_ttl": 60.0, "token": uuid.uuid4(), "held": []}
     params |= overrides
-    return await claims.claim(pool, QUERIES, queue=queue, limit=limit, **params)
+    return await claims.take(
+        pool, QUERIES, claims.claim_request(queue=queue, limit=limit, **params)
+    )
 
 
 # -- claims --------------------------------------------------------------------------------
@@ -143,9 +145,10 @@ def test_claim_reads_columns_by_name_whatever_order_the_statement_returns(
     queries = Reordered(QUERIES.names)
 
     async def scenario(pool: Pool) -> list[claims.ClaimedRow]:
-        return await claims.claim(
-            pool, queries, queue="q", limit=5, lease_ttl=60.0, token=uuid.uuid4(), held=[]
+        request = claims.claim_request(
+            queue="q", limit=5, lease_ttl=60.0, token=uuid.uuid4(), held=[]
         )
+        return await claims.take(pool, queries, request)
 
     rows = [named(row) for row in run(dsn, scenario)]
     assert [(row["id"], row["payload"], row["deliveries_count"]) for row in rows] == [
