@@ -632,6 +632,11 @@ def test_the_runtime_statements_use_their_indexes(
     when = [datetime.now(UTC)] * 64
     cases |= {
         "ack": (flush, ("outbox_pkey",)),
+        # The hand-over: the ack, then each deleted key's next row, found on the ordering index.
+        "ack_next": (
+            flush | {"queue": "queue-1", "lease_ttl": 60.0, "token": uuid.uuid4()},
+            ("outbox_pkey", "outbox_order_idx"),
+        ),
         "retry": (
             flush | {"delays": [1.0] * 64, "ran": [1] * 64, "started": when},
             ("outbox_pkey",),
