@@ -171,7 +171,7 @@ def _reason(value: str) -> str:
 
 @dataclass(slots=True)
 class Request:
-    """A claim as its fetcher made it: the statement (`claim`, or `claim_next`) and its
+    """A claim as its fetcher made it: the statement (`claim`, or the hand-over `ack_next`), its
     arguments, its lease token, and when it was made (monotonic), which the lease's deadline is
     counted from."""
 
