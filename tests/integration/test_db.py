@@ -158,6 +158,41 @@ def test_claim_reads_columns_by_name_whatever_order_the_statement_returns(
     assert isinstance(rows[0]["acquired_at"], datetime)
 
 
+def test_a_claim_waits_for_its_wal_flush_only_when_it_takes_a_keyed_row(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A claim of rows without an ordering key commits without waiting for the WAL flush (lost
+    in a server crash, it only means a delivery again); one that takes a keyed row waits, since
+    a keyed row claimed twice would run beside itself. A trigger notes the setting in force
+    when the claim's UPDATE writes each row; the session's own setting is left as it was."""
+    conn.execute("CREATE TABLE commit_modes (id bigint, mode text)")
+    conn.execute(
+        "CREATE FUNCTION note_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO commit_modes VALUES (NEW.id, current_setting('synchronous_commit')); "
+        "RETURN NULL; END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER note_commit_mode AFTER UPDATE ON outbox "
+        "FOR EACH ROW EXECUTE FUNCTION note_commit_mode()"
+    )
+    plain = insert(conn, "q", 2)
+    mixed = insert(conn, "k", 2)
+    conn.execute("UPDATE outbox SET ordering_key = 'key' WHERE id = %s", [mixed[1]])
+    conn.execute("DELETE FROM commit_modes")
+
+    async def scenario(pool: Pool) -> tuple[int, int, str]:
+        first = await claim(pool, "q")
+        second = await claim(pool, "k")
+        async with pool.connection() as session:
+            shown = await (await session.execute("SHOW synchronous_commit")).fetchone()
+        assert shown is not None
+        return len(first), len(second), shown[0]
+
+    assert run(dsn, scenario, max_size=1) == (2, 2, "on")
+    modes = dict(conn.execute("SELECT id, mode FROM commit_modes").fetchall())
+    assert modes == {plain[0]: "off", plain[1]: "off", mixed[0]: "on", mixed[1]: "on"}
+
+
 def test_next_due_is_seconds_on_the_database_clock_or_none(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
