@@ -150,6 +150,12 @@ class Fetcher:
                 if got == want:
                     backoff.reset()
                     continue  # more may be waiting: claim again at once
+                if got:
+                    # Let the executors start on what came in before the look for the next
+                    # due row: its statement's set-up would otherwise run first, and an idle
+                    # farm's rows wait for it (a fifth of a millisecond, a quarter of its
+                    # commit-to-handler time).
+                    await asyncio.sleep(0)
                 wait = await self._next_wait(idle=not len(ledger))
                 backoff.reset()
             except DatabaseError as exc:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from outbox_farm import ConstantBackoff, Farm, Message
+from outbox_farm.db import claims as statements
 from tests.integration.timing_kit import (
     LEASED,
     LISTENER_PIDS,
@@ -312,6 +313,57 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
             await aconn.close()
 
     asyncio.run(scenario())
+
+
+def test_an_idle_farm_starts_the_handler_before_it_looks_for_the_next_due_row(
+    dsn: str, monkeypatch: Any
+) -> None:
+    """After a claim that came back short (an idle farm, woken by a NOTIFY), the fetcher asks
+    when the queue next has something due; the executors start on the claimed rows first, so
+    that statement's set-up does not delay a handler (a fifth of a millisecond measured).
+    The order is the event loop's: one pass, no wall-clock in the check."""
+    farm = Farm(dlq_table="outbox_dlq")
+    started: list[int] = []
+    events: list[tuple[str, int]] = []  # ("take", rows claimed) and ("next_due", started)
+
+    @farm.handler(Q)
+    async def handle(msg: Message) -> None:
+        started.append(msg.id)
+
+    take, next_due = statements.take, statements.next_due
+
+    async def noted_take(*args: Any) -> list[Any]:
+        rows = await take(*args)
+        events.append(("take", len(rows)))
+        return rows
+
+    async def noted_next_due(*args: Any) -> float | None:
+        events.append(("next_due", len(started)))
+        return await next_due(*args)
+
+    monkeypatch.setattr(statements, "take", noted_take)
+    monkeypatch.setattr(statements, "next_due", noted_next_due)
+
+    async def scenario() -> None:
+        aconn = await aconnect(dsn)
+        try:
+            async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0) as rt:
+                assert rt.listener is not None
+                await eventually(rt.listener.connected.is_set, "LISTEN", timeout=5.0)
+                for n in range(1, 4):
+                    await farm.apublish(aconn, {"n": n}, queue=Q)
+                    await eventually(lambda n=n: len(started) == n, f"delivery {n}", timeout=5.0)
+                    await eventually(
+                        lambda: events[-1][0] == "next_due", "the look for the next due row"
+                    )
+        finally:
+            await aconn.close()
+
+    asyncio.run(scenario())
+    after_rows = [events[i + 1] for i, (what, n) in enumerate(events[:-1]) if what == "take" and n]
+    assert len(after_rows) == 3, events
+    assert [what for what, _ in after_rows] == ["next_due"] * 3, events
+    assert [seen for _, seen in after_rows] == [1, 2, 3], events
 
 
 def test_polling_alone_delivers_when_listen_is_off(dsn: str) -> None:
