@@ -25,7 +25,7 @@ from outbox_farm.queries import KEY_WINDOW, Queries
 from outbox_farm.settings import RuntimeSettings
 
 Conn = psycopg.Connection[Any]
-SETTINGS = RuntimeSettings(poll_interval=0.05)
+SETTINGS = RuntimeSettings(poll_interval=0.05, graceful_timeout=0.5)  # a held row: cut short
 NAMES = TableNames.build("outbox", "outbox_dlq")
 DEEP = KEY_WINDOW + 3  # rows of one key: the last three are marked
 
