@@ -40,6 +40,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rate", type=float, default=5_000.0, help="--sustained offered load, msg/s"
     )
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="--sustained: then the same load to raw LISTEN + claim loops, beside the farm's",
+    )
+    parser.add_argument(
         "--vacuum-interval",
         type=float,
         default=None,
@@ -51,7 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    limit = args.time_limit or (args.sustained + 90 if args.sustained else 280)
+    sustained_limit = args.sustained * (2 if args.floor else 1) + 90
+    limit = args.time_limit or (sustained_limit if args.sustained else 280)
     with time_limit(limit), server(args.dsn) as admin:
         started = time.perf_counter()
         result = (sustained if args.sustained else standard)(args, admin)

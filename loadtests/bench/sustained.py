@@ -5,22 +5,34 @@ Two spawned producer processes publish batches of 50 at the offered rate; every 
 first body carries its publish time, which the farm's handler writes with its own start time
 to a CSV per worker. Throughput and claim time come from the farm's /metrics, backlog, dead
 tuples, size and VACUUM counts from the server, per window.
+
+With --floor, the same load then goes, for the same windows, to the least code that can take
+it: two processes, each a LISTEN connection and a claim connection running the latency floor's
+statement (`floor.CLAIM`) until a claim comes back short, then `DELETE`; a sampled message
+counts as handled when its claim returns. Its p50/p99 per window print beside the farm's.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import tempfile
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
+from psycopg import sql
 
 from loadtests.harness import Metrics, free_port
 from outbox_farm import Farm
 
+from . import floor
 from .common import (
     QUEUE,
     Progress,
@@ -35,6 +47,7 @@ from .farm import start_bench_farm, stop_bench_farm
 from .report import fmt
 
 KEPT_UP_P99_MS = 1000
+VACUUM_EVERY = 10.0  # the farm's default vacuum_interval, for the floor's table
 SUSTAINED_APP = """
 import os, time
 from outbox_farm import Farm
@@ -96,6 +109,38 @@ def read_latencies(folder: Path, since: float, until: float) -> list[float]:
     return lags
 
 
+def raw_receiver(dsn: str, folder: str, stop: Any, handled: Any) -> None:
+    """Spawned: the floor's receiver (see the module's docstring). Writes the sampled
+    messages' latencies as the farm's handler does; adds what it deletes to `handled`."""
+    names = Farm().names
+    claim = sql.SQL(floor.CLAIM).format(outbox=names.outbox.identifier())
+    delete = sql.SQL(floor.DELETE).format(outbox=names.outbox.identifier())
+    path = Path(folder, f"lat-raw-{os.getpid()}.csv")
+    with (
+        path.open("a", buffering=1) as out,
+        psycopg.connect(dsn, autocommit=True) as listen,
+        psycopg.connect(dsn, autocommit=True) as work,
+    ):
+        listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(names.channel)))
+        while not stop.is_set():
+            while True:
+                token = uuid.uuid4()
+                params = {"queue": QUEUE, "limit": floor.BATCH, "token": token}
+                rows = work.execute(claim, params).fetchall()
+                now = time.time()
+                for row in rows:
+                    if b'"t":' in row[1]:
+                        out.write(f"{now},{orjson.loads(row[1])['t']}\n")
+                if rows:
+                    work.execute(delete, {"ids": [row[0] for row in rows], "token": token})
+                    with handled.get_lock():
+                        handled.value += len(rows)
+                if len(rows) < floor.BATCH:
+                    break
+            for _ in listen.notifies(timeout=0.1, stop_after=1):
+                pass
+
+
 def readings(url: str) -> dict[str, float] | None:
     """The farm's counters this report reads, or None while its /metrics does not answer."""
     metrics = Metrics.scrape(url)
@@ -108,11 +153,89 @@ def readings(url: str) -> dict[str, float] | None:
     }
 
 
+Reading = Callable[[], dict[str, float] | None]
+"""What the receiver has done so far: `acked` (messages), and the farm's `fetch_sum` and
+`fetch_count` (its claims' seconds and number); None while it does not answer."""
+
+
+def load_windows(
+    dsn: str,
+    folder: Path,
+    rate: float,
+    window: float,
+    windows: int,
+    progress: Progress,
+    reading: Reading,
+) -> tuple[list[dict[str, Any]], int]:
+    """Run the two producers at `rate` for `windows` windows of `window` seconds against the
+    receiver already running, reporting each window; the rows and how many were sent."""
+    ctx = mp.get_context("spawn")
+    go, out = ctx.Event(), ctx.Queue()
+    producers = [
+        ctx.Process(
+            target=sustained_producer,
+            args=(dsn, rate / 2, 50, window * windows, 4, go, out),
+            daemon=True,
+        )
+        for _ in range(2)
+    ]
+    rows: list[dict[str, Any]] = []
+    last = reading()
+    assert last is not None
+    try:
+        for p in producers:
+            p.start()
+        time.sleep(2)  # spawn + connect
+        go.set()
+        t_last = time.time()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for w in range(windows):
+                progress.step(f"sustained window {w + 1}/{windows}")
+                end = t_last + window
+                while (left := end - time.time()) > 0:
+                    time.sleep(min(left, 1.0))
+                now = reading()
+                if now is None:
+                    raise RuntimeError("the receiver stopped answering")
+                t_now = time.time()
+                backlog = int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+                stats = outbox_stats(conn)
+                lags = read_latencies(folder, t_last, t_now)
+                p50, p99 = percentiles(lags, 50, 99) or (None, None)
+                claims = now["fetch_count"] - last["fetch_count"]
+                rows.append(
+                    {
+                        "window": w + 1,
+                        "end_s": round(t_now - (t_last - w * window), 1),
+                        "acked_msg_s": (now["acked"] - last["acked"]) / (t_now - t_last),
+                        "p50_ms": p50,
+                        "p99_ms": p99,
+                        "samples": len(lags),
+                        "backlog": backlog,
+                        "n_dead_tup": stats["n_dead_tup"],
+                        "table_mb": stats["size"] / 2**20,
+                        "vacuum_count": stats["vacuum_count"],
+                        "autovacuum_count": stats["autovacuum_count"],
+                        "claims": int(claims),
+                        "claim_ms_avg": (now["fetch_sum"] - last["fetch_sum"]) / claims * 1000
+                        if claims
+                        else None,
+                    }
+                )
+                last, t_last = now, t_now
+        reports = [out.get(timeout=30) for _ in producers]
+    finally:
+        go.set()
+        reap(producers)
+    raise_errors(reports, "producers")
+    return rows, sum(r["sent"] for r in reports)
+
+
 def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     seconds = args.sustained
     window = 60.0 if seconds >= 120 else 10.0
     windows = max(int(seconds // window), 1)
-    progress = Progress(windows + 1)
+    progress = Progress((windows + 1) * (2 if args.floor else 1))
     farm = Farm(dlq_table="outbox_dlq")
     result: dict[str, Any] = {
         "seconds": seconds,
@@ -139,71 +262,17 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
             app="sustainedapp:farm",
             env={"BENCH_LAT_DIR": folder} | vacuum_env,
         )
-        ctx = mp.get_context("spawn")
-        go, out = ctx.Event(), ctx.Queue()
-        producers = [
-            ctx.Process(
-                target=sustained_producer,
-                args=(dsn, args.rate / 2, 50, window * windows, 4, go, out),
-                daemon=True,
-            )
-            for _ in range(2)
-        ]
-        rows: list[dict[str, Any]] = []
         try:
             deadline = time.monotonic() + 60
-            while (last := readings(url)) is None:
+            while readings(url) is None:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise SystemExit(f"farm did not start; see {appdir}/sustained.log")
                 time.sleep(0.2)
-            for p in producers:
-                p.start()
-            time.sleep(2)  # spawn + connect
-            go.set()
-            t_last = time.time()
-            conn = psycopg.connect(dsn, autocommit=True)
-            for w in range(windows):
-                progress.step(f"sustained window {w + 1}/{windows}")
-                end = t_last + window
-                while (left := end - time.time()) > 0:
-                    time.sleep(min(left, 1.0))
-                now = readings(url)
-                if now is None:
-                    raise RuntimeError(f"the farm's {url} stopped answering")
-                t_now = time.time()
-                backlog = int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
-                stats = outbox_stats(conn)
-                lags = read_latencies(appdir, t_last, t_now)
-                p50, p99 = percentiles(lags, 50, 99) or (None, None)
-                claims = now["fetch_count"] - last["fetch_count"]
-                rows.append(
-                    {
-                        "window": w + 1,
-                        "end_s": round(t_now - (t_last - w * window), 1),
-                        "acked_msg_s": (now["acked"] - last["acked"]) / (t_now - t_last),
-                        "p50_ms": p50,
-                        "p99_ms": p99,
-                        "samples": len(lags),
-                        "backlog": backlog,
-                        "n_dead_tup": stats["n_dead_tup"],
-                        "table_mb": stats["size"] / 2**20,
-                        "vacuum_count": stats["vacuum_count"],
-                        "autovacuum_count": stats["autovacuum_count"],
-                        "claims": int(claims),
-                        "claim_ms_avg": (now["fetch_sum"] - last["fetch_sum"]) / claims * 1000
-                        if claims
-                        else None,
-                    }
-                )
-                last, t_last = now, t_now
-            conn.close()
-            reports = [out.get(timeout=30) for _ in producers]
+            rows, result["sent"] = load_windows(
+                dsn, appdir, args.rate, window, windows, progress, lambda: readings(url)
+            )
         finally:
-            go.set()
-            reap(producers)
             stop_bench_farm(proc)
-        raise_errors(reports, "producers")
-        result["sent"] = sum(r["sent"] for r in reports)
         result["windows"] = rows
         first, final = rows[0]["acked_msg_s"], rows[-1]["acked_msg_s"]
         result["last_vs_first"] = final / first if first else None
@@ -212,8 +281,56 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         # to keep up, i.e. hand messages over within a second in the last window.
         p99 = rows[-1]["p99_ms"]
         result["kept_up"] = p99 is not None and p99 <= KEPT_UP_P99_MS
+        if args.floor:
+            progress.step("sustained floor: raw LISTEN + claim loops")
+            result["floor_windows"] = floor_windows(
+                dsn, appdir, args.rate, window, windows, progress
+            )
         progress.show("done")
     return result
+
+
+def floor_windows(
+    dsn: str, folder: Path, rate: float, window: float, windows: int, progress: Progress
+) -> list[dict[str, Any]]:
+    """The same load and windows received by two `raw_receiver` processes, from an empty
+    table (the farm's samples set aside), the table vacuumed every `VACUUM_EVERY` seconds as
+    the farm's chore does: without it, each claim reads every dead entry its predecessors left
+    in the index, and the loops fell from 10,000 msg/s to 51 within a minute."""
+    for path in folder.glob("lat-*.csv"):
+        path.unlink()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+        conn.execute("VACUUM ANALYZE outbox")
+    ctx = mp.get_context("spawn")
+    stop, handled = ctx.Event(), ctx.Value("q", 0)
+    receivers = [
+        ctx.Process(target=raw_receiver, args=(dsn, str(folder), stop, handled), daemon=True)
+        for _ in range(2)
+    ]
+    for receiver in receivers:
+        receiver.start()
+    vacuum = threading.Thread(target=vacuum_every, args=(dsn, VACUUM_EVERY, stop), daemon=True)
+    vacuum.start()
+
+    def reading() -> dict[str, float] | None:
+        if any(r.exitcode not in (None, 0) for r in receivers):
+            return None
+        return {"acked": float(handled.value), "fetch_sum": 0.0, "fetch_count": 0.0}
+
+    try:
+        rows, _ = load_windows(dsn, folder, rate, window, windows, progress, reading)
+    finally:
+        stop.set()
+        reap(receivers)
+        vacuum.join(timeout=60)
+    return rows
+
+
+def vacuum_every(dsn: str, seconds: float, stop: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stop.wait(seconds):
+            conn.execute("VACUUM outbox")
 
 
 def print_sustained(r: dict[str, Any]) -> None:
@@ -248,6 +365,16 @@ def print_sustained(r: dict[str, Any]) -> None:
         f"last window p99 = {fmt(p99, ',.0f')} ms: "
         + ("kept up" if r["kept_up"] else f"FELL BEHIND (over {KEPT_UP_P99_MS:,} ms)")
     )
+    raw = r.get("floor_windows")
+    if raw:
+        print("floor, raw LISTEN + claim loops (2 processes), the same load, per window:")
+        for w, f in zip(r["windows"], raw, strict=True):
+            print(
+                f"{f['window']:>6} {f['end_s']:>6.0f} {f['acked_msg_s']:>9,.0f} "
+                f"{fmt(f['p50_ms'], '.1f'):>8} {fmt(f['p99_ms'], '.1f'):>8} {f['samples']:>7}"
+                f"   farm / floor p50 {ratio_of(w['p50_ms'], f['p50_ms'])}, "
+                f"p99 {ratio_of(w['p99_ms'], f['p99_ms'])}"
+            )
     print("latency: publish time (before the transaction) -> handler start, sampled messages")
     print("vacuum / autovac: VACUUMs of the outbox table by the farm / by autovacuum, so far")
     info = r["server"]
@@ -255,3 +382,7 @@ def print_sustained(r: dict[str, Any]) -> None:
         f"server: PostgreSQL {info['server_version']}, autovacuum={info['autovacuum']}, "
         f"autovacuum_naptime={info['autovacuum_naptime']}s"
     )
+
+
+def ratio_of(farm: float | None, floor_ms: float | None) -> str:
+    return fmt(farm / floor_ms if farm is not None and floor_ms else None, ".2f")
