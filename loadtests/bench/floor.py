@@ -9,8 +9,9 @@ comes back empty. The claim reads the same partial index as the farm's (hence `N
 key_blocked`: without it the index does not apply, and each claim read the dead entries of
 every row claimed before it, so the floor fell as the rows grew: 33,000 msg/s for 100,000
 rows where 95,000 is right), and commits without waiting for its WAL flush, as the farm's
-claim of rows without an ordering key does. What the farm adds on top of that (handlers, verdicts, metrics, leases kept
-alive) is the gap between this rate and the farm's drain of the same rows.
+claim of rows without an ordering key does. What the farm adds on top of that (handlers,
+verdicts, metrics, leases kept alive) is the gap between this rate and the farm's drain of the
+same rows.
 
     python -m loadtests.bench.floor --dsn "host=127.0.0.1 user=postgres dbname=postgres"
 """
