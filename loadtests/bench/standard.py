@@ -124,6 +124,9 @@ def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
                 result["drain"].append(drain_section(admin_dsn, dsn, procs, args.rows, appdir))
         progress.step("drain floor: raw claim and delete", 2)
         result["floor"] = floor_run(dsn, args.rows)
+        # Each latency phase from an empty table, as the producer phases: the drains leave
+        # dead rows behind (autovacuum may be off), which the first phase would claim over.
+        publish.reset_table(dsn, farm)
         progress.step(f"latency at {args.latency_rate:g} msg/s", 2)
         lat = uvloop.run(
             latency(dsn, args.latency_messages, args.latency_rate, 64, args.phase_timeout)
@@ -131,6 +134,7 @@ def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         result["latency"] = asdict(lat) | {
             "runner": "in-process runtime (farm.running), spawned producer process"
         }
+        publish.reset_table(dsn, farm)
         progress.step("latency floor: raw LISTEN + claim loop", 2)
         raw = uvloop.run(
             raw_latency(dsn, args.latency_messages, args.latency_rate, args.phase_timeout)
