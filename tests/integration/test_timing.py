@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -260,6 +262,16 @@ def test_timer_id_deduplicates_end_to_end(dsn: str) -> None:
 # -- wake-up by NOTIFY ---------------------------------------------------------------------
 
 
+@asynccontextmanager
+async def listening(farm: Farm, dsn: str) -> AsyncIterator[Any]:
+    """`farm` running with its LISTEN up and a 5 s poll: a delivery within a fraction of a
+    second was woken by a NOTIFY. Yields the runtime."""
+    async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0) as rt:
+        assert rt.listener is not None
+        await eventually(rt.listener.connected.is_set, "LISTEN", timeout=5.0)
+        yield rt
+
+
 def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> None:
     """poll_interval=5: anything handled within 200 ms was woken by NOTIFY, anything within
     3 s by the listener's reconnect."""
@@ -280,9 +292,7 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
-            async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0) as rt:
-                assert rt.listener is not None
-                await eventually(rt.listener.connected.is_set, "LISTEN", timeout=5.0)
+            async with listening(farm, dsn) as rt:
                 pids = await eventually(
                     lambda: column(aconn, LISTENER_PIDS), "listener backend", timeout=2.0
                 )
@@ -347,9 +357,7 @@ def test_an_idle_farm_starts_the_handler_before_it_looks_for_the_next_due_row(
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
-            async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0) as rt:
-                assert rt.listener is not None
-                await eventually(rt.listener.connected.is_set, "LISTEN", timeout=5.0)
+            async with listening(farm, dsn):
                 for n in range(1, 4):
                     await farm.apublish(aconn, {"n": n}, queue=Q)
                     await eventually(lambda n=n: len(started) == n, f"delivery {n}", timeout=5.0)
