@@ -23,6 +23,7 @@ import multiprocessing
 import sys
 import time
 import uuid
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -54,18 +55,31 @@ CLIENTS = 4
 BATCH = 256
 
 
-def _client(dsn: str, batch: int, start: multiprocessing.synchronize.Event) -> None:
+def statements() -> tuple[sql.Composed, sql.Composed]:
+    """`CLAIM` and `DELETE` for the default tables."""
     outbox = Farm().names.outbox.identifier()
-    claim = sql.SQL(CLAIM).format(outbox=outbox)
-    delete = sql.SQL(DELETE).format(outbox=outbox)
+    return sql.SQL(CLAIM).format(outbox=outbox), sql.SQL(DELETE).format(outbox=outbox)
+
+
+def claim_and_delete(
+    conn: psycopg.Connection[Any], claim: sql.Composed, delete: sql.Composed, limit: int
+) -> tuple[list[Any], float]:
+    """One claim of up to `limit` rows under a fresh token, then the DELETE of what it took;
+    the rows (id, payload, headers) and `time.time()` as the claim returned them."""
+    token = uuid.uuid4()
+    rows = conn.execute(claim, {"queue": QUEUE, "limit": limit, "token": token}).fetchall()
+    claimed = time.time()
+    if rows:
+        conn.execute(delete, {"ids": [row[0] for row in rows], "token": token})
+    return rows, claimed
+
+
+def _client(dsn: str, batch: int, start: multiprocessing.synchronize.Event) -> None:
+    claim, delete = statements()
     with psycopg.connect(dsn, autocommit=True) as conn:
         start.wait()
-        while True:
-            token = uuid.uuid4()
-            rows = conn.execute(claim, {"queue": QUEUE, "limit": batch, "token": token}).fetchall()
-            if not rows:
-                return
-            conn.execute(delete, {"ids": [row[0] for row in rows], "token": token})
+        while claim_and_delete(conn, claim, delete, batch)[0]:
+            pass
 
 
 def floor_run(dsn: str, rows: int, clients: int = CLIENTS, batch: int = BATCH) -> dict[str, float]:

@@ -115,8 +115,7 @@ async def _raw(dsn: str, note: Callable[[int, float], None]) -> AsyncIterator[No
     the moment its claim returned, and deletes them under their token: no executors, leases kept
     alive, metrics or outcome batching."""
     names = Farm().names
-    claim = sql.SQL(floor.CLAIM).format(outbox=names.outbox.identifier())
-    delete = sql.SQL(floor.DELETE).format(outbox=names.outbox.identifier())
+    claim, delete = floor.statements()
     connect = partial(psycopg.AsyncConnection.connect, dsn, autocommit=True)
     async with await connect() as listen, await connect() as work:
         await listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(names.channel)))

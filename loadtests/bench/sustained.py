@@ -20,7 +20,6 @@ import os
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,29 +111,24 @@ def read_latencies(folder: Path, since: float, until: float) -> list[float]:
 def raw_receiver(dsn: str, folder: str, stop: Any, handled: Any) -> None:
     """Spawned: the floor's receiver (see the module's docstring). Writes the sampled
     messages' latencies as the farm's handler does; adds what it deletes to `handled`."""
-    names = Farm().names
-    claim = sql.SQL(floor.CLAIM).format(outbox=names.outbox.identifier())
-    delete = sql.SQL(floor.DELETE).format(outbox=names.outbox.identifier())
+    claim, delete = floor.statements()
     path = Path(folder, f"lat-raw-{os.getpid()}.csv")
     with (
         path.open("a", buffering=1) as out,
         psycopg.connect(dsn, autocommit=True) as listen,
         psycopg.connect(dsn, autocommit=True) as work,
     ):
-        listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(names.channel)))
+        channel = Farm().names.channel
+        listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         while not stop.is_set():
             while True:
-                token = uuid.uuid4()
-                params = {"queue": QUEUE, "limit": floor.BATCH, "token": token}
-                rows = work.execute(claim, params).fetchall()
-                now = time.time()
+                # A row counts as handled when its claim returned.
+                rows, now = floor.claim_and_delete(work, claim, delete, floor.BATCH)
                 for row in rows:
                     if b'"t":' in row[1]:
                         out.write(f"{now},{orjson.loads(row[1])['t']}\n")
-                if rows:
-                    work.execute(delete, {"ids": [row[0] for row in rows], "token": token})
-                    with handled.get_lock():
-                        handled.value += len(rows)
+                with handled.get_lock():
+                    handled.value += len(rows)
                 if len(rows) < floor.BATCH:
                     break
             for _ in listen.notifies(timeout=0.1, stop_after=1):
