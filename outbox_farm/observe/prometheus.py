@@ -13,7 +13,7 @@ message itself. Counts stay exact; a scrape sees an observation up to FLUSH_EVER
 from __future__ import annotations
 
 import asyncio
-from bisect import bisect_left
+from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 from ..message import Message
@@ -29,40 +29,40 @@ FLUSH_EVERY = 0.25  # seconds an observation may wait in a tally
 
 
 class Tally:
-    """A histogram child's observations, counted in this process and added to the child by
+    """A histogram child's observations, kept in this process and added to the child by
     `flush()`: the same buckets, count and sum as had each been observed on its own (the sum
     added in another order, so equal up to float rounding).
 
-    Reaches into the child's bucket and sum values: prometheus_client offers no call that adds
-    n observations to one bucket. `tests/unit/test_metrics_tally.py` holds the two ways equal.
+    An observation is one append to `values` (written out in the observer's events): the
+    buckets are counted at the flush, over the sorted values, a binary search per bound
+    rather than one per value. Reaches into the child's bucket and sum values:
+    prometheus_client offers no call that adds n observations to one bucket.
+    `tests/unit/test_metrics_tally.py` holds the two ways equal.
     """
 
-    __slots__ = ("bounds", "child", "counts", "dirty", "pending", "total")
+    __slots__ = ("bounds", "child", "values")
 
-    def __init__(self, child: Histogram, dirty: list[Tally]) -> None:
+    def __init__(self, child: Histogram) -> None:
         self.child = child
         self.bounds: list[float] = list(child._upper_bounds)
-        self.counts = [0] * len(self.bounds)
-        self.total = 0.0
-        self.pending = False  # holds observations not yet flushed (and is in `dirty`)
-        self.dirty = dirty  # the observer's list of tallies holding something
-
-    def observe(self, value: float) -> None:
-        if not self.pending:
-            self.pending = True
-            self.dirty.append(self)
-        self.total += value
-        if value == value:  # NaN reaches no bucket (as in Histogram.observe), only the sum
-            self.counts[bisect_left(self.bounds, value)] += 1
+        self.values: list[float] = []  # observed since the last flush
 
     def flush(self) -> None:
-        child, counts = self.child, self.counts
-        for i, n in enumerate(counts):
-            if n:
-                child._buckets[i].inc(n)
-                counts[i] = 0
-        child._sum.inc(self.total)
-        self.total, self.pending = 0.0, False
+        values = self.values
+        if not values:
+            return
+        self.values = []
+        total = sum(values)
+        if total != total:  # a NaN (or infinities of both signs): NaN reaches no bucket
+            values = [value for value in values if value == value]
+        values.sort()
+        child, below = self.child, 0
+        for i, bound in enumerate(self.bounds):
+            upto = bisect_right(values, bound)  # `value <= bound`, as Histogram.observe
+            if upto > below:
+                child._buckets[i].inc(upto - below)
+                below = upto
+        child._sum.inc(total)
 
 
 class _Queue:
@@ -70,13 +70,13 @@ class _Queue:
 
     __slots__ = ("claimed", "fetch_seconds", "handler_seconds", "inflight", "lag")
 
-    def __init__(self, queue: str, dirty: list[Tally]) -> None:
+    def __init__(self, queue: str) -> None:
         m = metrics()
         self.claimed: Counter = m.claimed.labels(queue)
         self.fetch_seconds: Histogram = m.fetch_seconds.labels(queue)
         self.inflight: Gauge = m.inflight.labels(queue)
-        self.lag = Tally(m.delivery_lag.labels(queue), dirty)
-        self.handler_seconds = Tally(m.handler_seconds.labels(queue), dirty)
+        self.lag = Tally(m.delivery_lag.labels(queue))
+        self.handler_seconds = Tally(m.handler_seconds.labels(queue))
 
 
 class PrometheusObserver(Observer):
@@ -92,7 +92,7 @@ class PrometheusObserver(Observer):
         self._relay: RelayMetrics | None = None  # made by the first relay event of the process
 
     def _add_queue(self, queue: str) -> _Queue:
-        children = self._queues[queue] = _Queue(queue, self._dirty)
+        children = self._queues[queue] = _Queue(queue)
         return children
 
     def _tallied(self) -> None:
@@ -111,7 +111,7 @@ class PrometheusObserver(Observer):
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush_at = None
-        dirty, self._dirty[:] = list(self._dirty), []
+        dirty, self._dirty = self._dirty, []
         for tally in dirty:
             tally.flush()
 
@@ -135,23 +135,35 @@ class PrometheusObserver(Observer):
     def held(self, queue: str, delta: int) -> None:
         (self._queues.get(queue) or self._add_queue(queue)).inflight.inc(delta)
 
-    # The three per-message events guard themselves (see `Observer._guarded`).
+    # The three per-message events guard themselves (see `Observer._guarded`). The first two
+    # add their value to a tally, written out in each: a call less per message. The first
+    # value since a flush registers its tally and makes sure a flush follows (`_first`).
 
     def handler_started(self, msg: Message, lag: float) -> None:
         try:
-            (self._queues.get(msg.queue) or self._add_queue(msg.queue)).lag.observe(lag)
-            if self._flush_at is None:
-                self._tallied()
+            tally = (self._queues.get(msg.queue) or self._add_queue(msg.queue)).lag
+            values = tally.values
+            values.append(lag)
+            if len(values) == 1:
+                self._first(tally)
         except Exception:
             report_failure(self, "handler_started", self._reported)
 
     def handler_finished(self, queue: str, seconds: float) -> None:
         try:
-            (self._queues.get(queue) or self._add_queue(queue)).handler_seconds.observe(seconds)
-            if self._flush_at is None:
-                self._tallied()
+            tally = (self._queues.get(queue) or self._add_queue(queue)).handler_seconds
+            values = tally.values
+            values.append(seconds)
+            if len(values) == 1:
+                self._first(tally)
         except Exception:
             report_failure(self, "handler_finished", self._reported)
+
+    def _first(self, tally: Tally) -> None:
+        """`tally` holds a value again: it is flushed with the others."""
+        self._dirty.append(tally)
+        if self._flush_at is None:
+            self._tallied()
 
     def stopped(self) -> None:
         self.flush()

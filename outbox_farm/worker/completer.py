@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -112,13 +111,20 @@ class Completer:
 
     # -- executor side -------------------------------------------------------------------
 
-    async def put(self, outcome: Outcome) -> None:
-        """Queue an outcome; waits while the completer is `high_water` outcomes behind."""
+    def offer(self, outcome: Outcome) -> bool:
+        """Queue an outcome when that needs no wait (neither a full batch nor a backlog): the
+        common case, without a coroutine; False: `put` it instead."""
         pending = self._pending
-        if len(pending) < self._quick:  # neither full nor behind: the common case, inline
+        if len(pending) < self._quick:
             if not pending:
                 self._wake.set()  # the first outcome of a batch
             pending.append(outcome)
+            return True
+        return False
+
+    async def put(self, outcome: Outcome) -> None:
+        """Queue an outcome; waits while the completer is `high_water` outcomes behind."""
+        if self.offer(outcome):
             return
         await self._room_left()
         self._add((outcome,))
@@ -316,13 +322,17 @@ class Completer:
             await self._write(batch)
         finally:
             self._todo = []
-            written: dict[str, list[tuple[int, uuid.UUID]]] = defaultdict(list)
-            for outcome in batch:
-                written[outcome.queue].append((outcome.row_id, outcome.token))
-            for queue, leases in written.items():
+            by_queue: dict[str, list[Outcome]] = defaultdict(list)
+            queues = {outcome.queue for outcome in batch}
+            if len(queues) == 1:  # the common case: the batch as it is
+                by_queue[queues.pop()] = batch
+            else:
+                for outcome in batch:
+                    by_queue[outcome.queue].append(outcome)
+            for queue, outcomes in by_queue.items():
                 ledger = self.ledgers.get(queue)
                 if ledger is not None:
-                    ledger.settle_all(leases)
+                    ledger.settle_all((o.row_id, o.token) for o in outcomes)
 
     def _handover(self, batch: list[Outcome], ack: _Statement) -> _Handover | None:
         """The claim to send with `ack`, the first write of a batch the process holds almost

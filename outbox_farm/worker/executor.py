@@ -17,16 +17,15 @@ import math
 import time
 from collections.abc import Awaitable
 from functools import partial
-from typing import Any
 
 from .. import decision
 from ..decision import Verdict
-from ..handler import HandlerSpec
+from ..handler import AckPolicy, HandlerSpec
 from ..message import Message
 from ..observe import Observer
-from ..outcome import Outcome
+from ..outcome import Kind, Outcome
 from .completer import Completer
-from .inbox import Inbox
+from .inbox import EMPTY, Inbox
 from .inflight import Ledger
 from .invoke import call_path, on_failure, timed_out
 from .supervised import Supervisor
@@ -185,50 +184,95 @@ class Executors:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _work(self, slot: _Slot) -> None:
-        """One row at a time. The clock reads and observations around the handler's run are
-        written out here: this loop runs once per message, and a call less each counts."""
-        ledger, spec, observer, inbox = self.ledger, self.spec, self.observer, self.inbox
-        queue = spec.queue
+        """One row at a time. Written out here rather than through the helpers the batch loop
+        uses (`_run`, `_settle`, and `decision.decide` for a plain ack): this loop runs once
+        per message, and each call or coroutine less counts. Nothing here awaits unless it
+        must: the inbox's row is taken without a wait when one is there, the outcome handed
+        over without one when the completer has room, so that a handler that does not
+        suspend costs no task switch."""
+        ledger, spec, observer, inbox, completer = (
+            self.ledger,
+            self.spec,
+            self.observer,
+            self.inbox,
+            self.completer,
+        )
+        queue, call, timeout, limit = spec.queue, self._call, self._timeout, spec.max_deliveries
+        acks = spec.ack is not AckPolicy.MANUAL  # a run that returned acks its row
+        committed = self._committed
         while True:
-            msg = await inbox.get()
+            msg = inbox.take()
+            if msg is EMPTY:
+                msg = await inbox.get()
             if msg is None:
                 return
-            if self._closing:
-                self.completer.put_nowait(decision.released(msg))
-                continue
             slot.hand = (msg,)
             now = time.monotonic()
-            if now > msg.start_by:
-                await self._hand_back(msg)
+            if (
+                self._closing
+                or now > msg.start_by
+                or msg.invalid is not None
+                or (limit is not None and msg.deliveries_count > limit)
+            ):
+                await self._not_run(msg, now)
                 slot.hand = ()
                 continue
             ledger.start(msg.id)
+            started = msg.claimed_epoch + (now - msg.received_monotonic)
+            lag = started - msg.due_epoch
+            observer.handler_started(msg, lag if lag > 0.0 else 0.0)
+            began = time.perf_counter()
+            slot.deadline = now + timeout
             exc: BaseException | None = None
-            verdict = decision.before_run(spec, msg)
-            if verdict is None:
-                started = msg.claimed_epoch + (now - msg.received_monotonic)
-                lag = started - msg.due_epoch
-                observer.handler_started(msg, lag if lag > 0.0 else 0.0)
-                began = time.perf_counter()
-                try:
-                    exc = await self._run(slot, msg, now)
-                except asyncio.CancelledError:
-                    self._interrupted([(msg, started)], began)
-                    raise
-                if self._committed and msg.id in self._committed:
-                    exc = None  # the row is gone with its handler's writes: acked, whatever
-                    # a middleware outside the transaction did afterwards
-                duration = time.perf_counter() - began
-                observer.handler_finished(queue, duration)
-                verdict = decision.decide(spec, msg, exc, started, duration)
-            outcome = self._settle(msg, verdict)
-            if outcome is None or (self._committed and self._written(msg)):
+            try:
+                await call(msg)
+            except asyncio.CancelledError as error:
+                exc = self._cancelled(slot, error, [(msg, started)], began)
+            except BaseException as error:  # see `_run`
+                exc = error
+            slot.deadline = math.inf  # no await since the handler returned: no stray cancel
+            if slot.expired:  # the handler swallowed its timeout's cancellation
+                self._swallowed(slot)
+            if committed and msg.id in committed:
+                exc = None  # the row is gone with its handler's writes: acked, whatever
+                # a middleware outside the transaction did afterwards
+            duration = time.perf_counter() - began
+            observer.handler_finished(queue, duration)
+            if exc is None and msg.decision is None and acks:  # `decide`'s first rule
+                outcome = Outcome(Kind.ACK, msg.id, msg.lease_token, queue, msg.deliveries_count)
+                notes = decision.QUIET
+            else:
+                outcome, notes = decision.decide(spec, msg, exc, started, duration)
+            if not ledger.finish(msg.id, msg.lease_token):
+                slot.hand = ()  # its lease was lost while it ran: nothing to write
+                continue
+            observer.decided(msg, outcome)
+            if notes:
+                observer.noted(msg, notes)
+            if committed and self._written(msg):
                 slot.hand = ()
                 continue
-            await self.completer.put(outcome)
+            if not completer.offer(outcome):
+                await completer.put(outcome)
             slot.hand = ()
             if spec.on_failure is not None:
                 await on_failure(self.spec, msg, exc, outcome)
+
+    async def _not_run(self, msg: Message, now: float) -> None:
+        """A row taken from the inbox that is not to be run: released (the stop began), handed
+        back (too little of its lease is left, `now`), or decided unrun (one the fetcher could
+        not load, or claimed more than `max_deliveries` times)."""
+        if self._closing:
+            self.completer.put_nowait(decision.released(msg))
+        elif now > msg.start_by:
+            await self._hand_back(msg)
+        else:
+            self.ledger.start(msg.id)
+            verdict = decision.before_run(self.spec, msg)
+            assert verdict is not None
+            outcome = self._settle(msg, verdict)
+            if outcome is not None:
+                await self.completer.put(outcome)
 
     async def _work_batches(self, slot: _Slot) -> None:
         """`_work` for a batch handler: one call per batch, the rest per row, written out here
@@ -263,11 +307,7 @@ class Executors:
                 slot.hand = ()
                 continue
             began = time.perf_counter()
-            try:
-                exc = await self._run(slot, [msg for msg, _ in runs], time.monotonic())
-            except asyncio.CancelledError:
-                self._interrupted(runs, began)
-                raise
+            exc = await self._run(slot, runs, began)
             duration = time.perf_counter() - began
             observer.handler_finished(spec.queue, duration)
             written: list[tuple[Message, Outcome]] = []
@@ -298,34 +338,56 @@ class Executors:
                     rows.append(msg)
         return rows
 
-    async def _run(self, slot: _Slot, arg: Any, now: float) -> BaseException | None:
-        """Call the handler through its middleware under the slot's deadline (its timeout
-        from `now`, monotonic): None when it returned, else the exception it ended with (its
-        timeout as HandlerTimeout). The cancellation of a stop past its deadline propagates."""
-        slot.deadline = now + self._timeout
+    async def _run(
+        self, slot: _Slot, runs: list[tuple[Message, float]], began: float
+    ) -> BaseException | None:
+        """Call the batch handler with the rows of `runs` (each with its start), through its
+        middleware, under the slot's deadline (its timeout from now): None when it returned,
+        else the exception it ended with (its timeout as HandlerTimeout). A stop's cancellation
+        past its deadline hands the rows' outcomes over and propagates (`_cancelled`)."""
+        slot.deadline = time.monotonic() + self._timeout
         exc: BaseException | None = None
         try:
-            await self._call(arg)
+            await self._call([msg for msg, _ in runs])
         except asyncio.CancelledError as error:
-            task = asyncio.current_task()
-            assert task is not None
-            if not task.cancelling():
-                exc = error  # raised by the handler itself: nobody cancelled this run
-            elif not slot.expired:
-                raise
-            else:
-                slot.expired = False
-                task.uncancel()
-                exc = timed_out(self.spec)
+            exc = self._cancelled(slot, error, runs, began)
         except BaseException as error:
             # KeyboardInterrupt, SystemExit and GeneratorExit too: one message must not take
             # down the worker and every other row it holds; it is retried, then dead-lettered.
             exc = error
         slot.deadline = math.inf  # no await since the handler returned: no stray cancel
         if slot.expired:  # the handler swallowed its timeout's cancellation and returned
-            slot.expired = False
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            self._swallowed(slot)
         return exc
+
+    def _cancelled(
+        self,
+        slot: _Slot,
+        error: asyncio.CancelledError,
+        runs: list[tuple[Message, float]],
+        began: float,
+    ) -> BaseException:
+        """What a handler's run that ended cancelled ended with: its own CancelledError when
+        nobody cancelled it, its timeout when the watchdog did. A stop's cancellation (past
+        its deadline) is raised again, once the outcomes of `runs` (the rows the call was
+        running, each with its start; the call began at `began`) are handed over."""
+        task = asyncio.current_task()
+        assert task is not None
+        if not task.cancelling():
+            return error  # raised by the handler itself: nobody cancelled this run
+        if not slot.expired:
+            self._interrupted(runs, began)
+            raise error
+        slot.expired = False
+        task.uncancel()
+        return timed_out(self.spec)
+
+    @staticmethod
+    def _swallowed(slot: _Slot) -> None:
+        """The handler returned although the watchdog cancelled it (it swallowed the
+        cancellation): the cancel request is taken back, so the task's next await is not hit."""
+        slot.expired = False
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
 
     def _interrupted(self, runs: list[tuple[Message, float]], began: float) -> None:
         """A stop cancelled the call at its deadline: the rows' outcomes, handed over without

@@ -26,7 +26,7 @@ from ..db import claims, outcomes
 from ..db.pool import Pool
 from ..errors import ConnectionLost, DatabaseError, PermanentError
 from ..handler import HandlerSpec
-from ..message import Message
+from ..message import Message, claimed
 from ..metrics import metrics
 from ..observe import Observer
 from ..queries import Queries
@@ -309,28 +309,26 @@ class Fetcher:
             if invalid is not None and not keep and (most is None or deliveries <= most):
                 aside.append((row_id, invalid))
                 continue
-            due = due or claimed_at
             ids.append(row_id)
             msgs.append(
-                Message(
-                    id=row_id,
-                    queue=queue,
-                    body=payload,
-                    headers=headers or {},
-                    deliveries_count=deliveries,
-                    attempts_count=attempts,
-                    created_at=created or claimed_at,
-                    next_attempt_at=due,
-                    first_attempt_at=first,
-                    timer_id=timer,
-                    lease_token=token,
-                    claimed_at=claimed_at,
-                    ordering_key=key,
-                    received_monotonic=received,
-                    start_by=start_by,
-                    claimed_epoch=claimed_epoch,
-                    due_epoch=due.timestamp(),
-                    invalid=invalid,
+                claimed(
+                    row_id,
+                    queue,
+                    payload,
+                    headers or {},
+                    deliveries,
+                    attempts,
+                    created or claimed_at,
+                    due or claimed_at,
+                    first,
+                    timer,
+                    token,
+                    claimed_at,
+                    key,
+                    received,
+                    start_by,
+                    claimed_epoch,
+                    invalid,
                 )
             )
         self.ledger.hold(ids, token)

@@ -112,7 +112,9 @@ class Runtime:
             + bool(self.settings.vacuum_interval)
             + bool(self.dlq_retention)
         )
-        self.pool = await open_pool(self.dsn, max_size=len(self.specs) + 1 + max(chores, 1))
+        self.pool = await open_pool(
+            self.dsn, max_size=len(self.specs) + 1 + max(chores, 1), utc=True
+        )
         self._pools.append(self.pool)
         complete = await self._transactions_pool()
 

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox_farm import Farm, Message, decision
+from outbox_farm import Farm, Message
 from outbox_farm.chores import gauges, retention, vacuum
 from outbox_farm.observe.prometheus import Tally
 from outbox_farm.worker import heartbeat as heartbeat_module
@@ -28,6 +28,7 @@ from outbox_farm.worker import listener
 from outbox_farm.worker.completer import Completer
 from outbox_farm.worker.executor import Executors
 from outbox_farm.worker.fetcher import Fetcher
+from outbox_farm.worker.inflight import Ledger
 from outbox_farm.worker.runtime import Runtime
 from tests.waits import eventually
 
@@ -160,7 +161,7 @@ def test_an_executor_that_fails_once_is_restarted_and_its_row_comes_back_counted
     """The row in the failed executor's hand is let go unwritten: it comes back when its lease
     ends, with its delivery counted (a row that keeps breaking an executor reaches
     max_deliveries)."""
-    Fault(decision.before_run).patch(monkeypatch, decision, "before_run")
+    Fault(Ledger.start).patch(monkeypatch, Ledger, "start")
     _, handled = asyncio.run(
         delivered_after_one_failure(dsn, caplog, "executor", lease_ttl=2.0, graceful_timeout=5)
     )
@@ -306,7 +307,7 @@ def test_a_chore_that_always_fails_is_reported_but_never_fatal(
     ("component", "target", "step"),
     [
         ("fetcher of queue", Fetcher, "_next_wait"),
-        ("executor", decision, "before_run"),
+        ("executor", Ledger, "start"),
     ],
 )
 def test_a_data_path_component_that_keeps_failing_makes_the_worker_fatally_broken(
@@ -353,8 +354,20 @@ def test_a_failing_built_in_observer_is_logged_and_kills_no_executor(
     dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO)
-    # Inside the observer's per-message work (which that observer guards itself).
-    Fault(Tally.observe, times=None).patch(monkeypatch, Tally, "observe")
+
+    # Inside the observer's per-message work (which that observer guards itself): adding a
+    # value to a tally fails.
+    class Failing(list[float]):
+        def append(self, value: float) -> None:
+            raise Injected("injected failure")
+
+    tally_init = Tally.__init__
+
+    def failing_init(self: Tally, child: Any) -> None:
+        tally_init(self, child)
+        self.values = Failing()
+
+    monkeypatch.setattr(Tally, "__init__", failing_init)
     queue = qname("obs")
     farm = Farm(dlq_table="outbox_dlq")
     handled: set[int] = set()

@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -163,3 +164,30 @@ def test_transactional_needs_an_async_single_row_handler() -> None:
 
         @farm.handler("b", transactional=True)
         def plain(msg: Message, conn: AConn) -> None: ...
+
+
+def test_a_messages_timestamps_are_in_utc_and_a_handlers_session_keeps_its_zone(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The farm's own sessions run in UTC (the driver loads a timestamp cheaper that way), so
+    a message's timestamps come in UTC whatever the server's zone; the same instants. A
+    transactional handler's connection is the user's: it keeps the zone its DSN asks for."""
+    zoned = psycopg.conninfo.make_conninfo(dsn, options="-c TimeZone=Asia/Kolkata")
+    queue, farm = qname(), Farm()
+    row_id = farm.publish(conn, {"n": 1}, queue=queue)
+    created = scalar(conn, "SELECT created_at FROM outbox WHERE id = %s", row_id)
+    seen: list[tuple[datetime, datetime, str]] = []
+
+    @farm.handler(queue, transactional=True)
+    async def handle(msg: Message, tx: AConn) -> None:
+        cur = await tx.execute("SHOW TimeZone")
+        zone = await cur.fetchone()
+        assert zone is not None
+        seen.append((msg.created_at, msg.claimed_at, zone[0]))
+
+    drain(zoned, farm, lambda: bool(seen))
+    (created_at, claimed_at, zone), *_ = seen
+    assert created_at == created  # the same instant ...
+    assert created_at.utcoffset() == timedelta(0)  # ... in UTC
+    assert claimed_at.utcoffset() == timedelta(0)
+    assert zone == "Asia/Kolkata"

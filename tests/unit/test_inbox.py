@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from outbox_farm.worker.inbox import Inbox
+from outbox_farm.worker.inbox import EMPTY, Inbox
 from tests.waits import eventually
 
 
@@ -147,3 +147,20 @@ async def test_random_puts_gets_and_cancellations_never_strand_an_item() -> None
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert sorted(taken) == list(range(total))
+
+
+@on_a_loop
+async def test_take_returns_at_once_and_strands_nothing() -> None:
+    """`take()` is `get()` without the wait: EMPTY when nothing is there. Taking an item that
+    a woken getter was woken for leaves the rest to it, and the wake-ups still chain."""
+    inbox: Inbox[int | None] = Inbox()
+    assert inbox.take() is EMPTY
+    inbox.put_nowait(None)  # the stop's sentinel is an item like any other
+    assert inbox.take() is None
+    first = asyncio.ensure_future(inbox.get())
+    second = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    inbox.put_all([1, 2, 3])  # wakes `first` only
+    assert inbox.take() == 1  # taken before `first` runs
+    assert [await first, await second] == [2, 3]
+    assert inbox.take() is EMPTY

@@ -46,20 +46,34 @@ def test_a_flushed_tally_reads_as_the_values_observed_one_by_one() -> None:
     registry = CollectorRegistry()
     direct = Histogram("direct", "d", buckets=LATENCY_BUCKETS, registry=registry)
     tallied = Histogram("tallied", "t", buckets=LATENCY_BUCKETS, registry=registry)
-    dirty: list[Tally] = []
-    tally = Tally(tallied, dirty)
+    tally = Tally(tallied)
     for value in VALUES:
         direct.observe(value)
-        tally.observe(value)
-    assert dirty == [tally]
+        tally.values.append(value)  # as the observer's events add a value
     assert samples(tallied)[("tallied_count", "")] == 0  # nothing until the flush
     tally.flush()
+    assert tally.values == []
     want = {(name.replace("direct", "tallied"), le): v for (name, le), v in samples(direct).items()}
     got = samples(tallied)
     assert got.keys() == want.keys()
     assert all(same(got[k], want[k]) for k in want), (got, want)
     tally.flush()  # a second flush adds nothing
     assert all(same(samples(tallied)[k], want[k]) for k in want)
+
+
+def test_without_a_nan_every_value_still_reaches_its_bucket() -> None:
+    """The NaN filter runs only when the sum says there is one; infinities of one sign alone
+    leave the sum infinite, not NaN, and must still land in their buckets."""
+    registry = CollectorRegistry()
+    direct = Histogram("direct2", "d", buckets=LATENCY_BUCKETS, registry=registry)
+    tallied = Histogram("tallied2", "t", buckets=LATENCY_BUCKETS, registry=registry)
+    tally = Tally(tallied)
+    for value in [math.inf, 0.002, 0.0, 7.0, math.inf, 0.0005]:
+        direct.observe(value)
+        tally.values.append(value)
+    tally.flush()
+    want = {(n.replace("direct2", "tallied2"), le): v for (n, le), v in samples(direct).items()}
+    assert samples(tallied) == want
 
 
 def handler_count(queue: str) -> float:
