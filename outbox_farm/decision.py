@@ -68,6 +68,9 @@ Notes = tuple[Note, ...]
 Verdict = tuple[Outcome, Notes]
 
 QUIET: Notes = ()
+# Read once: an Enum member read off its class costs 0.1 µs (Python 3.11), and `decide` runs
+# for every row of a batch handler (a relay's).
+_ACK, _MANUAL, _ACKED = Kind.ACK, AckPolicy.MANUAL, Decision.ACK
 
 
 def before_run(spec: HandlerSpec, msg: Message) -> Verdict | None:
@@ -120,18 +123,16 @@ def decide(
     if decision is None:
         if exc is not None:
             return _raised(spec, msg, exc, started, duration)
-        if spec.ack is not AckPolicy.MANUAL:  # the common case, built here: one call less
-            return Outcome(
-                Kind.ACK, msg.id, msg.lease_token, msg.queue, msg.deliveries_count
-            ), QUIET
+        if spec.ack is not _MANUAL:  # the common case, built here: one call less
+            return Outcome(_ACK, msg.id, msg.lease_token, msg.queue, msg.deliveries_count), QUIET
         undecided = NoDecision(
             f"manual-ack handler of queue {msg.queue!r} returned without "
             "ack(), nack() or reject(); retrying"
         )
         note = Note(Event.NO_DECISION, WARNING, "%s (row %s)", (undecided, msg.id), error=undecided)
         return _retry(spec, msg, undecided, None, started, duration, (note,))
-    if decision is Decision.ACK:
-        return _outcome(msg, Kind.ACK), QUIET
+    if decision is _ACKED:
+        return _outcome(msg, _ACK), QUIET
     error = failure(msg, exc)
     if decision is Decision.REJECT:
         return _terminal(msg, Reason.REJECTED, error, QUIET)

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 CLAIM_ERROR_KINDS = ("connection_lost", "permanent", "refused", "internal")
 FLUSH_EVERY = 0.25  # seconds an observation may wait in a tally
+# Read once: an Enum member read off its class costs 0.1 µs (Python 3.11), and `decided` runs
+# for every message.
+_TERMINAL, _EXPIRE = Kind.TERMINAL, Kind.EXPIRE
 
 
 class Tally:
@@ -170,9 +173,10 @@ class PrometheusObserver(Observer):
 
     def decided(self, msg: Message, outcome: Outcome) -> None:
         try:
-            if outcome.kind is Kind.TERMINAL:
+            kind = outcome.kind
+            if kind is _TERMINAL:
                 self.m.terminal.labels(outcome.queue, str(outcome.reason)).inc()
-            elif outcome.kind is Kind.EXPIRE:
+            elif kind is _EXPIRE:
                 self.m.lease_lost.labels(outcome.queue, "start").inc()
         except Exception:
             report_failure(self, "decided", self._reported)

@@ -32,6 +32,7 @@ from .supervised import Supervisor
 from .transactional import Complete, InTransaction
 
 log = logging.getLogger("outbox_farm.executor")
+_ACK = Kind.ACK  # read once: an Enum member read off its class costs 0.1 µs (Python 3.11)
 
 
 class _Slot:
@@ -239,7 +240,7 @@ class Executors:
             duration = time.perf_counter() - began
             observer.handler_finished(queue, duration)
             if exc is None and msg.decision is None and acks:  # `decide`'s first rule
-                outcome = Outcome(Kind.ACK, msg.id, msg.lease_token, queue, msg.deliveries_count)
+                outcome = Outcome(_ACK, msg.id, msg.lease_token, queue, msg.deliveries_count)
                 notes = decision.QUIET
             else:
                 outcome, notes = decision.decide(spec, msg, exc, started, duration)

@@ -38,7 +38,9 @@ class Lease:
 
 
 _new = object.__new__
-_WAITING = State.WAITING
+# An Enum member read off its class costs a tenth of a microsecond (Python 3.11): the states,
+# read once here, since each row changes state twice.
+_WAITING, _RUNNING, _WRITING = State.WAITING, State.RUNNING, State.WRITING
 
 
 class Ledger:
@@ -92,7 +94,7 @@ class Ledger:
     def start(self, row_id: int) -> None:
         lease = self.rows.get(row_id)
         if lease is not None:
-            lease.state = State.RUNNING
+            lease.state = _RUNNING
 
     def finish(self, row_id: int, token: uuid.UUID) -> bool:
         """The handler returned: True when its outcome should be written, False when the
@@ -103,7 +105,7 @@ class Ledger:
         if lease.lost:
             self.settle(row_id, token)
             return False
-        lease.state = State.WRITING
+        lease.state = _WRITING
         return True
 
     def writing(self, row_id: int) -> None:
@@ -111,7 +113,7 @@ class Ledger:
         now on a heartbeat that misses the row may simply have come after that commit."""
         lease = self.rows.get(row_id)
         if lease is not None:
-            lease.state = State.WRITING
+            lease.state = _WRITING
 
     def lose(self, row_id: int, token: uuid.UUID, phase: str) -> None:
         """The row's lease was found lost outside the heartbeat (a transactional handler's
@@ -129,7 +131,7 @@ class Ledger:
         ids: list[int] = []
         tokens: list[uuid.UUID] = []
         for row_id, lease in self.rows.items():
-            if lease.state is not State.WAITING and not lease.lost:
+            if lease.state is not _WAITING and not lease.lost:
                 ids.append(row_id)
                 tokens.append(lease.token)
         return ids, tokens
@@ -142,7 +144,7 @@ class Ledger:
             if row_id in matched:
                 continue
             lease = self.rows.get(row_id)
-            if lease is None or lease.token != token or lease.state is not State.RUNNING:
+            if lease is None or lease.token != token or lease.state is not _RUNNING:
                 continue
             lease.lost = True
             self.observer.lease_lost("heartbeat", self.queue, row_id, None)
