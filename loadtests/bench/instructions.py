@@ -50,7 +50,7 @@ from .common import QUEUE, add_dsn, scratch, server, time_limit
 BASELINE = Path(__file__).with_name("instructions_baseline.json")
 TOLERANCE = 0.05
 BATCH = 100
-CONCURRENCY = 256  # the drain's executors, as in the --procs 2 drain of the standard report
+CONCURRENCY = 256  # the drain's executors, as in the standard report's drains (`farm.APP`)
 COLLECTED = re.compile(rb"Collected : (\d+)")
 
 
