@@ -25,7 +25,7 @@ CONTENT_TYPE = "content-type"  # the headers the producer writes and `Message` r
 CORRELATION_ID = "correlation_id"
 
 
-@dataclass(eq=False, kw_only=True, slots=True)
+@dataclass(eq=False, kw_only=True, slots=True, weakref_slot=True)
 class Message:
     """One claimed outbox row.
 
@@ -34,6 +34,10 @@ class Message:
     that wins over the handler's return or exception (the last call wins); the row is written by
     the completer after the handler returns, never from inside it. That is how a batch handler
     (a relay, say) settles each row of its batch on its own.
+
+    Its timestamps are aware datetimes in UTC, whatever the server's TimeZone (the farm's own
+    sessions run in UTC). It has slots and no `__dict__`: an attribute it does not declare
+    cannot be set on it (a weak reference can be taken).
     """
 
     id: int

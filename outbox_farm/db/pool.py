@@ -30,8 +30,9 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
 async def _configure_utc(conn: psycopg.AsyncConnection[Any]) -> None:
     """`_configure`, and the session in UTC: the driver then loads a timestamp as a datetime
     in `datetime.UTC` rather than in a `ZoneInfo` of the server's TimeZone, a third of the
-    cost (every claimed row has three). Only for the farm's own statements, none of which
-    depends on the session's zone (a user's transaction keeps the server's)."""
+    cost (every claimed row has three). Only for the farm's own statements, whose only use of
+    the zone is the text of a timestamp a client cannot load (the claim's `unloadable`, which
+    the DLQ keeps): in UTC too. A user's transaction keeps the server's zone."""
     await _configure(conn)
     await conn.execute("SET TimeZone = 'UTC'")
 

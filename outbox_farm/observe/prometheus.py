@@ -115,8 +115,14 @@ class PrometheusObserver(Observer):
             self._flush_at.cancel()
             self._flush_at = None
         dirty, self._dirty = self._dirty, []
-        for tally in dirty:
-            tally.flush()
+        for n, tally in enumerate(dirty):
+            try:
+                tally.flush()
+            except BaseException:
+                # The tallies not reached keep their values: back in the list, or they would
+                # never be flushed again (a tally registers only as its first value comes).
+                self._dirty.extend(dirty[n + 1 :])
+                raise
 
     def serving(self, queues: list[str]) -> None:
         """Every queue's series exist from the start, at zero: a dashboard's rate() or an

@@ -68,7 +68,8 @@ class _Handover:
 class Completer:
     """Batches outcomes into lease-guarded writes.
 
-    State: `_pending` is appended to by executors (`put`) and swapped out by the flush task;
+    State: `_pending` is appended to by executors (`offer`, `put`) and swapped out by the flush
+    task;
     both run on the one event loop, so no lock is needed.
     """
 
@@ -91,7 +92,7 @@ class Completer:
         self.flush_interval = flush_interval
         self.flush_size = flush_size
         self.high_water = high_water
-        self._quick = min(flush_size - 1, high_water)  # `put` appends inline below this
+        self._quick = min(flush_size - 1, high_water)  # `offer` appends below this
         self.on_retry = on_retry
         self.ledgers: Mapping[str, Ledger] = ledgers if ledgers is not None else {}
         self.handovers: Mapping[str, Claimer] = handovers if handovers is not None else {}

@@ -2,10 +2,11 @@
 to the completer.
 
 This module is the machinery: the tasks, batching, the per-call timeout, a thread per sync
-handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure).
-What it sees (a handler's start and run time, each verdict) goes to the observer (`observe`),
-which counts and logs it. The outcomes are written by the completer; a transactional handler's
-row is deleted in its own transaction (`transactional`).
+handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure;
+the one-row loop writes out two of its rules, which rows not to run and a plain ack, as it
+runs once per message). What it sees (a handler's start and run time, each verdict) goes to
+the observer (`observe`), which counts and logs it. The outcomes are written by the
+completer; a transactional handler's row is deleted in its own transaction (`transactional`).
 """
 
 from __future__ import annotations
@@ -270,7 +271,8 @@ class Executors:
         else:
             self.ledger.start(msg.id)
             verdict = decision.before_run(self.spec, msg)
-            assert verdict is not None
+            if verdict is None:  # `_work` wrote out `before_run`'s rule; they must agree
+                raise RuntimeError(f"row {msg.id} was held back, yet before_run would run it")
             outcome = self._settle(msg, verdict)
             if outcome is not None:
                 await self.completer.put(outcome)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+import weakref
 from datetime import UTC, datetime, timedelta
 
 from outbox_farm.message import Message, claimed
@@ -42,11 +43,13 @@ def test_a_claimed_message_is_the_one_the_constructor_builds() -> None:
     assert set(Message.__slots__) == {f.name for f in dataclasses.fields(Message)}
 
 
-def test_a_message_has_no_instance_dict() -> None:
-    """Slots only: a stray attribute set by a handler is an error, not a silent no-op."""
+def test_a_message_has_no_instance_dict_and_takes_a_weak_reference() -> None:
+    """Slots only: a stray attribute set by a handler is an error, not a silent no-op; a
+    middleware may still key a WeakKeyDictionary by message."""
     msg = claimed(
         1, "q", b"", {}, 1, 0, CLAIMED, DUE, None, None, uuid.uuid4(), CLAIMED, None, 0.0,
         1.0, CLAIMED.timestamp(), None,
     )  # fmt: skip
     assert not hasattr(msg, "__dict__")
+    assert weakref.ref(msg)() is msg
     assert msg.due_epoch == DUE.timestamp()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from outbox_farm.metrics import LATENCY_BUCKETS, metrics
@@ -111,3 +112,34 @@ def test_outside_an_event_loop_an_observation_is_written_at_once() -> None:
     before = handler_count("tally-sync")
     observer.handler_finished("tally-sync", 0.5)
     assert handler_count("tally-sync") == before + 1
+
+
+def test_a_flush_that_fails_keeps_the_tallies_it_did_not_reach(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tally registers for a flush only as its first value comes: one a failed flush dropped
+    while it still held values would never be flushed again, and grow for ever."""
+
+    async def scenario() -> None:
+        observer = PrometheusObserver()
+        observer.handler_finished("tally-fail-a", 0.01)
+        observer.handler_finished("tally-fail-b", 0.02)
+        first, second = observer._dirty
+        flush = Tally.flush
+
+        def failing(self: Tally) -> None:
+            if self is first:
+                raise RuntimeError("injected")
+            flush(self)
+
+        monkeypatch.setattr(Tally, "flush", failing)
+        before = handler_count("tally-fail-b")
+        with pytest.raises(RuntimeError, match="injected"):
+            observer.flush()
+        assert observer._dirty == [second]
+        assert second.values == [0.02]
+        monkeypatch.setattr(Tally, "flush", flush)
+        observer.flush()
+        assert handler_count("tally-fail-b") == before + 1
+
+    asyncio.run(scenario())
