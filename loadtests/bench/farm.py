@@ -77,13 +77,15 @@ def stop_bench_farm(proc: subprocess.Popen[bytes]) -> None:
 PRELOAD_BATCH = 1000
 
 
-def preload(dsn: str, rows: int, keys: int | None = None) -> None:
+def preload(dsn: str, rows: int, keys: int | None = None, *, published: bool = False) -> None:
     """`rows` due rows; with `keys`, row g gets ordering key g % keys (keys interleaved, so each
     key's rows are spread over the whole table, as many entities' events would be), published
-    by `publish_batch` as an app's would be (a publish marks the rows deep in a key's line)."""
+    by `publish_batch` as an app's would be (a publish marks the rows deep in a key's line).
+    Without keys, one INSERT of bare rows (no headers), unless `published`: then by the same
+    `publish_batch` without keys, rows that differ from the keyed ones by their key alone."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
-        if keys is None:
+        if keys is None and not published:
             conn.execute(
                 "INSERT INTO outbox (queue, payload) SELECT %s, '\\x7b7d' "
                 "FROM generate_series(1, %s)",
@@ -97,7 +99,7 @@ def preload(dsn: str, rows: int, keys: int | None = None) -> None:
                     conn,
                     [{}] * len(batch),
                     queue=QUEUE,
-                    ordering_keys=[f"key-{g % keys}" for g in batch],
+                    ordering_keys=[f"key-{g % keys}" for g in batch] if keys else None,
                 )
         conn.execute("VACUUM ANALYZE outbox")
 
@@ -133,11 +135,13 @@ def drain_run(
     on_loaded: Callable[[], None] | None = None,
     *,
     keys: int | None = None,
+    published: bool = False,
     app: str = "benchapp:farm",
     env: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
-    """Pre-load (over `keys` ordering keys, if given), start the farm (`app` in `appdir`, with
-    `env`), time the drain, stop it (waits for the arbiter to exit).
+    """Pre-load (over `keys` ordering keys, if given; `published`: see `preload`), start the
+    farm (`app` in `appdir`, with `env`), time the drain, stop it (waits for the arbiter to
+    exit).
 
     `on_loaded` runs after the pre-load, before the farm starts (to take "before" readings).
     Returns rate (msg/s), seconds, rows counted at the start, `polls` (the count(*)
@@ -146,7 +150,7 @@ def drain_run(
     and the database saturate, these move far less from run to run than msg/s does, so they
     are what a before/after comparison should read.
     """
-    preload(dsn, rows, keys)
+    preload(dsn, rows, keys, published=published)
     if on_loaded is not None:
         on_loaded()
     polls = 0
