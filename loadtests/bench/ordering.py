@@ -5,8 +5,9 @@ key runs strictly one row at a time.
 
 In one run, on one scratch database: the same --rows no-op rows (published by `publish_batch`,
 headers and all) drained by `outbox-farm start --procs 2` without keys, then spread over --keys
-ordering keys (target: >= 80% of the unkeyed rate), then --one-key-rows rows of a single key (target: >= 500 msg/s), each run recorded in a
-ledger and checked: strictly in publish order, never two at once.
+ordering keys (target: >= 80% of the unkeyed rate), then --one-key-rows rows of a single key
+(target: >= 500 msg/s), each run recorded in a ledger and checked: strictly in publish order,
+never two at once.
 """
 
 from __future__ import annotations
