@@ -69,8 +69,7 @@ class Completer:
     """Batches outcomes into lease-guarded writes.
 
     State: `_pending` is appended to by executors (`offer`, `put`) and swapped out by the flush
-    task;
-    both run on the one event loop, so no lock is needed.
+    task; both run on the one event loop, so no lock is needed.
     """
 
     def __init__(

@@ -92,9 +92,8 @@ class Inbox(Generic[T]):
                     self._wake_one()  # pass the wake-up on
                 raise
             self._woken -= 1
-        item = items.popleft()
-        if items and not self._woken:
-            self._wake_one()
+        item = self.take()
+        assert item is not EMPTY  # the loop ended with an item waiting
         return item
 
     def _wake_one(self) -> None:

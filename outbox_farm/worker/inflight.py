@@ -29,12 +29,14 @@ class State(enum.Enum):
 
 
 class Lease:
-    __slots__ = ("lost", "state", "token")
+    """One held row: its claim's token, its state, whether the heartbeat found it lost. Made
+    only by `Ledger.hold`, which sets the three slots itself (a constructor call would double
+    the cost, once per row claimed)."""
 
-    def __init__(self, token: uuid.UUID) -> None:
-        self.token = token
-        self.state = State.WAITING
-        self.lost = False
+    __slots__ = ("lost", "state", "token")
+    token: uuid.UUID
+    state: State
+    lost: bool
 
 
 _new = object.__new__
@@ -81,7 +83,6 @@ class Ledger:
             old = rows.get(row_id)
             if old is not None:  # claimed again (its retry was written, the reply not yet read)
                 self._release(old.token)
-            # `Lease(token)`, written out: half the cost, once per row claimed.
             lease = rows[row_id] = _new(Lease)
             lease.token, lease.state, lease.lost = token, _WAITING, False
             count += 1
