@@ -122,15 +122,22 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m loadtests.bench.ordering", description=__doc__.split("\n\n")[0]
     )
     add_dsn(parser)
-    parser.add_argument("--rows", type=int, default=50_000)
-    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--rows", type=int, default=50_000, help="rows in each drain of a pair")
+    parser.add_argument(
+        "--keys", type=int, default=10_000, help="ordering keys the keyed drain's rows spread over"
+    )
     parser.add_argument(
         "--pairs",
         type=int,
         default=3,
         help="unkeyed and keyed drains run in turn this many times; the median ratio counts",
     )
-    parser.add_argument("--one-key-rows", type=int, default=2_000)
+    parser.add_argument(
+        "--one-key-rows",
+        type=int,
+        default=2_000,
+        help="rows of the single hot key, checked in order and one at a time",
+    )
     parser.add_argument(
         "--ledger-flush",
         action="store_true",
