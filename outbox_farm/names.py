@@ -130,4 +130,10 @@ class TableNames:
             ids["dlq_queue_reason_stats"] = self.dlq.schema_sibling(
                 "_reason_stats", "DLQ queue and reason statistics name"
             )
+            ids["dlq_cause_fn"] = self.dlq.schema_sibling("_cause", "DLQ cause function name")
+            ids["dlq_cause_idx"] = self.dlq.sibling("_cause_idx", "DLQ cause index name")
+            ids["dlq_causes"] = self.dlq.schema_sibling("_causes", "DLQ cause counts table name")
+            ids["dlq_causes_count"] = self.dlq.schema_sibling(
+                "_causes_count", "DLQ cause counting function name"
+            )
         return ids

@@ -15,11 +15,15 @@ is, one such row would fail its whole batch, and so the replay, every time. Repl
 handled again rather than left behind, and its handler sees what was done to it. Leaving it in
 the DLQ would leave the operator nothing to do but purge it: there is no command to edit a row.
 `dlq_unfit` names those rows beforehand.
+
+Rows are grouped by cause (`dlq_causes`): their `last_exception` normalised so that rows that
+differ only in ids, numbers or addresses fall together (the rule is migration 0009's). A text
+filter that is empty or blank is refused, whichever it is: an empty text is contained in every
+row, so `--grep ""` from a script with an unset variable would select the whole DLQ.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -27,16 +31,15 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import orjson
-
 from ..db import dlq as db
 from ..db.connect import Connection
-from ..db.dlq import DlqFacts, DlqMatch, DlqRow, Done, Summary
+from ..db.dlq import CauseGroup, DlqFacts, DlqMatch, DlqRow, Done, Summary
 from ..db.operator import DlqReader, UnfitRow
 from ..errors import ConfigurationError
 from ..names import TableNames
 from ..outcome import Reason
 from .durations import When
+from .payload import Payload as Payload  # re-exported: `show` callers import it from here
 
 DEFAULT_BATCH = 1000
 UNFIT_SHOWN = 20  # rows a replay names one by one among those it normalises
@@ -45,6 +48,7 @@ MAX_ID = 2**63 - 1  # ids are bigint
 MAX_QUEUE = 255  # characters: the outbox's queue column is varchar(255)
 REASONS = tuple(reason.value for reason in Reason)
 SETTLE = 3.0  # seconds a preview waits for writers that were running when it counted
+CAUSES_SHOWN = 20  # groups `dlq_causes` returns unless told
 
 
 def check_reason(reason: str | None) -> None:
@@ -70,13 +74,31 @@ class DlqFilter:
     since: When | None = None  # failed at or after
     until: When | None = None  # failed before
     grep: str | None = None
+    cause: str | None = None  # a cause exactly as a `CauseGroup` names it
+
+    def check(self) -> None:
+        """Refuse (ConfigurationError) a text filter that is empty or blank, or holds a NUL
+        character (which no row can hold): before any SQL, the same way for every one."""
+        texts = (
+            ("queue", self.queue),
+            ("reason", self.reason),
+            ("grep", self.grep),
+            ("cause", self.cause),
+        )
+        for what, text in texts:
+            if text is None:
+                continue
+            if not text.strip():
+                raise ConfigurationError(
+                    f"the {what} filter is empty: give a value, or leave the filter out "
+                    "(an empty text would select every row, or none)"
+                )
+            if "\x00" in text:
+                raise ConfigurationError(f"{what} contains a NUL character, which no row holds")
 
     def match(self) -> DlqMatch:
-        """The filter as the statements take it; a NUL character, which no row can hold, is
-        refused here, before any SQL."""
-        for what, text in (("queue", self.queue), ("reason", self.reason), ("grep", self.grep)):
-            if text is not None and "\x00" in text:
-                raise ConfigurationError(f"{what} contains a NUL character, which no row holds")
+        """The filter as the statements take it, checked (`check`)."""
+        self.check()
         for row_id in self.ids or ():
             check_id(row_id)
         since, until = self.since or When(), self.until or When()
@@ -89,6 +111,7 @@ class DlqFilter:
             until_at=until.at,
             until_ago=until.ago,
             grep=self.grep,
+            cause=self.cause,
         )
 
 
@@ -111,17 +134,18 @@ class Selection:
         verb: str,
         filtered: bool | None = None,
         every_is: str = "every row",
-        filters_are: str = "queue, reason, since, until, text",
+        filters_are: str = "queue, reason, since, until, text, cause",
         asked_in: str = "",
     ) -> Selection:
         """IDs (narrowed by `where`), a filter, or `every` row. Refused (ConfigurationError,
         worded for `verb`, and with `every_is` and `filters_are` naming how the caller asks
         for them, e.g. "--all", and `asked_in` where, e.g. " on the command line"): IDs and
-        `every` together; none of the three; an id out of
-        range; an unknown reason. `filtered` says whether the operator chose the filter (the
+        `every` together; none of the three; an id out of range; an unknown reason; an empty
+        filter (`DlqFilter.check`). `filtered` says whether the operator chose the filter (the
         CLI passes False for one read from the environment only: it narrows, never selects);
         None: whether `where` filters anything."""
         ids = tuple(check_id(int(i)) for i in ids)
+        where.check()
         check_reason(where.reason)
         if ids and every:
             raise ConfigurationError(
@@ -134,29 +158,6 @@ class Selection:
             )
         where = dataclasses.replace(where, ids=tuple(sorted(set(ids))) if ids else None)
         return cls(where, every and not ids and where == DlqFilter())
-
-
-@dataclass(frozen=True)
-class Payload:
-    """A payload decoded by its content-type header: `json`, `text`, or `base64` bytes."""
-
-    encoding: str
-    value: Any
-
-    @classmethod
-    def decode(cls, body: bytes, content_type: str | None) -> Payload:
-        kind = (content_type or "").split(";")[0].strip().lower()
-        if kind == "application/json" or kind.endswith("+json"):
-            try:
-                return cls("json", orjson.loads(body))
-            except orjson.JSONDecodeError:
-                pass  # labelled JSON but is not: show what is there
-        if kind.startswith("text/") or kind in ("application/json", ""):
-            try:
-                return cls("text", body.decode("utf-8"))
-            except UnicodeDecodeError:
-                pass
-        return cls("base64", base64.b64encode(body).decode("ascii"))
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,19 @@ def dlq_show(
         row.last_exception,
         row.timer_id,
     )
+
+
+def dlq_causes(
+    conn: Connection, names: TableNames, where: DlqFilter, limit: int = CAUSES_SHOWN
+) -> list[CauseGroup]:
+    """The `limit` causes with the most rows matching `where`, most rows first (ties by
+    cause). A group's `cause` given back as `DlqFilter(cause=...)` selects its rows, for a
+    list, a replay or a purge. Milliseconds on any DLQ size when `where` filters at most by
+    queue, reason and cause (the counts migration 0009 keeps); a time, text or id filter
+    costs the rows it matches. SchemaError when the DLQ predates migration 0009."""
+    _need_dlq(names)
+    check_reason(where.reason)
+    return db.causes(conn, names, where.match(), limit)
 
 
 def dlq_payload(conn: Connection, names: TableNames, row_id: int) -> bytes | None:
@@ -314,7 +328,8 @@ def dlq_unfit(
     """Which rows matching `where`, with ids up to `upto`, `dlq_replay` will normalise, and
     what it changes in each."""
     _need_dlq(names)
-    rows, first = DlqReader(conn, names).unfit(asdict(where.match()), upto, limit)
+    match = where.match()
+    rows, first = DlqReader(conn, names).unfit(asdict(match), match.block, upto, limit)
     return Unfit(rows, first)
 
 

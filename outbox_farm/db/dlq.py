@@ -4,7 +4,8 @@ replay and purge.
 Replay and purge run keyset batches on id, each batch one statement in its own transaction, so
 what a batch did is committed before the next starts and an interrupted run has done whole
 batches only. The caller's connection must be in autocommit mode (not inside a transaction).
-Every error is a `DatabaseError`; a missing table is a `SchemaError` naming it.
+Every error is a `DatabaseError`; a missing table is a `SchemaError` naming it, and a DLQ
+without migration 0009's cause function and counts a `SchemaError` saying to migrate.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from typing import Any
 
 import psycopg
 
+from ..errors import SchemaError
 from ..names import TableNames
 from .boundary import translate
 from .connect import Connection
 from .operator import AdminSql, Plan
 
 STATEMENT_FAILED = "DLQ statement failed"
+UNDEFINED_FUNCTION = "42883"
+UNDEFINED_TABLE = "42P01"
+CAUSES_MISSING = (
+    "this DLQ has no cause function and counts yet (migration 0009): run `outbox-farm "
+    "migrate`, then group or filter by cause"
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,26 @@ class DlqMatch:
     until_at: datetime | None = None
     until_ago: float | None = None
     grep: str | None = None
+    cause: str | None = None  # a cause exactly as `causes` names it
+
+    @property
+    def block(self) -> str:
+        """The filter's block: with the cause condition only when a cause is given, so that
+        the other filters work on a DLQ migrated before the cause function existed."""
+        return "admin_dlq_match" if self.cause is None else "admin_dlq_match_cause"
+
+
+@dataclass(frozen=True)
+class CauseGroup:
+    """The DLQ rows of one cause (their `last_exception` normalised, see migration 0009):
+    how many, in which queues and for which reasons, and when the newest of them failed
+    (None: no row was found to say, the count having moved meanwhile)."""
+
+    cause: str
+    rows: int
+    queues: tuple[str, ...]
+    reasons: tuple[str, ...]
+    last_failed_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -116,10 +144,21 @@ def _object(headers: Any) -> dict[str, Any]:
     return {NOT_AN_OBJECT: headers}
 
 
+def _causes_missing(exc: psycopg.Error, names: TableNames) -> bool:
+    """Whether `exc` says migration 0009's function or counts table is not there."""
+    assert names.dlq is not None
+    primary = exc.diag.message_primary or ""
+    return exc.sqlstate in (UNDEFINED_FUNCTION, UNDEFINED_TABLE) and (
+        f"{names.dlq.name}_cause" in primary
+    )
+
+
 def _all(conn: Connection, names: TableNames, statement: str, params: dict[str, Any]) -> list[Any]:
     try:
         return conn.execute(statement, params).fetchall()
     except psycopg.Error as exc:
+        if _causes_missing(exc, names):
+            raise SchemaError(CAUSES_MISSING) from exc
         raise translate(exc, doing=STATEMENT_FAILED, names=names) from exc
 
 
@@ -127,7 +166,7 @@ def list_rows(
     conn: Connection, names: TableNames, match: DlqMatch, limit: int, before: int | None = None
 ) -> list[DlqRow]:
     """The newest `limit` rows matching with ids below `before` (None: any), newest first."""
-    statement = AdminSql(names).render("admin_dlq_list", match="admin_dlq_match")
+    statement = AdminSql(names).render("admin_dlq_list", match=match.block)
     rows = _all(conn, names, statement, asdict(match) | {"limit": limit, "before": before})
     return [
         DlqRow(
@@ -195,11 +234,11 @@ def count_rows(conn: Connection, names: TableNames, match: DlqMatch, cap: int) -
     (the planner's estimate, False), so that a page over millions of rows stays fast."""
     sql = AdminSql(names)
     params = asdict(match) | {"cap": cap + 1}
-    statement = sql.render("admin_dlq_count", match="admin_dlq_match")
+    statement = sql.render("admin_dlq_count", match=match.block)
     ((counted,),) = _all(conn, names, statement, params)
     if counted <= cap:
         return int(counted), True
-    explain = sql.render("admin_explain", statement="admin_dlq_count", match="admin_dlq_match")
+    explain = sql.render("admin_explain", statement="admin_dlq_count", match=match.block)
     ((explained,),) = _all(conn, names, explain, params)
     return max(Plan.parse(explained).rows, int(counted)), False
 
@@ -209,7 +248,7 @@ def summarize(
 ) -> Summary:
     """Counts by queue and reason of the rows matching (with ids up to `upto`, None: any),
     and the highest id among them."""
-    statement = AdminSql(names).render("admin_dlq_summary", match="admin_dlq_match")
+    statement = AdminSql(names).render("admin_dlq_summary", match=match.block)
     rows = _all(conn, names, statement, asdict(match) | {"upto": upto})
     return Summary(
         [
@@ -218,6 +257,30 @@ def summarize(
         ],
         max((upto for *_, upto in rows), default=0),
     )
+
+
+# Filters the kept counts answer: the others group the rows they match as they read them.
+COUNTED_FILTERS = ("queue", "reason", "cause")
+
+
+def causes(conn: Connection, names: TableNames, match: DlqMatch, limit: int) -> list[CauseGroup]:
+    """The `limit` causes with the most rows matching, most first: from the counts kept by
+    migration 0009's triggers when the filter is at most a queue, reason and cause, else
+    counted over the matching rows."""
+    counted = all(
+        getattr(match, name) is None for name in asdict(match) if name not in COUNTED_FILTERS
+    )
+    sql = AdminSql(names)
+    statement = (
+        sql.render("admin_dlq_causes")
+        if counted
+        else sql.render("admin_dlq_causes_scan", match=match.block)
+    )
+    rows = _all(conn, names, statement, asdict(match) | {"limit": limit})
+    return [
+        CauseGroup(str(cause), int(n), tuple(sorted(queues)), tuple(sorted(reasons)), last)
+        for cause, n, queues, reasons, last in rows
+    ]
 
 
 def _batches(
@@ -270,7 +333,7 @@ def replay(
         "delay": delay,
         "channel": names.channel,
     }
-    statement = AdminSql(names).render("admin_dlq_replay", match="admin_dlq_match")
+    statement = AdminSql(names).render("admin_dlq_replay", match=match.block)
     return _batches(conn, names, statement, params, progress)
 
 
@@ -285,5 +348,5 @@ def purge(
 ) -> Done:
     """Delete the matching rows with ids up to `upto`, `batch` at a time."""
     params = asdict(match) | {"upto": upto, "batch": batch}
-    statement = AdminSql(names).render("admin_dlq_purge", match="admin_dlq_match")
+    statement = AdminSql(names).render("admin_dlq_purge", match=match.block)
     return _batches(conn, names, statement, params, progress)

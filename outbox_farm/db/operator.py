@@ -221,10 +221,12 @@ class DlqReader(_Reader):
     def __init__(self, conn: Connection, names: TableNames) -> None:
         super().__init__(conn, names, "DLQ statement failed")
 
-    def unfit(self, match: dict[str, Any], upto: int, limit: int) -> tuple[int, list[UnfitRow]]:
-        """How many rows matching `match` (the fields of a `DlqMatch`) with ids up to `upto` a
-        replay would normalise, and the first `limit` of them by id."""
-        statement = self._sql.render("admin_dlq_unfit_rows", match="admin_dlq_match")
+    def unfit(
+        self, match: dict[str, Any], block: str, upto: int, limit: int
+    ) -> tuple[int, list[UnfitRow]]:
+        """How many rows matching `match` (the fields of a `DlqMatch`, and its `block`) with
+        ids up to `upto` a replay would normalise, and the first `limit` of them by id."""
+        statement = self._sql.render("admin_dlq_unfit_rows", match=block)
         rows = self._rows(statement, match | {"upto": upto, "limit": limit})
         return (int(rows[0][2]) if rows else 0), [UnfitRow(int(i), str(w)) for i, w, _ in rows]
 

@@ -18,6 +18,53 @@ AND (%(grep)s::text IS NULL
      OR strpos(lower(coalesce(d.headers::text, '')), lower(%(grep)s::text)) > 0
      OR position(convert_to(%(grep)s::text, 'UTF8') IN d.payload) > 0)
 
+-- name: admin_dlq_match_cause
+-- The DLQ filter with a cause (migration 0009's normalised `last_exception`, as a group of
+-- `admin_dlq_causes` shows it): a range of the cause index. Used in place of `admin_dlq_match`
+-- only when a cause is given, so that without one no statement names the cause function, which
+-- a DLQ migrated by an older release does not have.
+{admin_dlq_match} AND {dlq_cause_fn}(d.last_exception) = %(cause)s::text
+
+-- name: admin_dlq_causes
+-- The DLQ's rows by cause, most rows first, from the counts migration 0009's triggers keep:
+-- a few rows per cause read, whatever the DLQ's size. Only a queue, reason or cause filter
+-- can be answered so (`admin_dlq_causes_scan` takes the others). `last_failed_at` is one
+-- backward probe of the cause index per group: the newest row of the cause (of the queue and
+-- reason asked for, read newest first until one matches).
+SELECT g.cause, g.row_count, g.queues, g.reasons,
+       (SELECT d.failed_at FROM {dlq} AS d
+        WHERE {dlq_cause_fn}(d.last_exception) = g.cause
+          AND (%(queue)s::text IS NULL OR d.queue = %(queue)s::text)
+          AND (%(reason)s::text IS NULL OR d.failure_reason = %(reason)s::text)
+        ORDER BY {dlq_cause_fn}(d.last_exception) DESC, d.id DESC
+        LIMIT 1)
+FROM (
+    SELECT c.cause, sum(c.row_count)::bigint AS row_count,
+           array_agg(DISTINCT c.queue::text) AS queues,
+           array_agg(DISTINCT c.failure_reason::text) AS reasons
+    FROM {dlq_causes} AS c
+    WHERE (%(queue)s::text IS NULL OR c.queue = %(queue)s::text)
+      AND (%(reason)s::text IS NULL OR c.failure_reason = %(reason)s::text)
+      AND (%(cause)s::text IS NULL OR c.cause = %(cause)s::text)
+    GROUP BY c.cause
+    ORDER BY 2 DESC, c.cause
+    LIMIT %(limit)s
+) AS g
+ORDER BY g.row_count DESC, g.cause
+
+-- name: admin_dlq_causes_scan
+-- The rows a time, text or id filter matches, grouped by cause as they are read: what the
+-- kept counts cannot answer. Costs the rows matched (a window of the last hour reads the
+-- last hour's rows, through the (queue, failed_at) index when a queue is given).
+SELECT {dlq_cause_fn}(d.last_exception), count(*)::bigint,
+       array_agg(DISTINCT d.queue::text), array_agg(DISTINCT d.failure_reason::text),
+       max(d.failed_at)
+FROM {dlq} AS d
+WHERE {match}
+GROUP BY 1
+ORDER BY 2 DESC, 1
+LIMIT %(limit)s
+
 -- name: admin_dlq_list
 -- Newest first, from the primary key backwards; `before` (an id, NULL for the newest) is the
 -- keyset of the next page, so page 1000 costs what page 1 does. Only the exception's first

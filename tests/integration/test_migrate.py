@@ -44,6 +44,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0006_row_values_check on outbox",
             "0007_dlq_filter_indexes on outbox_dlq",
             "0008_key_blocked on outbox",
+            "0009_dlq_cause on outbox_dlq",
         ]
         assert result.already == []
         assert lines == [
@@ -55,6 +56,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0006_row_values_check on outbox",
             "applying 0007_dlq_filter_indexes on outbox_dlq",
             "applying 0008_key_blocked on outbox",
+            "applying 0009_dlq_cause on outbox_dlq",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -67,6 +69,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 8, "key_blocked"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
+            ("outbox_dlq", 9, "dlq_cause"),
         ]
         assert check_schema(conn, DEFAULT) == []
 
@@ -86,9 +89,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0006_row_values_check on outbox",
             "0007_dlq_filter_indexes on outbox_dlq",
             "0008_key_blocked on outbox",
+            "0009_dlq_cause on outbox_dlq",
         ]
         assert lines == []
-        assert len(records(conn)) == 8
+        assert len(records(conn)) == 9
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -132,6 +136,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0006_row_values_check on outbox",
         "0007_dlq_filter_indexes on outbox_dlq",
         "0008_key_blocked on outbox",
+        "0009_dlq_cause on outbox_dlq",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -144,12 +149,18 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 8, "key_blocked"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
+            ("outbox_dlq", 9, "dlq_cause"),
         ]
         tables = conn.execute(
             "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE 'outbox%%'"
             " ORDER BY relname"
         ).fetchall()
-        assert tables == [("outbox",), ("outbox_dlq",), ("outbox_farm_migrations",)]
+        assert tables == [
+            ("outbox",),
+            ("outbox_dlq",),
+            ("outbox_dlq_causes",),
+            ("outbox_farm_migrations",),
+        ]
         assert check_schema(conn, DEFAULT) == []
 
 
@@ -166,6 +177,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0006_row_values_check on jobs",
             "0007_dlq_filter_indexes on jobs_dead",
             "0008_key_blocked on jobs",
+            "0009_dlq_cause on jobs_dead",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -185,15 +197,16 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "jobs_dead_queue_failed_idx",
             "jobs_dead_reason_idx",
             "jobs_dead_queue_reason_idx",
+            "jobs_dead_cause_idx",
         } <= indexes
         assert check_schema(conn, TableNames.build("jobs", "jobs_dead")) == []
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
             *["jobs"] * 6,
-            *["jobs_dead"] * 2,
+            *["jobs_dead"] * 3,
             *["outbox"] * 6,
-            *["outbox_dlq"] * 2,
+            *["outbox_dlq"] * 3,
         ]
 
 
@@ -211,6 +224,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0006_row_values_check on app.jobs",
             "0007_dlq_filter_indexes on app.jobs_dlq",
             "0008_key_blocked on app.jobs",
+            "0009_dlq_cause on app.jobs_dlq",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -253,6 +267,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
         assert migrate(conn, DEFAULT).applied == [
             "0002_dlq on outbox_dlq",
             "0007_dlq_filter_indexes on outbox_dlq",
+            "0009_dlq_cause on outbox_dlq",
         ]
 
 
@@ -271,7 +286,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (6 if dlq is None else 8)
+        assert len(result.applied) == (6 if dlq is None else 9)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

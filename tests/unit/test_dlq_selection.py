@@ -44,3 +44,18 @@ def test_ids_are_bigints_above_zero(bad: int) -> None:
 def test_an_unknown_reason_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="is not one of"):
         Selection.of([], DlqFilter(reason="rejectd"), False, verb="purge")
+
+
+@pytest.mark.parametrize("field", ["queue", "reason", "grep", "cause"])
+@pytest.mark.parametrize("text", ["", "  ", "\t\n"])
+def test_an_empty_filter_is_refused_whichever_it_is(field: str, text: str) -> None:
+    """An empty text is contained in every row: `--grep ""` from a script whose variable was
+    unset selected the whole DLQ for a purge. Refused as a selection and in any operation."""
+    where = DlqFilter(**{field: text})
+    with pytest.raises(ConfigurationError, match=f"the {field} filter is empty"):
+        Selection.of([], where, False, verb="purge")
+    with pytest.raises(ConfigurationError, match=f"the {field} filter is empty"):
+        where.match()
+    assert Selection.of([], DlqFilter(**{field: "rejected"}), False, verb="purge").where == (
+        DlqFilter(**{field: "rejected"})
+    )

@@ -43,6 +43,10 @@ def test_default_names_and_derived_identifiers() -> None:
         "dlq_reason_idx": '"outbox_dlq_reason_idx"',
         "dlq_queue_reason_idx": '"outbox_dlq_queue_reason_idx"',
         "dlq_queue_reason_stats": '"outbox_dlq_reason_stats"',
+        "dlq_cause_fn": '"outbox_dlq_cause"',
+        "dlq_cause_idx": '"outbox_dlq_cause_idx"',
+        "dlq_causes": '"outbox_dlq_causes"',
+        "dlq_causes_count": '"outbox_dlq_causes_count"',
     }
 
 

@@ -1,0 +1,158 @@
+-- target: dlq
+-- Dead letters grouped by cause: "KeyError('sku') x 30, TimeoutError() x 10" instead of
+-- "retry_terminal 40". A row's cause is its `last_exception` normalised by the function below,
+-- so rows that differ only in volatile parts (ids, counts, addresses) fall into one group.
+--
+-- An index alone does not answer "how many rows per cause" fast enough: counting a million
+-- entries of an index on the cause reads all of them, 100 to 300 ms on a 2-core machine when
+-- every page is all-visible and the index covers the cause alone, and an expression index
+-- cannot even be read index-only (the planner wants `last_exception` itself, which no btree
+-- can hold). So the counts are kept: `{dlq_causes}` holds one row per queue, failure reason
+-- and cause with how many DLQ rows it has, kept exact by statement-level triggers on the DLQ
+-- (inserts, deletes, updates, TRUNCATE), whatever writes the rows: the farm's dead-letter
+-- move, `dlq replay` and `purge`, retention, another writer. Grouping then reads a few rows
+-- per cause, milliseconds whatever the DLQ's size. The expression index on the cause serves
+-- the other half: the rows of one cause, newest first (`dlq list --cause`, the console's
+-- group page, a replay or purge of one group).
+--
+-- A trigger runs once per statement, over the rows the statement changed (its transition
+-- tables), so a batch of 1,000 dead letters costs one grouped upsert, not 1,000. The upsert
+-- takes the count rows it touches in key order: two batches never wait on each other in a
+-- cycle. It holds them until its transaction ends, which for the farm's dead-letter move is
+-- the flush it is part of. SECURITY DEFINER: the farm's role needs no privilege on the counts
+-- table (its INSERT on the DLQ is what it always needed); the search path is the one the
+-- migration ran with, so the function finds the tables it was created for.
+--
+-- A plain CREATE INDEX (migrations run in a transaction) and the recount below hold off
+-- writes to the DLQ while they read the table, a few seconds per million rows; the farm's
+-- dead-lettering waits meanwhile and nothing is lost. The recount makes the counts true
+-- whenever this migration runs (`migrate --repair` after a restore or a bulk load that ran
+-- with triggers disabled, e.g. `session_replication_role = replica`). Code of the previous
+-- release neither reads nor needs any of this: the triggers keep the counts whoever writes.
+
+-- The cause of one `last_exception`, at most 200 characters:
+--   * NULL, empty or blank: "(no exception recorded)";
+--   * a Python traceback (another writer's) is represented by its last line, the exception;
+--     any other text by its first line (the repr; the frames the farm appends come after it);
+--   * UUIDs become <uuid>; hex numbers (0x7f3a...) and runs of 16 or more hex digits (hashes,
+--     tokens) <hex>; numbers that start a word (42, 3.5, the 42 of order-42 and the 30 of
+--     30s, not the 5 of q5) <n>; a quoted value longer than 32 characters '...' (or
+--     "..."): short quoted values, such as the key of a KeyError, stay as they are;
+--   * runs of white space become one space; past 200 characters the text is cut and ends in
+--     an ellipsis.
+-- IMMUTABLE and written with pg_catalog's functions only: an index is built on it, whatever
+-- the search path of the session that builds it.
+CREATE OR REPLACE FUNCTION {dlq_cause_fn}(exception text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+SELECT CASE WHEN line = '' THEN '(no exception recorded)'
+            WHEN pg_catalog.length(line) > 200 THEN pg_catalog.left(line, 199) || '…'
+            ELSE line END
+FROM (
+    SELECT pg_catalog.btrim(
+        pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(
+            CASE WHEN $1 ~ '^\s*Traceback \(most recent call last\)'
+                 THEN coalesce(pg_catalog.substring($1, '([^\n]*\S)\s*$'), '')
+                 ELSE pg_catalog.split_part(coalesce($1, ''), E'\n', 1) END,
+            '[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}',
+            '<uuid>', 'g'),
+            '\m0[xX][0-9a-fA-F]+\M', '<hex>', 'g'),
+            '\m[0-9a-fA-F]{{16,}}\M', '<hex>', 'g'),
+            '\m[0-9]+(\.[0-9]+)?', '<n>', 'g'),
+            '''[^'']{{33,}}''', '''...''', 'g'),
+            '"[^"]{{33,}}"', '"..."', 'g'),
+            '\s+', ' ', 'g')) AS line
+) AS normalised
+$$;
+
+CREATE TABLE IF NOT EXISTS {dlq_causes} (
+    queue          varchar(255) NOT NULL,
+    failure_reason varchar(64) NOT NULL,
+    cause          text NOT NULL,
+    row_count      bigint NOT NULL,
+    PRIMARY KEY (queue, failure_reason, cause)
+);
+
+-- The rows a statement added (new_rows) and removed (old_rows), counted per key, applied in
+-- one upsert in key order; a count that reaches zero is deleted, so the table holds only the
+-- causes the DLQ has. plpgsql plans each statement when it first runs, so a branch naming a
+-- transition table its trigger does not have is never planned.
+CREATE OR REPLACE FUNCTION {dlq_causes_count}() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    queues text[];
+    reasons text[];
+    causes text[];
+    counts bigint[];
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM {dlq_causes};
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        SELECT array_agg(k.queue), array_agg(k.failure_reason), array_agg(k.cause),
+               array_agg(k.n)
+        INTO queues, reasons, causes, counts
+        FROM (SELECT queue, failure_reason, {dlq_cause_fn}(last_exception) AS cause,
+                     count(*) AS n
+              FROM new_rows GROUP BY 1, 2, 3) AS k;
+    END IF;
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
+        SELECT queues || array_agg(k.queue), reasons || array_agg(k.failure_reason),
+               causes || array_agg(k.cause), counts || array_agg(-k.n)
+        INTO queues, reasons, causes, counts
+        FROM (SELECT queue, failure_reason, {dlq_cause_fn}(last_exception) AS cause,
+                     count(*) AS n
+              FROM old_rows GROUP BY 1, 2, 3) AS k;
+    END IF;
+    IF queues IS NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO {dlq_causes} AS c (queue, failure_reason, cause, row_count)
+    SELECT d.queue, d.reason, d.cause, sum(d.n)
+    FROM unnest(queues, reasons, causes, counts) AS d(queue, reason, cause, n)
+    GROUP BY 1, 2, 3
+    HAVING sum(d.n) <> 0
+    ORDER BY 1, 2, 3
+    ON CONFLICT (queue, failure_reason, cause)
+        DO UPDATE SET row_count = c.row_count + excluded.row_count;
+    DELETE FROM {dlq_causes} AS c
+    USING unnest(queues, reasons, causes) AS d(queue, reason, cause)
+    WHERE c.queue = d.queue AND c.failure_reason = d.reason AND c.cause = d.cause
+      AND c.row_count <= 0;
+    RETURN NULL;
+END
+$$;
+
+-- Taken first so the recount below sees every row and no writer slips in between: the
+-- triggers count from the moment this transaction commits, the recount up to it.
+LOCK TABLE {dlq} IN SHARE ROW EXCLUSIVE MODE;
+DROP TRIGGER IF EXISTS outbox_farm_causes_insert ON {dlq};
+DROP TRIGGER IF EXISTS outbox_farm_causes_update ON {dlq};
+DROP TRIGGER IF EXISTS outbox_farm_causes_delete ON {dlq};
+DROP TRIGGER IF EXISTS outbox_farm_causes_truncate ON {dlq};
+CREATE TRIGGER outbox_farm_causes_insert AFTER INSERT ON {dlq}
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {dlq_causes_count}();
+CREATE TRIGGER outbox_farm_causes_update AFTER UPDATE ON {dlq}
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {dlq_causes_count}();
+CREATE TRIGGER outbox_farm_causes_delete AFTER DELETE ON {dlq}
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {dlq_causes_count}();
+CREATE TRIGGER outbox_farm_causes_truncate AFTER TRUNCATE ON {dlq}
+    FOR EACH STATEMENT EXECUTE FUNCTION {dlq_causes_count}();
+
+DELETE FROM {dlq_causes};
+INSERT INTO {dlq_causes} (queue, failure_reason, cause, row_count)
+SELECT queue, failure_reason, {dlq_cause_fn}(last_exception), count(*)
+FROM {dlq}
+GROUP BY 1, 2, 3;
+
+CREATE INDEX IF NOT EXISTS {dlq_cause_idx} ON {dlq} ({dlq_cause_fn}(last_exception), id);
+ANALYZE {dlq_causes};
