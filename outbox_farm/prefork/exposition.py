@@ -1,4 +1,4 @@
-"""`/metrics` and `/healthz`, served by a process of their own that nobody can starve.
+"""`/metrics`, `/healthz` and `/livez`, served by a process of their own nobody can starve.
 
 The arbiter may hold no thread when it forks its workers, and its loop must never wait on an
 HTTP client, so it does not serve HTTP itself: it binds the socket (configuration errors surface
@@ -12,6 +12,11 @@ dies of a scrape, and if it dies anyway the arbiter forks another.
 The snapshot carries the arbiter's CLOCK_MONOTONIC reading (system-wide, so comparable across
 processes, and blind to wall-clock steps): a snapshot that stops being refreshed means the
 arbiter's loop is stuck, and /healthz says so rather than repeating its last good answer.
+
+/livez answers for the arbiter alone, for a liveness probe: 200 while the arbiter lives and its
+loop turns (a fresh snapshot), 503 otherwise, whatever its workers or the database do. /healthz
+is 503 through a database outage, which the farm waits out and a restart would not cure; /livez
+stays 200 then, so a probe on it can be tight without restarting pods that are fine.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 import orjson
 
@@ -86,7 +91,7 @@ def listen(bind: str) -> socket.socket:
 
 
 class Exposition:
-    """/metrics and /healthz on `bind`, served by a process forked from the arbiter.
+    """/metrics, /healthz and /livez on `bind`, served by a process forked from the arbiter.
 
     Used by the arbiter alone, in this order: construct (binds at once: a bad --metrics-bind is
     a ConfigurationError before anything runs), `start`, `publish` on every loop turn (which
@@ -201,19 +206,51 @@ def render_metrics() -> bytes:
     return generate_latest(registry)
 
 
-def render_health(snapshot: Path) -> tuple[int, dict[str, object]]:
-    """/healthz's status and body, from the arbiter's latest snapshot and how old it is."""
+NOT_REPORTED = "the arbiter has not reported its health yet"
+
+
+def _read_snapshot(snapshot: Path) -> tuple[dict[str, Any], float] | None:
+    """The arbiter's latest snapshot and its age in seconds; None while there is none."""
     try:
         published = orjson.loads(snapshot.read_bytes())
     except FileNotFoundError:
-        return 503, {"starting": True, "problems": ["the arbiter has not reported its health yet"]}
+        return None
+    return published, time.monotonic() - float(published["published"])
+
+
+def _not_responding(age: float) -> str:
+    return f"arbiter not responding for {age:.0f}s"
+
+
+def render_health(snapshot: Path) -> tuple[int, dict[str, object]]:
+    """/healthz's status and body, from the arbiter's latest snapshot and how old it is."""
+    read = _read_snapshot(snapshot)
+    if read is None:
+        return 503, {"starting": True, "problems": [NOT_REPORTED]}
+    published, age = read
     detail: dict[str, object] = dict(published["detail"])
-    age = time.monotonic() - float(published["published"])
     if age > STALE_AFTER:
         problems = cast(list[str], detail.get("problems", []))
-        detail["problems"] = [*problems, f"arbiter not responding for {age:.0f}s"]
+        detail["problems"] = [*problems, _not_responding(age)]
         return 503, detail
     return (200 if published["healthy"] else 503), detail
+
+
+def render_liveness(snapshot: Path, arbiter: int) -> tuple[int, dict[str, object]]:
+    """/livez's status and body: 200 while `arbiter` is this process' parent (so alive, and
+    still the one that forked it) and its snapshot is fresh. The snapshot's health verdict and
+    detail are not read: a database outage or a dead worker is no reason to restart the pod."""
+    problems = []
+    if os.getppid() != arbiter:
+        problems.append(f"arbiter {arbiter} is gone")
+    read = _read_snapshot(snapshot)
+    if read is None:
+        problems.append(NOT_REPORTED)
+    elif read[1] > STALE_AFTER:
+        problems.append(_not_responding(read[1]))
+    if problems:
+        return 503, {"arbiter": arbiter, "problems": problems}
+    return 200, {"arbiter": arbiter}
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -258,8 +295,12 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/healthz":
                 status, detail = render_health(cast(_Server, self.server).snapshot)
                 body, kind = orjson.dumps(detail), "application/json"
+            elif path == "/livez":
+                server = cast(_Server, self.server)
+                status, detail = render_liveness(server.snapshot, server.arbiter)
+                body, kind = orjson.dumps(detail), "application/json"
             else:
-                status, body, kind = 404, b"try /metrics or /healthz\n", "text/plain"
+                status, body, kind = 404, b"try /metrics, /healthz or /livez\n", "text/plain"
         except Exception as exc:
             log.exception("answering %s failed", path, extra={"event": "exposition_failed"})
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())

@@ -1,0 +1,91 @@
+"""/livez through a database outage, on a real `outbox-farm start`: the arbiter lives and its
+loop turns, so /livez stays 200 while /healthz is 503 and the farm waits for its database; it
+turns 503 only when the arbiter itself stops (SIGSTOP here), and 200 again when it goes on.
+
+The database is reached through the TCP relay of `test_arbiter_outage`, which the test cuts and
+restores: the shared server is never touched. Every wait is a deadline-bounded poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from outbox_farm.prefork.exposition import STALE_AFTER
+from tests.acceptance import test_arbiter_outage
+from tests.acceptance.test_arbiter_outage import Relay
+from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, scalar, wait_for
+
+pytestmark = pytest.mark.slow
+relay = test_arbiter_outage.relay  # the fixture: a relay to the test's database
+
+
+def livez(farm: RunningFarm) -> tuple[int, dict[str, Any]] | None:
+    got = farm.get("/livez")
+    return None if got is None else (got[0], json.loads(got[1]))
+
+
+def live(farm: RunningFarm) -> bool:
+    got = livez(farm)
+    return got is not None and got[0] == 200
+
+
+def test_livez_stays_200_through_a_database_outage_and_fails_only_with_the_arbiter(
+    tmp_path: Path, dsn: str, conn: psycopg.Connection[Any], relay: Relay
+) -> None:
+    (tmp_path / "farmapp.py").write_text(FARMAPP)
+    relayed = make_conninfo(dsn, host="127.0.0.1", port=relay.port, connect_timeout=5)
+    with farm_process(tmp_path, relayed, procs=1) as farm:
+        wait_for(lambda: farm.healthy(1), 30, "a healthy worker", farm)
+        assert livez(farm) == (200, {"arbiter": farm.pid})
+
+        relay.cut()
+        outage: list[bool] = []
+
+        def unready() -> bool:
+            outage.append(live(farm))
+            got = farm.health()
+            return got is not None and got[0] == 503
+
+        wait_for(unready, 90, "/healthz 503 without the database", farm)
+        # Longer than a stale snapshot takes to show: the arbiter kept publishing all along.
+        until = time.monotonic() + STALE_AFTER + 2
+        while time.monotonic() < until:
+            outage.append(live(farm))
+            time.sleep(0.2)
+        got = farm.health()
+        assert got is not None
+        assert got[0] == 503, got
+        print("/healthz during the outage:", got)  # shown with -s
+        assert len(outage) > 1
+        assert all(outage), outage
+
+        # The control: the same endpoint fails once the arbiter's loop stops turning.
+        os.kill(farm.pid, signal.SIGSTOP)
+        try:
+            stopped = wait_for(
+                lambda: (got := livez(farm)) is not None and got[0] == 503 and got[1],
+                STALE_AFTER + 30,
+                "/livez 503 for a stopped arbiter",
+                farm,
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(farm.pid, signal.SIGCONT)
+        assert any(p.startswith("arbiter not responding for ") for p in stopped["problems"])
+        wait_for(lambda: live(farm), 30, "/livez 200 once the arbiter goes on", farm)
+
+        relay.restore()
+        wait_for(lambda: farm.healthy(1), 60, "a healthy worker after the outage", farm)
+        assert scalar(conn, "SELECT count(*) FROM outbox") == 0
+        code, _ = farm.stop()
+    assert code == 0, farm.log_tail()
