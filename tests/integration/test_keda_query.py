@@ -1,17 +1,21 @@
-"""The queries KEDA scales the farm by (deploy/kubernetes/scaledobject.yaml), read from the
-manifest and run against a real database holding a backlog whose answer is known: ready rows in
-two queues, rows scheduled later, rows under a live lease, rows whose lease expired, and a queue
-with nothing due.
+"""The queries KEDA scales the farm by (scaledobject.yaml of deploy/kubernetes/components/keda),
+read from the manifest and run against a real database holding a backlog whose answer is known:
+ready rows in two queues, rows scheduled later, rows under a live lease, rows whose lease expired,
+and a queue with nothing due.
 
 Each query runs as KEDA runs it: one statement, whose result must be a number (never NULL,
 which KEDA cannot read). Both run in one transaction with a `SELECT now()`, so the expected age
 is exact: now() is the transaction's start in all three.
+
+KEDA connects as a read-only role, made by the component's keda-role.sql as it ships: the
+queries give the same numbers as that role, and it can write nothing, nor read the DLQ.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,13 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from psycopg import errors, sql
+from psycopg.conninfo import make_conninfo
 
-SCALED_OBJECT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "scaledobject.yaml"
+KEDA = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "components" / "keda"
+SCALED_OBJECT = KEDA / "scaledobject.yaml"
+KEDA_ROLE = KEDA / "keda-role.sql"
+SHIPPED_ROLE = "outbox_farm_keda"
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 
@@ -119,3 +128,48 @@ def test_the_ready_count_is_cut_per_queue_at_the_manifest_s_limit(conn: Conn) ->
     _, ready, _ = scaling_numbers(conn)
 
     assert ready == cap + 2
+
+
+@pytest.fixture
+def as_keda(dsn: str, conn: Conn) -> Iterator[Conn]:
+    """An autocommit connection of KEDA's role, made by keda-role.sql as shipped, under a name of
+    this test's own (roles belong to the server, which other tests share)."""
+    role = f"{SHIPPED_ROLE}_{uuid.uuid4().hex[:8]}"
+    script = KEDA_ROLE.read_text()
+    assert script.count(SHIPPED_ROLE) >= 4  # every statement names the role
+    conn.execute(script.replace(SHIPPED_ROLE, role))
+    try:
+        with psycopg.connect(make_conninfo(dsn, user=role), autocommit=True) as keda:
+            yield keda
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_keda_s_read_only_role_reads_the_same_numbers_and_can_change_nothing(
+    conn: Conn, as_keda: Conn
+) -> None:
+    [(start,)] = conn.execute("SELECT now()").fetchall()
+    insert(conn, "orders", [start - timedelta(seconds=30 + i) for i in range(7)], None)
+    insert(conn, "emails", [start + timedelta(minutes=5)], None)
+
+    _, ready, age = scaling_numbers(as_keda)
+
+    assert ready == 7
+    assert age >= 36.0
+    writes = [
+        "INSERT INTO outbox (queue, payload) VALUES ('orders', '\\x00')",
+        "UPDATE outbox SET attempts_count = attempts_count + 1",
+        "DELETE FROM outbox",
+        "SELECT count(*) FROM outbox_dlq",
+    ]
+    for statement in writes:
+        with pytest.raises((errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege)):
+            as_keda.execute(statement)
+    # Read-only sessions are a second guard; the privileges hold without it too.
+    as_keda.execute("SET default_transaction_read_only = off")
+    for statement in writes:
+        with pytest.raises(errors.InsufficientPrivilege):
+            as_keda.execute(statement)
+    [(rows,)] = conn.execute("SELECT count(*) FROM outbox WHERE attempts_count = 0").fetchall()
+    assert rows == 8

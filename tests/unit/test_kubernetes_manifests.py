@@ -1,5 +1,6 @@
 """deploy/kubernetes and the Dockerfile, checked offline: every manifest against the Kubernetes
 schemas, every container's command line against the CLI, and the files against each other.
+How the base and its components compose is checked in test_kustomize_compositions.py.
 
 Built-in kinds are validated with `kubernetes-validate`'s strict schemas for one recent
 Kubernetes version (an unknown field is an error, as `kubectl apply --validate=strict` makes
@@ -36,7 +37,7 @@ import yaml
 
 from outbox_farm.cli import main
 from outbox_farm.prefork.arbiter import HANDBACK_AT_EXIT, PAST_GRACEFUL
-from outbox_farm.prefork.exposition import STOP_TIMEOUT
+from outbox_farm.prefork.exposition import STALE_AFTER, STOP_TIMEOUT
 from outbox_farm.settings import parse_bind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +83,15 @@ def deployment() -> Resource:
 
 def migration_job() -> Resource:
     return find("Job", "outbox-farm-migrate")
+
+
+def console() -> Resource:
+    return find("Deployment", "outbox-farm-console")
+
+
+def pods() -> list[Resource]:
+    """Every resource that runs pods from the image."""
+    return [deployment(), migration_job(), console()]
 
 
 def farm_container() -> Resource:
@@ -327,13 +337,16 @@ def _set(doc: Resource, path: str, value: Any) -> Resource:
     [
         # A misspelt field or a value of the wrong type, at least one per schema. (The
         # Kubernetes schemas carry few enums: a misspelt restartPolicy value would pass.)
-        ("Deployment", "spec.template.spec.containers.0.livenesProbe", {}),
+        ("Deployment/outbox-farm", "spec.template.spec.containers.0.livenesProbe", {}),
         (
-            "Deployment",
+            "Deployment/outbox-farm",
             "spec.template.spec.containers.0.securityContext.readOnlyRootFileSystem",
             True,
         ),
-        ("Deployment", "spec.template.spec.securityContext.runAsNonRoot", "yes"),
+        ("Deployment/outbox-farm", "spec.template.spec.securityContext.runAsNonRoot", "yes"),
+        ("Deployment/outbox-farm-console", "spec.template.spec.containers.0.args", "console"),
+        ("NetworkPolicy", "spec.ingress.0.form", []),
+        ("Service", "spec.ports.0.targetport", "console"),
         ("Job", "spec.backofLimit", 2),
         ("PodDisruptionBudget", "spec.maxUnavailabe", 1),
         ("ScaledObject", "spec.pollingIntervall", 30),
@@ -346,29 +359,18 @@ def _set(doc: Resource, path: str, value: Any) -> Resource:
     ],
 )
 def test_the_schemas_refuse_a_misspelt_field(kind: str, path: str, value: Any) -> None:
-    doc = find(kind)
+    doc = find(*kind.split("/"))
     validate(doc)  # the control: the file itself passes
     with pytest.raises(jsonschema.ValidationError):
         validate(_set(doc, path, value))
 
 
-def test_every_manifest_is_in_one_kustomization_and_all_use_one_image() -> None:
+def test_every_manifest_is_listed_by_exactly_one_kustomization_or_component() -> None:
     listed: list[Path] = []
-    images = []
     for kustomization in sorted(KUBE.rglob("kustomization.yaml")):
         spec = yaml.safe_load(kustomization.read_text())
         listed += [kustomization.parent / name for name in spec["resources"]]
-        images.append(spec["images"])
     assert sorted(listed) == manifest_files()
-    assert all(image == images[0] for image in images), images
-    names = {image["name"] for image in images[0]}
-    used = {
-        container["image"]
-        for doc in (deployment(), migration_job())
-        for key in ("initContainers", "containers")
-        for container in doc["spec"]["template"]["spec"].get(key, [])
-    }
-    assert used == names
 
 
 # -- 3. command lines -------------------------------------------------------------------------
@@ -451,7 +453,7 @@ def test_the_image_runs_a_command_line_the_cli_accepts(parse: Parse) -> None:
 
 
 def _pod_containers() -> Iterator[Any]:
-    for doc in (deployment(), migration_job()):
+    for doc in pods():
         pod = doc["spec"]["template"]["spec"]
         for container in pod.get("initContainers", []) + pod["containers"]:
             yield pytest.param(pod, container, id=f"{doc['kind']}/{container['name']}")
@@ -513,15 +515,29 @@ def test_kubernetes_waits_for_the_whole_graceful_stop_before_it_kills(parse: Par
     assert grace > longest
 
 
-def test_the_probes_ask_healthz_on_the_port_metrics_are_bound_to(parse: Parse) -> None:
+def test_readiness_asks_healthz_and_liveness_livez_on_the_port_metrics_are_bound_to(
+    parse: Parse,
+) -> None:
     host, port = parse_bind(farm_context(parse).params["metrics_bind"])
     assert host == "0.0.0.0", "the kubelet and Prometheus must reach it from outside the pod"
     container = farm_container()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    for probe in ("readinessProbe", "livenessProbe"):
-        get = container[probe]["httpGet"]
-        assert get["path"] == "/healthz"
-        assert ports.get(get["port"], get["port"]) == port
+    # /healthz is 503 through a database outage, /livez only when the arbiter itself is stuck.
+    asked = {
+        probe: (container[probe]["httpGet"]["path"], ports.get(container[probe]["httpGet"]["port"]))
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe")
+    }
+    assert asked == {
+        "readinessProbe": ("/healthz", port),
+        "livenessProbe": ("/livez", port),
+        "startupProbe": ("/livez", port),
+    }
+
+
+def test_the_liveness_probe_restarts_a_stuck_arbiter_within_a_minute() -> None:
+    probe = farm_container()["livenessProbe"]
+    # From the arbiter's last turn: its snapshot goes stale, then the probe's failures add up.
+    assert STALE_AFTER + probe["periodSeconds"] * probe["failureThreshold"] <= 60
 
 
 def test_everything_the_farm_writes_is_on_a_writable_volume(parse: Parse) -> None:
@@ -544,15 +560,23 @@ def _selects(selector: Resource, labels: Mapping[str, str]) -> bool:
 def test_the_selectors_take_the_farm_pods_and_only_them() -> None:
     farm = deployment()
     labels = farm["spec"]["template"]["metadata"]["labels"]
-    job_labels = migration_job()["spec"]["template"]["metadata"]["labels"]
+    others = {
+        doc["metadata"]["name"]: doc["spec"]["template"]["metadata"]["labels"]
+        for doc in (migration_job(), console())
+    }
     selectors = {
         "Deployment": farm["spec"]["selector"],
         "PodDisruptionBudget": find("PodDisruptionBudget")["spec"]["selector"],
         "PodMonitor": find("PodMonitor")["spec"]["selector"],
+        "NetworkPolicy": find("NetworkPolicy", "outbox-farm")["spec"]["podSelector"],
     }
     for kind, selector in selectors.items():
         assert _selects(selector, labels), kind
-        assert not _selects(selector, job_labels), f"{kind} takes the migration Job's pod"
+        for name, other in others.items():
+            assert not _selects(selector, other), f"{kind} takes the pods of {name}"
+    service = find("Service", "outbox-farm-console")["spec"]["selector"]
+    assert _selects({"matchLabels": service}, others["outbox-farm-console"])
+    assert not _selects({"matchLabels": service}, labels)
 
 
 def test_the_pod_monitor_scrapes_the_farm_s_metrics_as_the_job_the_rules_expect(
@@ -567,7 +591,7 @@ def test_the_pod_monitor_scrapes_the_farm_s_metrics_as_the_job_the_rules_expect(
     assert labels[monitor["jobLabel"]] == PROMETHEUS_JOB
 
 
-def test_the_scaled_object_scales_the_farm_with_the_farm_s_dsn() -> None:
+def test_the_scaled_object_scales_the_farm_with_a_secret_of_its_own() -> None:
     scaled = find("ScaledObject")["spec"]
     farm = deployment()
     assert scaled["scaleTargetRef"] == {
@@ -575,18 +599,21 @@ def test_the_scaled_object_scales_the_farm_with_the_farm_s_dsn() -> None:
         "kind": farm["kind"],
         "name": farm["metadata"]["name"],
     }
-    assert "replicas" not in farm["spec"], "the ScaledObject owns the replica count"
     auth = find("TriggerAuthentication")
     assert {t["authenticationRef"]["name"] for t in scaled["triggers"]} == {
         auth["metadata"]["name"]
     }
     [ref] = auth["spec"]["secretTargetRef"]
-    volumes = farm["spec"]["template"]["spec"]["volumes"]
-    secrets = [v["secret"] for v in volumes if "secret" in v]
-    assert [(s["secretName"], [i["key"] for i in s["items"]]) for s in secrets] == [
-        (ref["name"], [ref["key"]])
-    ]
     assert ref["parameter"] == "connection"
+    # The read-only role's Secret: no pod of the farm mounts it, and KEDA reads none of theirs.
+    mounted = {
+        volume["secret"]["secretName"]
+        for doc in pods()
+        for volume in doc["spec"]["template"]["spec"]["volumes"]
+        if "secret" in volume
+    }
+    assert "outbox-farm-dsn" in mounted  # the control: the farm's own Secret is found
+    assert ref["name"] not in mounted
 
 
 def test_the_backlog_count_is_never_cut_below_what_the_largest_farm_needs() -> None:
@@ -601,7 +628,7 @@ def test_the_backlog_count_is_never_cut_below_what_the_largest_farm_needs() -> N
 def test_pods_run_as_the_image_s_non_root_user_with_nothing_to_escalate() -> None:
     user = [rest for word, rest in final_stage(DOCKERFILE.read_text()) if word == "USER"][-1]
     uid, _, gid = user.partition(":")
-    for doc in (deployment(), migration_job()):
+    for doc in pods():
         pod = doc["spec"]["template"]["spec"]
         context = pod["securityContext"]
         assert context["runAsNonRoot"] is True
