@@ -2,23 +2,60 @@
 
 Nothing here commits, opens a transaction or takes a connection: the row, and the NOTIFY that
 Postgres delivers only at commit, share the fate of the caller's own writes. Each call is one
-statement and one round trip. The statements are those of `queries/producer.sql`, composed
+statement and one round trip (a connection's first, two: see below). The statements are those of `queries/producer.sql`, composed
 once per `Queries`; the arguments arrive validated and encoded by `outbox_farm.producer`.
+
+Upgrades in either order: a table that has not had migration 0008 has no `key_blocked`, and a
+row that names it would fail the caller's own transaction. So the producer asks the catalog, on
+a connection's first publish, whether the column is there, and writes the rows that schema
+accepts (without the mark: unmarked keyed rows are only claimed the slower way). The answer is
+kept per connection object (a weak map: a pool's connections are asked once each, a closed one
+is forgotten): one more round trip on a connection's first publish, a weak-map lookup on every
+other. A connection that found no column asks again every `RECHECK` seconds, so producers that
+outlive the migration start marking rows soon after it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
+from weakref import WeakKeyDictionary
 
 import psycopg
+from psycopg import sql
 
 from ..errors import DatabaseError
-from ..queries import Queries
+from ..names import TableNames
+from ..queries import Queries, load_blocks
 from .boundary import translate
 from .connect import AsyncConnection, Connection
 
 WRITE_FAILED = "outbox write failed"
+# The statements that write rows, and the fragments of them that write `key_blocked`.
+WRITES = ("publish", "publish_timer", "publish_extend", "publish_batch")
+MARKING = ("key_blocked_column", "key_blocked_at_publish", "key_blocked_in_batch")
+RECHECK = 30.0  # seconds a connection that found no `key_blocked` writes rows without it
+
+
+def unmarked(names: TableNames) -> dict[str, str]:
+    """The write statements for a table without `key_blocked` (before migration 0008): the
+    same blocks with the fragments that write the column left out."""
+    blocks = load_blocks()
+    omitted = {fragment: sql.SQL("") for fragment in MARKING}
+    return {
+        name: sql.SQL(blocks[name]).format(**names.identifiers(), **omitted).as_string(None)
+        for name in WRITES
+    }
+
+
+class _Found(NamedTuple):
+    """What a connection's first publish found: the statements its table takes, until when
+    (monotonic time; None: for as long as the connection lives)."""
+
+    statements: Mapping[str, str]
+    until: float | None
 
 
 class Due(NamedTuple):
@@ -65,16 +102,56 @@ class Publisher:
         self._queries = queries
         self._names = queries.names
         self._channel = queries.names.channel
+        self._current = {name: queries[name] for name in WRITES}
+        self._older = unmarked(queries.names)
+        self._schema_query = queries["publish_schema"]
+        self._ask = {"table": queries.names.outbox.identifier().as_string(None)}
+        # Written and read by every thread or task that publishes through this producer, each
+        # with its own connection; the GIL makes each get and set atomic.
+        self._found: WeakKeyDictionary[Connection | AsyncConnection, _Found] = WeakKeyDictionary()
 
     def _fail(self, exc: psycopg.Error) -> DatabaseError:
         return translate(exc, doing=WRITE_FAILED, names=self._names)
 
-    def _one(self, row: NewRow, notify: bool) -> tuple[str, dict[str, Any]]:
+    def _known(self, conn: Connection | AsyncConnection) -> Mapping[str, str] | None:
+        """The statements this connection's table takes, when known and not due a new look."""
+        found = self._found.get(conn)
+        if found is None or (found.until is not None and found.until < time.monotonic()):
+            return None
+        return found.statements
+
+    def _remember(
+        self, conn: Connection | AsyncConnection, row: tuple[Any, ...] | None
+    ) -> Mapping[str, str]:
+        if row is None:  # no table: the write fails as it always did, saying to migrate
+            return self._current
+        if row[0]:
+            self._found[conn] = _Found(self._current, None)
+            return self._current
+        self._found[conn] = _Found(self._older, time.monotonic() + RECHECK)
+        return self._older
+
+    def _statements(self, conn: Connection) -> Mapping[str, str]:
+        known = self._known(conn)
+        if known is None:
+            known = self._remember(conn, conn.execute(self._schema_query, self._ask).fetchone())
+        return known
+
+    async def _astatements(self, conn: AsyncConnection) -> Mapping[str, str]:
+        known = self._known(conn)
+        if known is None:
+            cursor = await conn.execute(self._schema_query, self._ask)
+            known = self._remember(conn, await cursor.fetchone())
+        return known
+
+    def _one(
+        self, statements: Mapping[str, str], row: NewRow, notify: bool
+    ) -> tuple[str, dict[str, Any]]:
         if row.timer_id is None:
             name = "publish"
         else:
             name = "publish_extend" if row.extend_timer else "publish_timer"
-        return self._queries[name], {
+        return statements[name], {
             "queue": row.queue,
             "payload": row.payload,
             "headers": row.headers,
@@ -86,8 +163,10 @@ class Publisher:
             "channel": self._channel,
         }
 
-    def _batch(self, batch: NewBatch, notify: bool) -> tuple[str, dict[str, Any]]:
-        return self._queries["publish_batch"], {
+    def _batch(
+        self, statements: Mapping[str, str], batch: NewBatch, notify: bool
+    ) -> tuple[str, dict[str, Any]]:
+        return statements["publish_batch"], {
             "queue": batch.queue,
             "payloads": batch.payloads,
             "headers": batch.headers,
@@ -107,16 +186,16 @@ class Publisher:
     def insert(self, conn: Connection, row: NewRow, *, notify: bool) -> int | None:
         """The new row's id; None when a timer of that id exists and was kept, or is running
         and could not be moved. `notify`: wake the farm (only when the row is due now)."""
-        query, params = self._one(row, notify)
         try:
+            query, params = self._one(self._statements(conn), row, notify)
             found = conn.execute(query, params).fetchone()
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
         return int(found[0]) if found else None
 
     async def ainsert(self, conn: AsyncConnection, row: NewRow, *, notify: bool) -> int | None:
-        query, params = self._one(row, notify)
         try:
+            query, params = self._one(await self._astatements(conn), row, notify)
             found = await (await conn.execute(query, params)).fetchone()
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -126,8 +205,8 @@ class Publisher:
         """The new rows' ids, in the order of `batch.payloads`; at most one NOTIFY in all."""
         if not batch.payloads:
             return []
-        query, params = self._batch(batch, notify)
         try:
+            query, params = self._batch(self._statements(conn), batch, notify)
             return [int(r[0]) for r in conn.execute(query, params).fetchall()]
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -137,8 +216,8 @@ class Publisher:
     ) -> list[int]:
         if not batch.payloads:
             return []
-        query, params = self._batch(batch, notify)
         try:
+            query, params = self._batch(await self._astatements(conn), batch, notify)
             return [int(r[0]) for r in await (await conn.execute(query, params)).fetchall()]
         except psycopg.Error as exc:
             raise self._fail(exc) from exc

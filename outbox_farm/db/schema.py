@@ -47,6 +47,21 @@ def missing_tables(conn: Connection, names: TableNames) -> list[QualifiedName]:
         raise translate(exc, doing="start-up check failed") from exc
 
 
+def recorded_migrations(conn: Connection, names: TableNames) -> list[tuple[str, int, str]]:
+    """(target, version, name) of each migration `migrate` recorded for these tables, oldest
+    first; empty when `outbox_farm_migrations` does not exist."""
+    tables = [str(table) for table in (names.outbox, names.dlq) if table is not None]
+    sql_ = load_blocks()
+    try:
+        row = conn.execute(sql_["table_oid"], {"table": "outbox_farm_migrations"}).fetchone()
+        if row is None or row[0] is None:
+            return []
+        found = conn.execute(sql_["migrations_recorded"], {"targets": tables}).fetchall()
+    except psycopg.Error as exc:
+        raise translate(exc, doing="schema check failed") from exc
+    return [(str(target), int(version), str(name)) for target, version, name in found]
+
+
 @dataclass(frozen=True)
 class MigrationRecord:
     """One applied migration as `outbox_farm_migrations` keeps it, per target table."""

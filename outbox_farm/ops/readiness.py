@@ -3,7 +3,8 @@ to begin without.
 
 `check` is for an operator between `migrate` and a deploy: every schema difference and
 missing privilege at once. `start` looks once, more cheaply, for what would make its workers
-fail in a loop (a missing table, a missing privilege) and stops with the reason instead.
+fail in a loop (a missing table, a column of a migration this release needs and the schema has
+not had, a missing privilege) and stops with the reason, in one line, instead.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..errors import OutboxFarmError, SchemaError
 from ..names import TableNames
 from .migrate import migrate
 from .privileges import check_privileges
-from .schema_check import check_schema
+from .schema_check import assess_schema, missing_columns
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,18 @@ def schema_report(conn: Connection, names: TableNames) -> SchemaReport:
     """The live schema and this role's privileges against what the farm needs."""
     access = check_privileges(conn, names)
     problems: list[str] = []
+    notes: list[str] = []
     if not access.schema_usage_missing:  # else the catalog lookups are refused
-        problems += [str(problem) for problem in check_schema(conn, names)]
-    return SchemaReport(problems + access.problems, access.notes)
+        found = assess_schema(conn, names)
+        problems += [str(problem) for problem in found.problems]
+        notes += found.notes
+    return SchemaReport(problems + access.problems, notes + access.notes)
 
 
 def check_ready(conn: Connection, names: TableNames, apply: bool, log: logging.Logger) -> None:
-    """Migrate if `apply`, then refuse (OutboxFarmError) when the tables are missing or the
-    role lacks privileges the workers need; the privilege notes are logged."""
+    """Migrate if `apply`, then refuse (OutboxFarmError) when the tables are missing, lack a
+    column this release needs (an older schema), or the role lacks privileges the workers
+    need; the privilege notes are logged. A schema newer than this release is fine."""
     if apply:
         result = migrate(conn, names)
         log.info(
@@ -50,6 +55,12 @@ def check_ready(conn: Connection, names: TableNames, apply: bool, log: logging.L
     if missing:
         raise SchemaError(
             f"table(s) {', '.join(missing)} do not exist: run `outbox-farm migrate` first"
+        )
+    absent = [] if access.schema_usage_missing else missing_columns(conn, names)
+    if absent:
+        raise SchemaError(
+            f"the schema is older than this release (no column {', '.join(absent)}): "
+            "run `outbox-farm migrate` first, or start with --migrate"
         )
     if access.problems:
         raise OutboxFarmError(

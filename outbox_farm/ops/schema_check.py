@@ -3,16 +3,22 @@
 Never run implicitly: a running migration and an always-on check would race, and operators
 must be able to roll a schema forward without sending every worker into a crash loop. Run it
 between `migrate` and deploy (`outbox-farm check`), or from a health probe.
+
+A schema that a newer release migrated is fine (each migration is one the release before it
+keeps working with): when `outbox_farm_migrations` holds a version this release does not ship,
+an index or CHECK shaped otherwise than this release expects is a note, never advice to
+recreate it the old way. A missing table or column is still a problem.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..db.connect import Connection
-from ..db.schema import LiveColumn, LiveIndex, read_table
+from ..db.schema import LiveColumn, LiveIndex, read_table, recorded_migrations
 from ..names import QualifiedName, TableNames
+from .migrate import load_migrations
 
 TSTZ = "timestamp with time zone"
 VARCHAR = "character varying(255)"
@@ -95,6 +101,8 @@ FIX_HINT = (
 class Problem:
     table: str
     message: str
+    # An index or CHECK of another shape, which a newer release's migration may have made.
+    shape: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.table}: {self.message}"
@@ -209,7 +217,7 @@ def _check_index(label: str, want: ExpectedIndex, live_indexes: list[LiveIndex])
         return None
     cols = ", ".join(want.columns)
     if not candidates:
-        return Problem(label, f"{want.role} on ({cols}) is missing; {FIX_HINT}")
+        return Problem(label, f"{want.role} on ({cols}) is missing; {FIX_HINT}", True)
     index_name, _, pred = candidates[0]
     if pred == wanted_pred:
         issue = "must be UNIQUE" if want.unique else "must not be UNIQUE"
@@ -219,7 +227,7 @@ def _check_index(label: str, want: ExpectedIndex, live_indexes: list[LiveIndex])
         issue = f"is partial (WHERE {pred}) but must cover every row"
     else:
         issue = f"has predicate WHERE {pred}, expected WHERE {want.predicate}"
-    return Problem(label, f"{want.role} {index_name} on ({cols}) {issue}; {FIX_HINT}")
+    return Problem(label, f"{want.role} {index_name} on ({cols}) {issue}; {FIX_HINT}", True)
 
 
 def _check_table(
@@ -245,11 +253,12 @@ def _check_table(
                 label,
                 "lease CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)) is missing "
                 f"or wrong; {FIX_HINT}",
+                True,
             )
         )
     if lease_check:
         problems += [
-            Problem(label, f"{want.role} is missing or wrong; {FIX_HINT}")
+            Problem(label, f"{want.role} is missing or wrong; {FIX_HINT}", True)
             for want in OUTBOX_CHECKS
             if all(_column_ok(live.columns, name, columns) for name in want.columns)
             and not want.found_in(live.checks)
@@ -257,8 +266,15 @@ def _check_table(
     return problems
 
 
-def check_schema(conn: Connection, names: TableNames) -> list[Problem]:
-    """Every difference between the live schema and what the farm needs; empty when fine.
+@dataclass(frozen=True)
+class Assessment:
+    problems: list[Problem]
+    notes: list[str]  # a schema newer than this release, and what of it differs
+
+
+def assess_schema(conn: Connection, names: TableNames) -> Assessment:
+    """Every difference between the live schema and what the farm needs (empty when fine),
+    and, on a schema a newer release migrated, notes in place of its index and CHECK shapes.
 
     Extra user columns and indexes are allowed. Index and CHECK names do not matter: they are
     matched by columns and predicate, so schemas made by Alembic or Django pass too. The DLQ
@@ -267,4 +283,36 @@ def check_schema(conn: Connection, names: TableNames) -> list[Problem]:
     problems = _check_table(conn, names.outbox, OUTBOX_COLUMNS, OUTBOX_INDEXES, True)
     if names.dlq is not None:
         problems += _check_table(conn, names.dlq, DLQ_COLUMNS, DLQ_INDEXES, False)
-    return problems
+    shipped = max(m.version for m in load_migrations())
+    newer = [record for record in recorded_migrations(conn, names) if record[1] > shipped]
+    if not newer:
+        return Assessment(problems, [])
+    target, version, name = newer[-1]
+    notes = [
+        f"the schema is newer than this release (migration {version:04d}_{name} on {target}; "
+        f"this release ships up to {shipped:04d}): fine, it works with this release"
+    ]
+    notes += [
+        f"{p.table}: {p.message.removesuffix('; ' + FIX_HINT)}, as a newer migration may have "
+        "left it: leave it, and check with the release that migrated"
+        for p in problems
+        if p.shape
+    ]
+    return Assessment([p for p in problems if not p.shape], notes)
+
+
+def check_schema(conn: Connection, names: TableNames) -> list[Problem]:
+    """The problems of `assess_schema`: empty when the farm can run on this schema."""
+    return assess_schema(conn, names).problems
+
+
+def missing_columns(conn: Connection, names: TableNames) -> list[str]:
+    """`table.column` for each column this release reads or writes that is not there: the
+    schema is older than this release, and a farm would fail every claim until it is migrated.
+    A missing table is left to the caller (`missing_tables`)."""
+    found: list[str] = []
+    for table, columns in ((names.outbox, OUTBOX_COLUMNS), (names.dlq, DLQ_COLUMNS)):
+        live = None if table is None else read_table(conn, table)
+        if live is not None:
+            found += [f"{table}.{name}" for name in columns if name not in live.columns]
+    return found

@@ -31,3 +31,11 @@ SELECT pg_advisory_unlock(%(key)s)
 -- name: its records describe nothing any more), so its migrations are applied again from the
 -- first. Should that fail, table and records agree again: neither is there.
 DELETE FROM outbox_farm_migrations WHERE target = %(target)s
+
+-- name: migrations_recorded
+-- What `migrate` recorded for these tables, for `check`: a version this release does not ship
+-- was applied by a newer release. Asked only once `table_oid` found `outbox_farm_migrations`
+-- (a schema made from `outbox-farm sql` has no records).
+SELECT target, version, name FROM outbox_farm_migrations
+WHERE target = ANY(%(targets)s::text[])
+ORDER BY version
