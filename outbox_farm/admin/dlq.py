@@ -33,7 +33,8 @@ from typing import Any
 
 from ..db import dlq as db
 from ..db.connect import Connection
-from ..db.dlq import CauseGroup, DlqFacts, DlqMatch, DlqRow, Done, Summary
+from ..db.dlq import CauseGroup as CauseGroup  # re-exported: the API names it here
+from ..db.dlq import DlqFacts, DlqMatch, DlqRow, Done, Summary
 from ..db.operator import DlqReader, UnfitRow
 from ..errors import ConfigurationError
 from ..names import TableNames

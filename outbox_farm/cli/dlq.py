@@ -4,7 +4,7 @@ Replay and purge first count what the selection matches (by queue and reason) an
 run to it; they ask before touching more than one row unless --yes, and --dry-run prints that
 count and what would be done, and changes nothing. Both commit batch by batch: Ctrl-C (or a
 kill) leaves whole batches done and the rest untouched, and the same command run again
-finishes the job.
+finishes the job. The filters, and what replay and purge select with them, are in `dlq_filters`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,17 @@ import json
 import click
 
 from ..admin import DlqFilter, Done, When, dlq_list, dlq_purge, dlq_replay, dlq_show
-from ..admin.dlq import DEFAULT_BATCH, Selection, dlq_unfit
+from ..admin.dlq import (
+    DEFAULT_BATCH,
+    CauseGroup,
+    dlq_causes,
+    dlq_unfit,
+)
 from ..db.connect import Connection
-from ..errors import ConfigurationError
 from ..names import TableNames
 from ..ops.server import connected
-from ..outcome import Reason
 from .bulk import Bulk, Progress
+from .dlq_filters import filter_options, selected
 from .options import (
     EPILOG,
     Decorator,
@@ -29,63 +33,9 @@ from .options import (
     duration,
     group,
     json_option,
-    merged,
     table_options,
-    when,
 )
 from .output import echo_json, notice, text_table
-
-
-def _filter(
-    queue: str | None, reason: str | None, since: When | None, until: When | None, grep: str | None
-) -> DlqFilter:
-    return DlqFilter(queue=queue, reason=reason, since=since, until=until, grep=grep)
-
-
-# --queue, --reason, --since, --until and --grep as the command's one `where` argument.
-filter_options = merged(
-    "where",
-    _filter,
-    click.option(
-        "--queue",
-        default=None,
-        envvar="OUTBOX_FARM_QUEUE",
-        help="Only rows of this queue. [env OUTBOX_FARM_QUEUE]",
-    ),
-    click.option(
-        "--reason",
-        type=click.Choice([reason.value for reason in Reason]),
-        default=None,
-        envvar="OUTBOX_FARM_REASON",
-        help="Only rows that failed for this reason. [env OUTBOX_FARM_REASON]",
-    ),
-    click.option(
-        "--since",
-        callback=when,
-        default=None,
-        metavar="WHEN",
-        envvar="OUTBOX_FARM_SINCE",
-        help="Only rows that failed at or after this: a duration ago (2h, 7d; on the "
-        "database clock) or an ISO-8601 time. [env OUTBOX_FARM_SINCE]",
-    ),
-    click.option(
-        "--until",
-        callback=when,
-        default=None,
-        metavar="WHEN",
-        envvar="OUTBOX_FARM_UNTIL",
-        help="Only rows that failed before this (same forms as --since). [env OUTBOX_FARM_UNTIL]",
-    ),
-    click.option(
-        "--grep",
-        default=None,
-        metavar="TEXT",
-        envvar="OUTBOX_FARM_GREP",
-        help="Only rows whose exception or headers contain TEXT (any case), or whose "
-        "payload contains its bytes. [env OUTBOX_FARM_GREP]",
-    ),
-)
-FILTERS = ("queue", "reason", "since", "until", "grep")
 
 
 def _bulk_options(doing: str, past: str, moved: str) -> Decorator:
@@ -106,32 +56,6 @@ def _bulk_options(doing: str, past: str, moved: str) -> Decorator:
 ids_argument = click.argument("ids", metavar="[ID]...", nargs=-1, type=int)
 
 
-def _selected(where: DlqFilter, ids: tuple[int, ...], every: bool, verb: str) -> DlqFilter:
-    """`where` with the IDs; replay and purge never act on the whole DLQ by accident: IDs, a
-    filter, or --all, on the command line. A filter read from the environment (say
-    OUTBOX_FARM_QUEUE, set for `stats`) narrows the selection but never makes one."""
-    context = click.get_current_context()
-    typed = any(
-        context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-        for name in (*FILTERS, "older_than")  # purge's --older-than is a filter too
-    )
-    filters = "--queue, --reason, --since, --until, --grep"
-    try:
-        selection = Selection.of(
-            ids,
-            where,
-            every,
-            verb=verb,
-            filtered=typed,
-            every_is="--all",
-            filters_are=filters + (", --older-than" if verb == "purge" else ""),
-            asked_in=" on the command line",
-        )
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from None
-    return selection.where
-
-
 @click.group(epilog=EPILOG)
 def dlq() -> None:
     """Inspect, replay and purge the dead-letter table.
@@ -150,12 +74,31 @@ def dlq() -> None:
     type=click.IntRange(1),
     default=50,
     show_default=True,
-    help="Show at most this many rows, newest first.",
+    help="Show at most this many rows, newest first (with --group: this many causes).",
 )
-@json_option("an array of rows, newest first")
-def list_(dsn: str | None, names: TableNames, where: DlqFilter, limit: int, as_json: bool) -> None:
+@click.option(
+    "--group",
+    "by_cause",
+    is_flag=True,
+    help="Count the rows by cause instead, most first: the exception with ids, numbers, "
+    "addresses and long quoted values replaced, so rows that differ only in those count "
+    "together. Give a cause back as --cause to list, replay or purge its rows.",
+)
+@json_option("an array of rows, newest first (with --group: of causes, most rows first)")
+def list_(
+    dsn: str | None,
+    names: TableNames,
+    where: DlqFilter,
+    limit: int,
+    by_cause: bool,
+    as_json: bool,
+) -> None:
     """The newest DLQ rows matching the filters: id, when and why each failed, and the
-    first line of its exception."""
+    first line of its exception. With --group, how many rows each cause has."""
+    if by_cause:
+        with connected(dsn, notice, autocommit=True) as conn:
+            _print_causes(dlq_causes(conn, names, where, limit), as_json)
+        return
     with connected(dsn, notice, autocommit=True) as conn:
         rows = dlq_list(conn, names, where, limit)
     if as_json:
@@ -178,6 +121,27 @@ def list_(dsn: str | None, names: TableNames, where: DlqFilter, limit: int, as_j
     ]
     headers = ["id", "failed at", "queue", "reason", "deliveries", "bytes", "exception"]
     click.echo(text_table(headers, lines))
+
+
+def _print_causes(groups: list[CauseGroup], as_json: bool) -> None:
+    if as_json:
+        echo_json(groups)
+        return
+    if not groups:
+        click.echo("no DLQ rows match")
+        return
+    lines = [
+        [
+            g.rows,
+            g.cause,
+            ", ".join(g.queues),
+            ", ".join(g.reasons),
+            "-" if g.last_failed_at is None else f"{g.last_failed_at:%Y-%m-%d %H:%M:%S}",
+        ]
+        for g in groups
+    ]
+    click.echo(text_table(["rows", "cause", "queues", "reasons", "last failed"], lines))
+    click.echo(f'\nthe rows of one cause: outbox-farm dlq list --cause "{groups[0].cause}"')
 
 
 @dlq.command(epilog=EPILOG)
@@ -261,7 +225,7 @@ def replay(
     `original_headers`, and the header `replay_normalised` says what changed. Such rows are
     named by id on stderr as the replay starts; to drop one instead, `dlq purge` it first.
     """
-    where = _selected(where, ids, every, "replay")
+    where = selected(where, ids, every, "replay")
     due = f"due in {delay:g}s" if delay else "due now, with a NOTIFY per queue and batch"
     target = f"queue {to_queue}" if to_queue else "their own queues"
 
@@ -336,7 +300,7 @@ def purge(
         if where.until is not None:
             raise click.UsageError("--older-than and --until say the same; give one")
         where = dataclasses.replace(where, until=When(ago=older_than))
-    where = _selected(where, ids, every, "purge")
+    where = selected(where, ids, every, "purge")
     Bulk(
         ask="Delete",
         doing="purging",

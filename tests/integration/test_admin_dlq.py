@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -323,3 +324,58 @@ def test_purge_takes_invalid_row_as_a_reason(dsn: str, conn: Conn) -> None:
     left = {r[0] for r in conn.execute("SELECT id FROM outbox_dlq").fetchall()}
     assert left == {keep}
     assert gone not in left
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--grep", ""], {}),
+        (["--grep", "  "], {}),
+        (["--queue", ""], {}),
+        (["--reason", ""], {}),
+        (["--cause", ""], {}),
+        (["--since", ""], {}),
+        (["--queue", "orders"], {"OUTBOX_FARM_GREP": ""}),
+        (["--queue", "orders"], {"OUTBOX_FARM_CAUSE": " "}),
+        (["--queue", "orders"], {"OUTBOX_FARM_UNTIL": ""}),
+    ],
+)
+def test_an_empty_filter_purges_nothing(
+    dsn: str, conn: Conn, args: list[str], env: dict[str, str]
+) -> None:
+    """`dlq purge --grep "" -y` (a script's unset $PATTERN) deleted every row: an empty text
+    is in every row. Each filter, typed or from its variable, is refused the same way."""
+    for _ in range(3):
+        dead(conn)
+    result = CliRunner().invoke(main, ["dlq", "purge", *args, "-y", "--dsn", dsn], env=env)
+    assert result.exit_code == 2, result.output
+    assert "an empty filter would select every row (or none)" in result.output
+    assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (3,)
+    typed = CliRunner().invoke(main, ["dlq", "purge", "--grep", "bad sku", "-y", "--dsn", dsn])
+    assert typed.exit_code == 0, typed.output
+    assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (0,)
+
+
+def test_list_group_counts_rows_by_cause_and_cause_selects_them(dsn: str, conn: Conn) -> None:
+    for n in range(3):
+        dead(conn, queue="orders", exception=f"KeyError('sku-{n}')")
+    dead(conn, queue="mail", exception="TimeoutError()")
+    grouped = CliRunner().invoke(main, ["dlq", "list", "--group", "--dsn", dsn])
+    assert grouped.exit_code == 0, grouped.output
+    lines = grouped.stdout.splitlines()
+    assert lines[0].split() == ["rows", "cause", "queues", "reasons", "last", "failed"]
+    assert lines[1].split()[:4] == ["3", "KeyError('sku-<n>')", "orders", "retry_terminal"]
+    assert lines[2].split()[:4] == ["1", "TimeoutError()", "mail", "retry_terminal"]
+    assert "dlq list --cause \"KeyError('sku-<n>')\"" in grouped.stdout
+    as_json = CliRunner().invoke(main, ["dlq", "list", "--group", "--json", "--dsn", dsn])
+    assert [(g["cause"], g["rows"]) for g in json.loads(as_json.stdout)] == [
+        ("KeyError('sku-<n>')", 3),
+        ("TimeoutError()", 1),
+    ]
+    replayed = CliRunner().invoke(
+        main, ["dlq", "replay", "--cause", "KeyError('sku-<n>')", "-y", "--dsn", dsn]
+    )
+    assert replayed.exit_code == 0, replayed.output
+    assert "replayed 3 row(s)" in replayed.stdout
+    left = CliRunner().invoke(main, ["dlq", "list", "--json", "--dsn", dsn])
+    assert [r["exception"] for r in json.loads(left.stdout)] == ["TimeoutError()"]
