@@ -17,8 +17,10 @@ thread of the target's own, is its row's `Delivery`:
   keep flowing (holding the whole relay would stall every topic for one bad route);
 - refused (message too large, not authorised, an invalid record): NACKED with the broker's words;
 - no report known (timed out, purged because every broker went down, a fatal producer error, the
-  idempotent producer's state lost by the broker): UNCONFIRMED, so the row is sent again, with
-  the same `message_id` header (after a fatal error or a lost state, by a producer made anew).
+  idempotent producer's state lost by the broker, no report at all for `stall_timeout`):
+  UNCONFIRMED, so the runner holds the row and sends it again, with the same `message_id`
+  header, by a producer made anew (a restarted broker that forgot the producer's id answers
+  its records with nothing librdkafka gives up on before `confirm_timeout`).
 When librdkafka says every broker is down, the target purges what it holds (the reports come at
 once, as purged, instead of after `confirm_timeout`), and the runner's reconnect asks the cluster
 for its metadata until it answers: the runner holds its rows and reports the outage meanwhile.
@@ -103,7 +105,11 @@ class Kafka:
     `servers`: the bootstrap list, `"broker1:9092,broker2:9092"`. `idempotent`: librdkafka's
     idempotent producer (on by default; turn it off for a broker that refuses InitProducerId).
     `confirm_timeout`: seconds librdkafka may spend delivering one record (its retries
-    included) before the row counts as unconfirmed and is sent again. `config`: any other
+    included) before the row counts as unconfirmed and is sent again. `stall_timeout`: seconds
+    a batch may go without a single delivery report before the producer counts as stuck (a
+    broker that restarted and forgot the idempotent producer's id leaves librdkafka retrying
+    until `confirm_timeout`): the records are purged and sent again by a producer made anew.
+    Raise it for a cluster whose acknowledgements may take longer. `config`: any other
     librdkafka setting (security, compression, `allow.auto.create.topics`, ...); the target's own
     settings (`bootstrap.servers`, `acks`, `enable.idempotence`, `message.timeout.ms`) win.
     Records carry the row's headers, `message_id` (stable per row), `correlation_id` and
@@ -118,6 +124,7 @@ class Kafka:
         key: Key = ORDERING_KEY,
         idempotent: bool = True,
         confirm_timeout: float = 30.0,
+        stall_timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
         label: str | None = None,
     ) -> None:
@@ -125,13 +132,16 @@ class Kafka:
             raise ConfigurationError(
                 f"Kafka servers must be a non-empty 'host:port[,host:port...]' list: {servers!r}"
             )
-        if confirm_timeout <= 0:
-            raise ConfigurationError(f"confirm_timeout must be positive: {confirm_timeout!r}")
+        timeouts = {"confirm_timeout": confirm_timeout, "stall_timeout": stall_timeout}
+        for name, seconds in timeouts.items():
+            if seconds <= 0:
+                raise ConfigurationError(f"{name} must be positive: {seconds!r}")
         self.servers = servers
         self.topic = check_route(topic, "topic")
         self.key: Key = key if key is None or callable(key) else check_route(key, "key")
         self.idempotent = idempotent
         self.confirm_timeout = confirm_timeout
+        self.stall_timeout = min(stall_timeout, confirm_timeout)
         self.config = {
             **(config or {}),
             "bootstrap.servers": servers,
@@ -233,11 +243,22 @@ class Kafka:
                     await asyncio.sleep(QUEUE_FULL_WAIT)
                 except (KafkaException, TypeError, ValueError) as exc:
                     # librdkafka's own checks (too large, a topic it knows is missing) answer
-                    # at once, with the codes a delivery report would carry.
+                    # at once, with the codes a delivery report would carry; a fatal error
+                    # there leaves a producer that can send nothing more.
                     reports.known(i, _refused(exc))
+                    self._broken = self._broken or _fatal(exc)
                     settled += 1
                     break
-        await reports.wait(settled, self.confirm_timeout + 5)
+        if not await reports.wait(settled, self.confirm_timeout + 5, self.stall_timeout):
+            # No report at all for stall_timeout: librdkafka is stuck on something the broker
+            # lost (it bumps the epoch of a producer id the broker forgot, again and again,
+            # until confirm_timeout). A producer made anew gets an id the broker knows.
+            self._broken = True
+            producer.purge()
+            return reports.deliveries(
+                f"no delivery report for {self.stall_timeout:g}s (the broker may have forgotten "
+                "the producer): sent again by a new one"
+            )
         self._broken = self._broken or reports.state_lost
         return reports.deliveries()
 
@@ -323,22 +344,36 @@ class _Reports:
         if finished:
             self._loop.call_soon_threadsafe(self._done.set)
 
-    async def wait(self, settled: int, timeout: float) -> None:
-        """Wait for the reports; `settled` records got none (refused before being queued)."""
+    async def wait(self, settled: int, timeout: float, stall: float) -> bool:
+        """Wait for the reports, `timeout` seconds at most; `settled` records got none (refused
+        before being queued). False when none came for `stall` seconds: the producer is stuck."""
         with self._lock:
             self._left -= settled
-            finished = self._left == 0
-        if finished:
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await self._done.wait()
-        except TimeoutError:
-            pass  # librdkafka reports every record within its message timeout; never rely on it
+            left = self._left
+        deadline = asyncio.get_running_loop().time() + timeout
+        while left:
+            try:
+                async with asyncio.timeout(stall):
+                    await self._done.wait()
+                return True
+            except TimeoutError:
+                pass
+            with self._lock:
+                progress, left = left != self._left, self._left
+            if not progress and left:
+                return False
+            if asyncio.get_running_loop().time() > deadline:
+                return True  # librdkafka reports every record within its message timeout
+        return True
 
-    def deliveries(self) -> list[Delivery]:
-        lost = Delivery(BrokerReply.UNCONFIRMED, "no delivery report")
+    def deliveries(self, lost_because: str = "no delivery report") -> list[Delivery]:
+        lost = Delivery(BrokerReply.UNCONFIRMED, lost_because)
         return [lost if result is None else result for result in self._results]
+
+
+def _fatal(exc: Exception) -> bool:
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(error, KafkaError) and error.fatal()
 
 
 def _refused(exc: Exception) -> Delivery:
