@@ -1,5 +1,6 @@
-"""deploy/kubernetes and the Dockerfile, checked offline: every manifest against the Kubernetes
+"""deploy/kubernetes and the image it runs, checked offline: every manifest against the Kubernetes
 schemas, every container's command line against the CLI, and the files against each other.
+The image's command line, user and port are read from its Dockerfiles by test_images.py.
 How the base and its components compose is checked in test_kustomize_compositions.py.
 
 Built-in kinds are validated with `kubernetes-validate`'s strict schemas for one recent
@@ -17,7 +18,6 @@ environment), without running it: a misspelt option or a value the CLI refuses f
 from __future__ import annotations
 
 import copy
-import fnmatch
 import json
 import math
 import os
@@ -39,11 +39,10 @@ from outbox_farm.cli import main
 from outbox_farm.prefork.arbiter import HANDBACK_AT_EXIT, PAST_GRACEFUL
 from outbox_farm.prefork.exposition import STALE_AFTER, STOP_TIMEOUT
 from outbox_farm.settings import parse_bind
+from tests.unit.test_images import exposed_ports, image_command, image_user
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
-DOCKERFILE = ROOT / "Dockerfile"
-DOCKERIGNORE = ROOT / ".dockerignore"
 # The version the manifests are validated against; they use nothing newer than 1.31.
 KUBERNETES_VERSION = "1.34"
 # The job the alert rules and the dashboard in deploy/ select.
@@ -98,27 +97,6 @@ def farm_container() -> Resource:
     containers = deployment()["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return containers[0]  # type: ignore[no-any-return]
-
-
-def final_stage(dockerfile: str) -> list[tuple[str, str]]:
-    """The final stage's instructions as (INSTRUCTION, rest), continuation lines joined."""
-    text = re.sub(r"\\\n", " ", dockerfile)
-    lines = [line.strip() for line in text.splitlines()]
-    instructions = [
-        (word.upper(), rest.strip())
-        for word, _, rest in (line.partition(" ") for line in lines if line and line[0] != "#")
-    ]
-    last_from = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
-    return instructions[last_from:]
-
-
-def exec_form(stage: list[tuple[str, str]], instruction: str) -> list[str]:
-    """The last `instruction` (ENTRYPOINT, CMD) of the stage, which must be in exec form: a shell
-    form would make /bin/sh PID 1, and the shell does not pass SIGTERM on to the arbiter."""
-    value = [rest for word, rest in stage if word == instruction][-1]
-    argv = json.loads(value)
-    assert isinstance(argv, list), f"{instruction} {value} is not in exec form"
-    return [str(arg) for arg in argv]
 
 
 # -- 1. schemas ---------------------------------------------------------------------------------
@@ -439,17 +417,11 @@ def parse(monkeypatch: pytest.MonkeyPatch) -> Parse:
     return parse
 
 
-def image_command() -> tuple[list[str], list[str]]:
-    stage = final_stage(DOCKERFILE.read_text())
-    return exec_form(stage, "ENTRYPOINT"), exec_form(stage, "CMD")
-
-
 def test_the_image_runs_a_command_line_the_cli_accepts(parse: Parse) -> None:
     entrypoint, cmd = image_command()
     ctx = parse([*entrypoint, *cmd], {})
     assert ctx.command.name == "start"
-    exposed = [rest for word, rest in final_stage(DOCKERFILE.read_text()) if word == "EXPOSE"]
-    assert exposed == [str(parse_bind(ctx.params["metrics_bind"])[1])]
+    assert exposed_ports() == [str(parse_bind(ctx.params["metrics_bind"])[1])]
 
 
 def _pod_containers() -> Iterator[Any]:
@@ -626,8 +598,7 @@ def test_the_backlog_count_is_never_cut_below_what_the_largest_farm_needs() -> N
 
 
 def test_pods_run_as_the_image_s_non_root_user_with_nothing_to_escalate() -> None:
-    user = [rest for word, rest in final_stage(DOCKERFILE.read_text()) if word == "USER"][-1]
-    uid, _, gid = user.partition(":")
+    uid, _, gid = image_user().partition(":")
     for doc in pods():
         pod = doc["spec"]["template"]["spec"]
         context = pod["securityContext"]
@@ -647,46 +618,3 @@ def test_pods_run_as_the_image_s_non_root_user_with_nothing_to_escalate() -> Non
                 # Readable by the pod's group (fsGroup), by nobody else.
                 assert volume["secret"]["defaultMode"] == 0o440
                 assert context["fsGroup"] == int(gid)
-
-
-# -- the build context --------------------------------------------------------------------------
-
-
-def _ignored(path: str, patterns: list[str]) -> bool:
-    """Whether .dockerignore leaves `path` out of the build context, by the part of Docker's
-    rules this file uses: the last pattern matching the path or one of its parent directories
-    decides, and `!` puts it back."""
-    parts = path.strip("/").split("/")
-    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    ignored = False
-    for pattern in patterns:
-        keep = pattern.startswith("!")
-        glob = pattern.removeprefix("!").strip("/")
-        if any(
-            fnmatch.fnmatchcase(c, glob) or fnmatch.fnmatchcase(c, f"*/{glob}") for c in candidates
-        ):
-            ignored = not keep
-    return ignored
-
-
-def test_everything_the_dockerfile_copies_is_in_the_build_context() -> None:
-    patterns = [
-        line.strip()
-        for line in DOCKERIGNORE.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    copied = [
-        source
-        for line in re.sub(r"\\\n", " ", DOCKERFILE.read_text()).splitlines()
-        if line.startswith("COPY ") and "--from=" not in line
-        for source in line.split()[1:-1]
-    ]
-    assert copied
-    for source in copied:
-        assert (ROOT / source).exists(), source
-        assert not _ignored(source, patterns), f".dockerignore leaves out {source}"
-        for path in (ROOT / source).rglob("*.py") if (ROOT / source).is_dir() else []:
-            assert not _ignored(str(path.relative_to(ROOT)), patterns), path
-    # The control: what the image does not need stays out.
-    for left_out in (".venv", ".git", "tests/conftest.py", "outbox_farm/__pycache__/x.pyc"):
-        assert _ignored(left_out, patterns), left_out
