@@ -5,6 +5,11 @@ check, and then every worker retries "permission denied" forever. Each missing p
 reported with the exact GRANT an owner runs to fix it. Only VACUUM is optional: the farm's own
 VACUUM needs ownership (or MAINTAIN on PostgreSQL 17+); without it the farm leaves the table to
 autovacuum, which is a note, not a problem.
+
+A granted privilege is not yet a write that passes: a role or database whose transactions are
+read-only, a standby server, row security or a trigger refuse writes the catalogs allow. So once
+the catalogs show every privilege, the farm's writes are tried in a transaction that is rolled
+back (`try_writes`), and each refusal is a problem of its own, saying what was refused and why.
 """
 
 from __future__ import annotations
@@ -12,7 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..db.connect import Connection
-from ..db.privileges import grant_schema, grant_sequence, grant_table, table_access
+from ..db.privileges import (
+    READ_ONLY,
+    Refusal,
+    grant_schema,
+    grant_sequence,
+    grant_table,
+    role_read_write,
+    table_access,
+    try_writes,
+)
 from ..names import QualifiedName, TableNames
 
 # What the farm and its producers do: claim (SELECT, UPDATE), ack (DELETE), publish (INSERT).
@@ -38,10 +52,11 @@ def _check_table(
     needs: tuple[str, ...],
     vacuum: bool,
     report: PrivilegeReport,
-) -> None:
+) -> str | None:
+    """The role's name, once `table` was found (None: no such table)."""
     access = table_access(conn, table)
     if access is None:
-        return  # missing table: the schema check says so, with what to run
+        return None  # missing table: the schema check says so, with what to run
     role = access.role
     if not access.schema_usage:
         grant = grant_schema(access.schema, role)
@@ -72,6 +87,21 @@ def _check_table(
             "17+), so the farm's own VACUUM will be skipped and the table left to autovacuum "
             "(see --vacuum-interval)"
         )
+    return role
+
+
+def _refused(refusal: Refusal, role: str) -> str:
+    if refusal.sqlstate == READ_ONLY:
+        return (
+            f"the transactions of role {role} are read-only ({refusal.reason}): the farm could "
+            "claim rows but never ack, retry or dead-letter them. Connect to the primary "
+            f"server, and run {role_read_write(role)} (or ALTER DATABASE for the database's "
+            "setting)"
+        )
+    return (
+        f"{refusal.write} was refused although the privileges are granted ({refusal.reason}): "
+        "look for row security policies or triggers on the table, and for what they need"
+    )
 
 
 def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
@@ -80,7 +110,8 @@ def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
     A failing catalog read is a `DatabaseError`.
     """
     report = PrivilegeReport()
-    _check_table(conn, names.outbox, OUTBOX_NEEDS, True, report)
-    if names.dlq is not None:
-        _check_table(conn, names.dlq, DLQ_NEEDS, False, report)
+    role = _check_table(conn, names.outbox, OUTBOX_NEEDS, True, report)
+    dlq_found = names.dlq is not None and _check_table(conn, names.dlq, DLQ_NEEDS, False, report)
+    if role is not None and not report.problems:
+        report.problems += [_refused(r, role) for r in try_writes(conn, names, bool(dlq_found))]
     return report

@@ -47,3 +47,31 @@ GRANT USAGE ON SCHEMA {schema} TO {role};
 -- name: grant_sequence
 -- Printed for an owner to run, never run by the farm: INSERTs take the next id from it.
 GRANT USAGE ON SEQUENCE {sequence} TO {role};
+
+-- name: try_writes_begin
+-- The writes are tried in a transaction that is rolled back. A lock that a migration or a
+-- manual LOCK holds on a table must not hang `check` or `start`: it waits this long at most.
+SET LOCAL lock_timeout = '5s'
+
+-- name: try_outbox_insert
+-- What a producer does. The row is rolled back with the transaction; its id is not given back
+-- to the sequence (a gap, as after any rollback). Triggers on the table run as for any row.
+INSERT INTO {outbox} (queue, payload) VALUES ('outbox-farm privilege check', '\x') RETURNING id
+
+-- name: try_outbox_update
+-- What a claim, a retry and a lease extension do, to the row just inserted (or to none).
+UPDATE {outbox} SET next_attempt_at = next_attempt_at WHERE id = %(id)s
+
+-- name: try_outbox_delete
+-- What an ack and a dead-letter move do.
+DELETE FROM {outbox} WHERE id = %(id)s
+
+-- name: try_dlq_insert
+-- What a dead-letter move writes (its triggers, if any, run as for a real move).
+INSERT INTO {dlq} (original_id, queue, payload, deliveries_count, created_at, failure_reason)
+VALUES (0, 'outbox-farm privilege check', '\x', 0, now(), 'rejected')
+
+-- name: role_read_write
+-- Printed for an owner to run, never run by the farm: a role's own setting of
+-- default_transaction_read_only (the database's is ALTER DATABASE ... SET, the same way).
+ALTER ROLE {role} SET default_transaction_read_only = off;

@@ -18,10 +18,11 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from ..backoff import Backoff
-from ..db import claims
+from ..db import claims, privileges
 from ..db import outcomes as writes
 from ..db.pool import Pool
 from ..errors import ConnectionLost, DatabaseError
@@ -395,13 +396,10 @@ class Completer:
 
     def _report_failure(self, phase: str, outcome: Outcome, exc: DatabaseError) -> None:
         self.observer.write_failed(phase, outcome.queue, 1)
-        fields = {
-            "event": "write_failed",
-            "phase": phase,
-            "row_id": outcome.row_id,
-            "queue": outcome.queue,
-        }
-        if self.problems.report(f"{phase} write", exc, log, fields):
+        fields = {"event": "write_failed", "phase": phase, "row_id": outcome.row_id}
+        fields["queue"] = outcome.queue
+        probe = partial(privileges.refusal, self.pool, self.queries, self._write_for(phase, []))
+        if self.problems.write_refused(phase, outcome.queue, exc, probe, log, fields):
             return  # logged, at most once a minute, as the problem it is
         hint = (
             " The DLQ table is missing or does not match: run `outbox-farm check`."

@@ -10,11 +10,16 @@ reports the queue stalled (`Observer.stalled`, and `stall.reason` for the runtim
 when its claims failed STALL_FAILURES times in a row or for STALL_FAILING_FOR seconds, or when
 two idle fetches in a row (nothing held, an empty claim) find a ready row due for more than
 STALL_OVERDUE seconds: the farm has room, yet that row is not taken.
+
+While the completer finds its rows' outcome writes refused for want of a privilege, the queue's
+claims are paused (see `problems`): every PAUSED_PROBE_EVERY seconds the fetcher tries the
+refused write over no rows instead, and claims again once it passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -43,6 +48,7 @@ STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
 STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
 FAR_EVERY = 2.0  # seconds between looks for rows due beyond what a client can load
 STRANDED_EVERY = 2.0  # seconds between looks for rows left marked at the head of their key
+PAUSED_PROBE_EVERY = 2.0  # seconds between probes of a paused queue's refused write
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -146,6 +152,9 @@ class Fetcher:
             self._wake.clear()
             want = min(free, self.batch)
             try:
+                if not await self._may_claim():
+                    await self._rest(PAUSED_PROBE_EVERY)
+                    continue
                 got = await self._claimed(want)
                 if got == want:
                     backoff.reset()
@@ -172,13 +181,22 @@ class Fetcher:
                             "queue": self.spec.queue,
                         },
                     )
-            if self._stopping:
-                return
-            try:
+            await self._rest(wait)
+
+    async def _rest(self, wait: float) -> None:
+        """Sleep `wait` seconds, or until woken (not at all once stopping)."""
+        if not self._stopping:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
-            except TimeoutError:
-                pass
+
+    async def _may_claim(self) -> bool:
+        """False while the queue's claims are paused and its refused write is still refused."""
+        paused = self.problems.paused.get(self.spec.queue)
+        if paused is not None and await paused[1]() is None:
+            self.problems.resumed(self.spec.queue, log)
+            return True
+        return paused is None
 
     async def _free_stranded(self) -> int:
         """At most every `STRANDED_EVERY` seconds, when a claim came back short: unmark the

@@ -6,16 +6,29 @@ state is neither silent nor a log flood, each one is logged at ERROR at most onc
 operation and kind, and the latest is exposed as `Runtime.problem` until the operation that
 failed succeeds again. Only `PermanentError`s are problems: a lost connection or a refused
 statement passes by itself, and is the caller's to log.
+
+One kind of retrying costs more than log lines: a row whose outcome cannot be written (the
+role lost DELETE, its transactions turned read-only) is claimed again when its lease expires
+and its handler runs again, every lease, for nothing. So a write of a row's outcome refused for
+want of a privilege pauses the claims of the row's queue: the queue is a problem (/healthz 503)
+until its fetcher finds, by running the refused statement over no rows (which checks the same
+privileges and changes nothing), that the write would pass again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
-from ..errors import DatabaseError, PermanentError
+from ..errors import DatabaseError, PermanentError, PrivilegeError
 
 LOG_EVERY = 60.0
+READ_ONLY = "25006"  # read_only_sql_transaction: no write of this session can pass either
+# The writes that end a row's delivery: refused, the handler runs again at the next lease.
+OUTCOME_WRITES = ("ack", "retry", "terminal")
+# Runs the refused write over no rows: the error it still gets, None once it would pass.
+Probe = Callable[[], Awaitable[DatabaseError | None]]
 
 
 def one_line(exc: BaseException) -> str:
@@ -29,14 +42,57 @@ class Problems:
     def __init__(self) -> None:
         self._open: dict[str, str] = {}
         self._logged: dict[tuple[str, str | None], float] = {}
+        # Queues whose claims are paused: why, and the probe that tells when to resume. Written
+        # by the completer (pause) and the queue's fetcher (resume), read by the fetcher.
+        self.paused: dict[str, tuple[str, Probe]] = {}
 
     @property
     def current(self) -> str | None:
-        """The most recent open problem, as one line; None while there is none."""
-        if not self._open:
-            return None
-        operation, reason = next(reversed(self._open.items()))
-        return f"{operation}: {reason}"
+        """A paused queue (with the refused write: its cause), else the most recent open
+        problem, as one line; None while there is none."""
+        if self.paused:
+            queue, (reason, _) = next(iter(self.paused.items()))
+            return f"queue {queue}: claims paused, its rows' outcomes cannot be written: {reason}"
+        if self._open:
+            operation, reason = next(reversed(self._open.items()))
+            return f"{operation}: {reason}"
+        return None
+
+    def write_refused(
+        self,
+        phase: str,
+        queue: str,
+        exc: DatabaseError,
+        probe: Probe,
+        logger: logging.Logger,
+        extra: dict[str, object],
+    ) -> bool:
+        """A write of `phase` for a row of `queue` was refused with `exc`: recorded as `report`
+        does (its result), and the queue's claims paused when that write ends a delivery and
+        the refusal is for want of a privilege (`probe` tells when it would pass again)."""
+        reported = self.report(f"{phase} write", exc, logger, extra)
+        refused = isinstance(exc, PrivilegeError) or exc.sqlstate == READ_ONLY
+        if refused and phase in OUTCOME_WRITES and queue not in self.paused:
+            self.paused[queue] = (f"{phase} write: {one_line(exc)}", probe)
+            logger.error(
+                "queue %s: claims paused, as its rows' %s writes are refused (%s): each row "
+                "would run its handler again at every lease. Grant what is missing (`outbox-farm "
+                "check` names it); claims resume on their own once the write passes",
+                queue,
+                phase,
+                one_line(exc),
+                extra={"event": "claims_paused", "queue": queue, "phase": phase},
+            )
+        return reported
+
+    def resumed(self, queue: str, logger: logging.Logger) -> None:
+        """The queue's refused write passes again: its claims resume."""
+        if self.paused.pop(queue, None) is not None:
+            logger.info(
+                "queue %s: claims resumed, its rows' outcomes can be written again",
+                queue,
+                extra={"event": "claims_resumed", "queue": queue},
+            )
 
     def report(
         self,

@@ -1,0 +1,159 @@
+"""Privileges found early, and a refused write that stops costing handler runs.
+
+`check_privileges` (so `check`, `start` and `doctor`) tries the farm's writes in a transaction
+that is rolled back, so a role whose transactions are read-only, or a write refused by a
+trigger, is reported although the catalogs show every grant. A runtime whose acks are refused
+for want of a privilege pauses claiming that queue (a /healthz problem) instead of running the
+handlers again at every lease, and resumes on its own once the grant is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from outbox_farm import Farm, Message
+from outbox_farm.db import privileges
+from outbox_farm.names import TableNames
+from outbox_farm.ops.privileges import check_privileges
+from outbox_farm.settings import RuntimeSettings
+from outbox_farm.worker.runtime import Runtime
+from tests.acceptance.test_cli import run
+from tests.integration.test_privileges import as_role, role
+from tests.waits import eventually
+
+NAMES = TableNames.build("outbox", "outbox_dlq")
+__all__ = ["role"]  # a fixture, used by name
+EVERYTHING = (
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO {}",
+    "GRANT SELECT, INSERT ON outbox_dlq TO {}",
+    "GRANT USAGE ON SEQUENCE outbox_id_seq, outbox_dlq_id_seq TO {}",
+    "GRANT SELECT ON outbox_farm_migrations TO {}",  # `check` compares what migrate recorded
+)
+
+
+@pytest.fixture
+def granted(dsn: str, role: str) -> str:
+    """`role` holding every privilege the farm needs; its DSN."""
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        for grant in EVERYTHING:
+            owner.execute(sql.SQL(grant).format(sql.Identifier(role)))
+    return as_role(dsn, role)
+
+
+def test_a_read_only_role_is_told_so_by_check(
+    dsn: str, role: str, granted: str, conn: psycopg.Connection[Any]
+) -> None:
+    ident = sql.Identifier(role)
+    conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(ident))
+    with psycopg.connect(granted, autocommit=True) as as_it:
+        report = check_privileges(as_it, NAMES)
+    assert len(report.problems) == 1, report.problems
+    assert f"the transactions of role {role} are read-only" in report.problems[0]
+    assert (
+        f'run ALTER ROLE "{role}" SET default_transaction_read_only = off;' in (report.problems[0])
+    )
+    result = run("check", "--dsn", granted)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "schema OK" not in result.stdout
+    assert "are read-only" in result.stdout
+
+    conn.execute(sql.SQL("ALTER ROLE {} RESET default_transaction_read_only").format(ident))
+    with psycopg.connect(granted, autocommit=True) as as_it:
+        assert check_privileges(as_it, NAMES).problems == []
+    assert run("check", "--dsn", granted).returncode == 0
+
+
+def test_a_write_refused_despite_the_grants_is_named_and_nothing_is_left_behind(
+    granted: str, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute(
+        "CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE insufficient_privilege USING MESSAGE = 'deletes need the archiver'; END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER refuse_delete BEFORE DELETE ON outbox FOR EACH ROW "
+        "EXECUTE FUNCTION refuse_delete()"
+    )
+    with psycopg.connect(granted, autocommit=True) as as_it:
+        report = check_privileges(as_it, NAMES)
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(
+        "DELETE from outbox was refused although the privileges are granted "
+        "(deletes need the archiver)"
+    )
+    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)  # rolled back
+    assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (0,)
+
+    conn.execute("DROP TRIGGER refuse_delete ON outbox")
+    with psycopg.connect(granted, autocommit=True) as as_it:
+        assert check_privileges(as_it, NAMES).problems == []
+
+
+def test_refused_acks_pause_the_queue_instead_of_running_handlers_every_lease(
+    dsn: str, role: str, granted: str, conn: psycopg.Connection[Any], monkeypatch: Any
+) -> None:
+    ident = sql.Identifier(role)
+    conn.execute(sql.SQL("REVOKE DELETE ON outbox FROM {}").format(ident))
+    farm = Farm(dlq_table="outbox_dlq")
+    runs: list[int] = []
+    probes: list[bool] = []
+
+    @farm.handler("q", concurrency=4, lease_ttl=1.0)
+    async def handle(message: Message) -> None:
+        runs.append(message.id)
+
+    real = privileges.refusal
+
+    async def counted(*args: Any) -> Any:
+        error = await real(*args)
+        probes.append(error is None)
+        return error
+
+    monkeypatch.setattr(privileges, "refusal", counted, raising=False)
+
+    def leases_expired() -> bool:
+        row = conn.execute(
+            "SELECT count(*) FROM outbox WHERE acquired_at + interval '1 second' < now()"
+        ).fetchone()
+        return row is not None and row[0] == 5
+
+    async def scenario() -> None:
+        settings = RuntimeSettings(poll_interval=0.1, listen=False)
+        runtime = Runtime(list(farm.handlers.values()), farm.queries, granted, settings)
+        await runtime.start()
+        try:
+            with psycopg.connect(dsn) as producer:
+                farm.publish_batch(producer, [{"n": i} for i in range(5)], queue="q")
+            await eventually(lambda: len(runs) == 5, "5 handler runs")
+            problem = await eventually(
+                lambda: "claims paused" in (runtime.problem or "") and runtime.problem,
+                "the queue's claims paused, on /healthz",
+            )
+            assert "ack write: permission denied for table outbox" in problem
+            await eventually(leases_expired, "the 5 leases expired (database clock)")
+            probed = len(probes)
+            # The fetcher looked twice since (each look a refused probe), and claimed nothing.
+            await eventually(lambda: len(probes) >= probed + 2, "2 more probes")
+            assert len(runs) == 5, runs
+            assert not any(probes), probes
+            assert runtime.problems.paused.keys() == {"q"}
+
+            conn.execute(sql.SQL("GRANT DELETE ON outbox TO {}").format(ident))
+            await eventually(lambda: any(probes), "a probe that passes")
+            await eventually(
+                lambda: conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,),
+                "every row acked once the grant is back",
+            )
+            assert sorted(set(runs)) == sorted(runs[:5])  # each row ran again only once
+            assert len(runs) == 10, runs
+            await eventually(lambda: runtime.problem is None, "no problem any more")
+            assert runtime.problems.paused == {}
+        finally:
+            await runtime.stop()
+
+    asyncio.run(scenario())
