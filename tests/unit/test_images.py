@@ -22,11 +22,13 @@ import pytest
 
 from outbox_farm import Farm
 from outbox_farm.cli import main
+from tests.docs.blocks import blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "Dockerfile"
 APP = ROOT / "deploy" / "docker" / "example-app"
 APP_LAYER = APP / "Dockerfile"
+GUIDE = ROOT / "docs" / "guides" / "deploying.md"
 NON_ROOT = "10001:10001"
 
 Instruction = tuple[str, str]
@@ -34,7 +36,11 @@ Instruction = tuple[str, str]
 
 def instructions(path: Path) -> list[Instruction]:
     """A Dockerfile's instructions as (INSTRUCTION, rest), continuation lines joined."""
-    text = re.sub(r"\\\n", " ", path.read_text())
+    return parse_instructions(path.read_text())
+
+
+def parse_instructions(dockerfile: str) -> list[Instruction]:
+    text = re.sub(r"\\\n", " ", dockerfile)
     lines = [line.strip() for line in text.splitlines()]
     return [
         (word.upper(), rest.strip())
@@ -171,6 +177,11 @@ def test_every_package_the_app_imports_is_in_its_requirements_or_the_base() -> N
     }
     assert third_party, "the example has a dependency of its own: this test checks something"
     assert third_party <= required, third_party - required
+
+
+def test_the_deploying_guide_shows_the_app_layer_as_it_ships() -> None:
+    [shown] = [b.code for b in blocks(GUIDE) if b.language == "dockerfile"]
+    assert parse_instructions(shown) == instructions(APP_LAYER)
 
 
 # -- the build contexts -------------------------------------------------------------------------

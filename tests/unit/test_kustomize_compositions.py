@@ -17,6 +17,7 @@ import yaml
 from outbox_farm.console.security import Tokens, check_bind, check_transport
 from outbox_farm.errors import ConfigurationError
 from outbox_farm.settings import parse_bind
+from tests.docs.blocks import blocks
 from tests.unit.kustomize import KustomizeError, Resource, build, containers
 from tests.unit.test_kubernetes_manifests import (
     CUSTOM_SCHEMAS,
@@ -167,6 +168,17 @@ def test_the_network_policy_admits_only_prometheus_and_only_to_the_metrics_port(
     [peer] = rule["from"]
     assert set(peer) == {"namespaceSelector", "podSelector"}
     assert all(selector["matchLabels"] for selector in peer.values())
+
+
+def test_the_deploying_guide_shows_keda_s_role_as_it_ships() -> None:
+    def statements(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line and not line.startswith("--")]
+
+    guide = DEPLOY.parent / "docs" / "guides" / "deploying.md"
+    [shown] = [b.code for b in blocks(guide) if b.language == "sql"]
+    shipped = (COMPONENTS / "keda" / "keda-role.sql").read_text()
+    assert statements(shown) == statements(shipped)
+    assert len(statements(shipped)) == 4
 
 
 # -- the console --------------------------------------------------------------------------------
