@@ -9,7 +9,7 @@ frame's first, so the window is the refresh interval and nothing waits.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..db.connect import Connection
@@ -21,6 +21,11 @@ from .stats import queue_stats
 RATE_WINDOW = 1.0  # seconds between the two scrapes of a one-shot `stats`
 
 
+def _served(reading: Scrape) -> set[str]:
+    """The queues a scrape of the farm has series for: every queue it serves, idle or not."""
+    return ({queue for _, queue in reading.totals} | set(reading.buckets)) - {""}
+
+
 def stats_frames(
     conn: Connection,
     names: TableNames,
@@ -29,12 +34,15 @@ def stats_frames(
     exact_limit: int,
     metrics_url: str,
     every: float | None,
+    known: Iterable[str] = (),
 ) -> Iterator[dict[str, Any]]:
     """One frame, or with `every`, a frame every so many seconds until the caller stops.
 
     A frame is `{"queues": [QueueStats...], "farm": {"url", and "window_seconds" and "queues"
     (QueueRates by queue), or "error"}}`; a farm that cannot be scraped is an error in the
-    frame, not an exception. `metrics_url` empty leaves the rates out.
+    frame, not an exception. `metrics_url` empty leaves the rates out. The queues are those
+    with rows, those of `known` (the app's registered queues) and those the farm serves (each
+    has its series from the start), so an idle queue shows with zeros.
     """
 
     def read_farm() -> Scrape | str:
@@ -46,7 +54,8 @@ def stats_frames(
     before = read_farm() if metrics_url else None
     first = True
     while True:
-        queues = queue_stats(conn, names, queue, exact_limit)
+        served = _served(before) if isinstance(before, Scrape) else set()
+        queues = queue_stats(conn, names, queue, exact_limit, known={*known, *served})
         farm: dict[str, Any] = {"url": metrics_url or None}
         after: Scrape | str | None = None
         if isinstance(before, str):

@@ -14,15 +14,23 @@ while no row of it is under a live lease: rows are due and nobody is working on 
 mark of a farm that is not running for the queue (or whose claims of it never take a row).
 A busy farm that is merely behind holds leases, and is not stalled: its lag is the oldest
 ready row's age. Judged from two index probes; the claim itself is probed by `doctor`.
+
+The queues shown are those with rows in the outbox or the DLQ, and those the caller knows of
+(`known`: the app's registered queues, those a running farm serves), which show with zeros
+when idle: a queue that is registered and empty is news too. Each queue's DLQ rows are also
+shown by cause, the few causes with most rows (`dlq_causes`, from migration 0009's counts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..db.connect import Connection
+from ..db.dlq import CauseGroup, counts_kept
 from ..db.operator import OUTBOX_CONDITIONS, OutboxFigure, StallFacts, StatsReader
 from ..names import TableNames
+from .dlq import DlqFilter, dlq_causes
 
 EXACT_LIMIT = 10_000  # rows counted one by one before the estimate is used
 # Planner cost units (about one per page read) above which a capped count is not run at all.
@@ -32,6 +40,7 @@ HOUR, DAY = 3600.0, 86400.0
 # as stalled: the farm's own threshold for an idle queue whose row ages (the fetcher's).
 STALL_AFTER = 60.0
 OUTBOX_COUNTS: tuple[OutboxFigure, ...] = tuple(OUTBOX_CONDITIONS)  # in the order shown
+CAUSES_PER_QUEUE = 3  # the causes with most DLQ rows, shown for each queue
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class QueueStats:
     oldest_ready_age: float  # seconds since the oldest ready row became due; 0 when none
     dlq: list[DlqCounts] = field(default_factory=list)
     stalled: str | None = None  # why the queue looks stalled (`stall_reason`); None: it is not
+    causes: list[CauseGroup] = field(default_factory=list)  # its DLQ's top causes, most first
 
     def dlq_total(self, window: str) -> Count:
         """Sum over reasons of one window (`last_hour`, `last_day`, `total`)."""
@@ -109,18 +119,29 @@ def _dlq(reader: StatsReader, queue: str, limit: int) -> list[DlqCounts]:
     return lines
 
 
+def _causes(conn: Connection, names: TableNames, queues: list[str]) -> dict[str, list[CauseGroup]]:
+    """Each queue's top causes; none at all on a DLQ migrated before migration 0009 (the
+    other figures do not need it)."""
+    if names.dlq is None or not counts_kept(conn, names):
+        return {}
+    return {q: dlq_causes(conn, names, DlqFilter(queue=q), CAUSES_PER_QUEUE) for q in queues}
+
+
 def queue_stats(
     conn: Connection,
     names: TableNames,
     queue: str | None = None,
     exact_limit: int = EXACT_LIMIT,
     stall_after: float = STALL_AFTER,
+    *,
+    known: Iterable[str] = (),
 ) -> list[QueueStats]:
-    """Numbers for `queue`, or for every queue with rows in the outbox or the DLQ; each
-    marked stalled when its oldest claimable row has waited over `stall_after` seconds with
-    none of its rows leased."""
+    """Numbers for `queue`, or for every queue with rows in the outbox or the DLQ and every
+    queue of `known` (with zeros when it has none), sorted; each marked stalled when its
+    oldest claimable row has waited over `stall_after` seconds with none of its rows leased."""
     reader = StatsReader(conn, names)
-    queues = [queue] if queue is not None else reader.queues()
+    queues = [queue] if queue is not None else sorted(set(reader.queues()) | set(known))
+    causes = _causes(conn, names, queues)
     return [
         QueueStats(
             q,
@@ -128,6 +149,7 @@ def queue_stats(
             reader.oldest_ready(q),
             _dlq(reader, q, exact_limit) if names.dlq is not None else [],
             stall_reason(reader.stall(q), stall_after),
+            causes.get(q, []),
         )
         for q in queues
     ]

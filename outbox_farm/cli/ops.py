@@ -14,11 +14,12 @@ import click
 from ..admin.doctor import Check, Limits, Status, doctor
 from ..admin.frames import stats_frames
 from ..admin.rates import DEFAULT_METRICS_URL
-from ..admin.stats import EXACT_LIMIT, OUTBOX_COUNTS, STALL_AFTER
+from ..admin.stats import CAUSES_PER_QUEUE, EXACT_LIMIT, OUTBOX_COUNTS, STALL_AFTER
 from ..db.connect import connect
 from ..errors import OutboxFarmError
 from ..names import TableNames
 from ..ops.server import connected, located
+from ..prefork.app import load_farm
 from .options import EPILOG, dsn_options, duration, json_option, table_options
 from .output import echo_json, notice, text_table
 
@@ -42,7 +43,7 @@ def _render(frame: dict[str, Any]) -> str:
     headers += ["dlq 1h", "dlq 1d", "dlq all", "stalled"]
     if rates:
         headers += ["acked/s", "retries/s", "terminal/s", "p99 lag"]
-    rows, reasons, stalls = [], [], []
+    rows, reasons, stalls, causes = [], [], [], []
     for q in frame["queues"]:
         row = [q.queue, *(_n(q.counts[n]) for n in OUTBOX_COUNTS), _age(q.oldest_ready_age)]
         row += [_n(q.dlq_total(w)) for w in ("last_hour", "last_day", "total")]
@@ -58,11 +59,19 @@ def _render(frame: dict[str, Any]) -> str:
         reasons += [
             [q.queue, d.reason, _n(d.last_hour), _n(d.last_day), _n(d.total)] for d in q.dlq
         ]
+        causes += [[q.queue, g.rows, g.cause, ", ".join(g.reasons)] for g in q.causes]
     out = [text_table(headers, rows) if rows else "no rows in the outbox or the DLQ"]
     if stalls:
         out += ["", *stalls]
     if reasons:
         out += ["", "DLQ by reason:", text_table(["queue", "reason", "1h", "1d", "all"], reasons)]
+    if causes:
+        out += [
+            "",
+            f"DLQ top causes ({CAUSES_PER_QUEUE} a queue; all of them: outbox-farm dlq list "
+            "--group):",
+            text_table(["queue", "rows", "cause", "reasons"], causes),
+        ]
     farm = frame["farm"]
     if "error" in farm:
         out += ["", f"farm rates: {farm['error']}"]
@@ -106,6 +115,14 @@ def _render(frame: dict[str, Any]) -> str:
     help="Count rows one by one up to this many per figure; above it, show the "
     "planner's estimate (marked ~). [env OUTBOX_FARM_EXACT_LIMIT]",
 )
+@click.option(
+    "--app",
+    default=None,
+    metavar="APP",
+    envvar="OUTBOX_FARM_APP",
+    help="The farm's app (`package.module:farm`, as `start` takes it): its registered queues "
+    "are shown even when they have no rows. [env OUTBOX_FARM_APP]",
+)
 @json_option("one object; with --watch, one a line per redraw")
 def stats(
     dsn: str | None,
@@ -114,11 +131,15 @@ def stats(
     watch: float | None,
     metrics_url: str,
     exact_limit: int,
+    app: str | None,
     as_json: bool,
 ) -> None:
     """Per queue: ready, scheduled, waiting (deep in an ordering key's line), in flight,
     expired leases, retrying rows, the oldest ready row's age, DLQ rows by reason (last hour,
-    day, all), whether it is stalled, and the running farm's rates.
+    day, all) and its top causes, whether it is stalled, and the running farm's rates.
+
+    The queues are those with rows, those the running farm serves (read from --metrics-url)
+    and those --app registers: an idle queue shows with zeros.
 
     Counts are exact up to --exact-limit and the planner's estimate above it (marked ~ in
     text, "exact": false in JSON), so this answers in milliseconds on any table size.
@@ -126,6 +147,7 @@ def stats(
     farm's own threshold) while none of the queue's rows is leased, so nobody is working on
     it. A queue whose claims fail is found by `outbox-farm doctor`, which probes them.
     """
+    known = list(load_farm(app).handlers) if app else []
     with connected(dsn, notice, autocommit=True) as conn:
         frames = stats_frames(
             conn,
@@ -134,6 +156,7 @@ def stats(
             exact_limit=exact_limit,
             metrics_url=metrics_url,
             every=watch,
+            known=known,
         )
         try:
             for number, frame in enumerate(frames):

@@ -283,6 +283,15 @@ def causes(conn: Connection, names: TableNames, match: DlqMatch, limit: int) -> 
     ]
 
 
+def counts_kept(conn: Connection, names: TableNames) -> bool:
+    """Whether migration 0009's counts table exists (`causes` fails without it)."""
+    table = names.identifiers()["dlq_causes"].as_string(conn)
+    ((kept,),) = _all(
+        conn, names, AdminSql(names).render("admin_dlq_causes_kept"), {"table": table}
+    )
+    return bool(kept)
+
+
 def _batches(
     conn: Connection,
     names: TableNames,

@@ -52,6 +52,12 @@ FROM (
 ) AS g
 ORDER BY g.row_count DESC, g.cause
 
+-- name: admin_dlq_causes_kept
+-- Whether migration 0009's counts table exists, asked before reading it where its absence is
+-- no error (`stats` on a DLQ migrated by an older release): a failed read would abort the
+-- caller's transaction.
+SELECT to_regclass(%(table)s) IS NOT NULL
+
 -- name: admin_dlq_causes_scan
 -- The rows a time, text or id filter matches, grouped by cause as they are read: what the
 -- kept counts cannot answer. Costs the rows matched (a window of the last hour reads the

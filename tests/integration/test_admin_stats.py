@@ -3,12 +3,20 @@ from the farm's indexes (EXPLAIN), so they stay fast on a large table."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 from outbox_farm.admin import Count, queue_stats
+from outbox_farm.admin.frames import stats_frames
+from outbox_farm.cli import main
 from outbox_farm.db.operator import OUTBOX_CONDITIONS, AdminSql, OutboxFigure
 from outbox_farm.names import TableNames
 
@@ -162,3 +170,100 @@ def test_queue_listing_and_ages_never_scan_the_table(
     nodes = explain(big, statement, params)
     assert index in {n.get("Index Name") for n in nodes}
     assert "Seq Scan" not in {n["Node Type"] for n in nodes}
+
+
+def test_a_known_queue_without_rows_shows_with_zeros(conn: Conn) -> None:
+    """A registered queue that is idle vanished from `stats`: only queues with rows showed."""
+    conn.execute(ROWS)
+    assert "idle" not in {s.queue for s in queue_stats(conn, NAMES)}
+    stats = {s.queue: s for s in queue_stats(conn, NAMES, known=["idle", "q"])}
+    assert sorted(stats) == ["idle", "other", "q"]
+    idle = stats["idle"]
+    assert idle.counts == dict.fromkeys(idle.counts, exact(0))
+    assert (idle.oldest_ready_age, idle.dlq, idle.causes, idle.stalled) == (0, [], [], None)
+
+
+def test_each_queue_shows_its_top_causes(conn: Conn) -> None:
+    conn.execute(DEAD)
+    conn.execute(
+        "INSERT INTO outbox_dlq (original_id, queue, payload, deliveries_count, created_at, "
+        "failure_reason, last_exception) SELECT g, 'q', 'x', 1, now(), 'retry_terminal', "
+        "format('KeyError(%L)', 'sku-' || g) FROM generate_series(1, 30) AS g"
+    )
+    stats = {s.queue: s for s in queue_stats(conn, NAMES)}
+    assert [(g.cause, g.rows) for g in stats["q"].causes] == [
+        ("KeyError('sku-<n>')", 30),
+        ("(no exception recorded)", 4),
+    ]
+    assert [(g.cause, g.rows) for g in stats["dlq_only"].causes] == [("(no exception recorded)", 1)]
+
+
+class Metrics(http.server.BaseHTTPRequestHandler):
+    """A farm's /metrics serving queue `idle`: its series exist from the start, at zero."""
+
+    body = (
+        b"# TYPE outbox_farm_delivery_lag_seconds histogram\n"
+        b'outbox_farm_delivery_lag_seconds_bucket{le="+Inf",queue="idle"} 0.0\n'
+        b'outbox_farm_delivery_lag_seconds_count{queue="idle"} 0.0\n'
+        b'outbox_farm_delivery_lag_seconds_sum{queue="idle"} 0.0\n'
+    )
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def metrics_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+def test_stats_shows_the_queues_the_running_farm_serves(conn: Conn, metrics_url: str) -> None:
+    conn.execute(ROWS)
+    args: dict[str, Any] = {"queue": None, "exact_limit": 100, "every": None}
+    (alone,) = stats_frames(conn, NAMES, metrics_url="", **args)
+    assert [q.queue for q in alone["queues"]] == ["other", "q"]
+    (frame,) = stats_frames(conn, NAMES, metrics_url=metrics_url, **args)
+    assert "error" not in frame["farm"]
+    assert [q.queue for q in frame["queues"]] == ["idle", "other", "q"]
+
+
+def test_stats_shows_the_queues_the_app_registers(
+    dsn: str, conn: Conn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "idleapp.py").write_text(
+        "from outbox_farm import Farm\n"
+        "farm = Farm(table='outbox', dlq_table='outbox_dlq')\n"
+        "@farm.handler('idle_q')\n"
+        "async def handle(msg):\n"
+        "    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    conn.execute(ROWS)
+    base = ["stats", "--dsn", dsn, "--metrics-url", "", "--json"]
+    without = CliRunner().invoke(main, base)
+    assert without.exit_code == 0, without.output
+    assert [q["queue"] for q in json.loads(without.stdout)["queues"]] == ["other", "q"]
+    result = CliRunner().invoke(main, [*base, "--app", "idleapp:farm"])
+    assert result.exit_code == 0, result.output
+    queues = {q["queue"]: q for q in json.loads(result.stdout)["queues"]}
+    assert sorted(queues) == ["idle_q", "other", "q"]
+    assert queues["idle_q"]["counts"]["ready"] == {"value": 0, "exact": True}
+    text = CliRunner().invoke(
+        main, ["stats", "--dsn", dsn, "--metrics-url", "", "--app", "idleapp"]
+    )
+    assert text.exit_code == 0, text.output
+    assert any(line.split()[:2] == ["idle_q", "0"] for line in text.stdout.splitlines())
