@@ -17,7 +17,7 @@ from outbox_farm import Farm
 from outbox_farm.cli import main
 from outbox_farm.settings import RuntimeSettings, SupervisorSettings
 
-SHARED = ("dsn", "dsn_file", "table", "dlq_table", "no_dlq")
+SHARED = ("dsn", "dsn_file", "embedded", "table", "dlq_table", "no_dlq")
 
 
 def fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
@@ -124,9 +124,10 @@ def render() -> str:
         "|---|---|---|---|",
         *shared_rows(),
         "",
-        "Without any DSN the operator commands use the embedded PostgreSQL server under "
-        "`./.outbox-farm/pgdata` (`OUTBOX_FARM_DATA_DIR` moves it); `start` refuses unless given "
-        "`--embedded`. The test kit reads `OUTBOX_FARM_TEST_DSN` (an admin DSN: see "
+        "Without a DSN a command stops (exit status 2) unless given `--embedded`, which runs it "
+        "on the embedded PostgreSQL server under `./.outbox-farm/pgdata` (`OUTBOX_FARM_DATA_DIR` "
+        "moves it); `demo` alone uses that server when given no DSN. The test kit reads "
+        "`OUTBOX_FARM_TEST_DSN` (an admin DSN: see "
         "[Testing your handlers](../guides/testing.md)).",
         "",
         "## `outbox-farm start`: option, variable and settings field",

@@ -14,20 +14,20 @@ from ..dsn import redact
 from ..ops.embedded import data_dir
 from ..ops.server import resolve
 from ..settings import DEFAULT_BIND
-from .options import EPILOG, dsn_options
+from .options import EPILOG, demo_dsn_options
 from .output import notice
 
 
 def dlq_list_command(dsn: str | None) -> str:
     """The `outbox-farm dlq list` that reaches the server the demo ran on, given as the demo
     was given it: the same environment, the same --dsn-file, the same --dsn (its password
-    masked), or the same embedded server (the data directory is found from the working
-    directory, so the command must run from the same one)."""
+    masked), or the same embedded server (--embedded: the data directory is found from the
+    working directory, so the command must run from the same one)."""
     command = f"outbox-farm dlq list --dlq-table {demo_farm.names.dlq}"
     context = click.get_current_context()
     typed = click.core.ParameterSource.COMMANDLINE
     if dsn is None:
-        return f"{command}` (from this directory: the embedded server at {data_dir()})"
+        return f"{command} --embedded` (from this directory: the embedded server at {data_dir()})"
     if context.get_parameter_source("dsn_file") is typed:
         return f"{command} --dsn-file {shlex.quote(str(context.params['dsn_file']))}`"
     if context.get_parameter_source("dsn") is typed:
@@ -38,7 +38,7 @@ def dlq_list_command(dsn: str | None) -> str:
 
 
 @click.command(epilog=EPILOG)
-@dsn_options
+@demo_dsn_options
 @click.option(
     "--messages",
     type=click.IntRange(1, 10_000_000),

@@ -89,25 +89,35 @@ def merged(into: str, build: Callable[..., Any], *options: Decorator) -> Decorat
 
 
 DSN_SOURCES = "--dsn, OUTBOX_FARM_DSN or --dsn-file"
+# Where a connection string can come from, the file first: it keeps the password off every
+# command line and out of the process's environment.
+_DSN_PLACES = ("--dsn-file", "OUTBOX_FARM_DSN_FILE", "OUTBOX_FARM_DSN", "--dsn")
+EMBEDDED_DIR = "./.outbox-farm/pgdata (OUTBOX_FARM_DATA_DIR)"
 
 
 def _given(value: str | None, name: str, option: str, envvar: str) -> str | None:
     """`option` (from the command line or `envvar`), refused when it is blank: an empty
     variable is most often an environment file whose secret did not load, and taking it as
     "no DSN" would run on the embedded server instead, looking healthy on an empty database.
-    click drops an empty variable itself, so the environment is read here too."""
+    click drops an empty variable itself, so the environment is read here too. The message
+    offers the other places, not the one that is blank."""
     if value is not None and value.strip():
         return value
     if value is None and envvar not in os.environ:
         return None
     source = click.get_current_context().get_parameter_source(name)
-    from_line = source is click.core.ParameterSource.COMMANDLINE
-    where = f"'{option}' is" if from_line else f"{envvar} is set but"
+    blank = option if source is click.core.ParameterSource.COMMANDLINE else envvar
+    where, fix = (
+        (f"'{option}' is", "give the connection string after it, or drop it")
+        if blank == option
+        else (f"{envvar} is set but", "fill it in, or unset it")
+    )
+    others = [place for place in _DSN_PLACES if place != blank]
     raise click.BadParameter(
-        f"{where} empty (a secret that did not load?): give the connection string there, or "
-        f"leave it out and use one of {DSN_SOURCES}; the embedded server is not used in its "
-        "place",
-        param_hint=option if from_line else envvar,
+        f"{where} empty (a secret that did not load?): {fix} and use "
+        f"{', '.join(others[:-1])} or {others[-1]} instead; the embedded server is not used in "
+        "its place",
+        param_hint=blank,
     )
 
 
@@ -124,30 +134,69 @@ def _dsn(dsn: str | None, dsn_file: str | None) -> str | None:
         return read_dsn_file(dsn_file)
 
 
-# --dsn and --dsn-file as the command's one `dsn` argument (None: none given anywhere, the
-# embedded server for the commands that fall back to it). The file (or the environment) keeps
-# the password out of every process's command line. A blank one is refused, naming its source.
-dsn_options = merged(
-    "dsn",
-    _dsn,
-    click.option(
+def _dsn_or_embedded(dsn: str | None, dsn_file: str | None, embedded: bool) -> str | None:
+    """The DSN, or None when --embedded asks for the embedded server: a command never starts
+    that server unasked, since one created quietly in the working directory looks healthy
+    while the real database waits (and `migrate` run after it migrates the wrong one)."""
+    dsn = _dsn(dsn, dsn_file)
+    if embedded and dsn:
+        raise click.UsageError(f"--embedded and a DSN ({DSN_SOURCES}) are both given; keep one")
+    if not embedded and not dsn:
+        raise click.UsageError(
+            "no database given: give its connection string with --dsn-file or "
+            "OUTBOX_FARM_DSN_FILE (a file keeps the password off the command line), "
+            "OUTBOX_FARM_DSN or --dsn; or pass --embedded to use the embedded PostgreSQL "
+            f"server under {EMBEDDED_DIR}, for a try"
+        )
+    return dsn
+
+
+def _dsn_option(without: str) -> Decorator:
+    return click.option(
         "--dsn",
         envvar="OUTBOX_FARM_DSN",
         default=None,
         help="libpq connection string or postgresql:// URL; prefer OUTBOX_FARM_DSN or "
         "--dsn-file, since a command line is visible to every user of the machine. An empty "
-        "one is an error. Without any, the operator commands use the embedded PostgreSQL "
-        "server under ./.outbox-farm/pgdata (OUTBOX_FARM_DATA_DIR), and `start` refuses "
-        "unless given --embedded. [env OUTBOX_FARM_DSN]",
-    ),
+        f"one is an error. {without} [env OUTBOX_FARM_DSN]",
+    )
+
+
+_dsn_file_option = click.option(
+    "--dsn-file",
+    envvar="OUTBOX_FARM_DSN_FILE",
+    default=None,
+    metavar="PATH",
+    help="Read the connection string from this file (e.g. a container secret), so no "
+    "password shows on the command line. [env OUTBOX_FARM_DSN_FILE]",
+)
+
+# --dsn, --dsn-file and --embedded as the command's one `dsn` argument: the connection string,
+# or None for the embedded server, which only --embedded asks for (neither is a usage error).
+# The file (or the environment) keeps the password out of every process's command line. A
+# blank one is refused, naming its source.
+dsn_options = merged(
+    "dsn",
+    _dsn_or_embedded,
+    _dsn_option("Without any, --embedded is required."),
+    _dsn_file_option,
     click.option(
-        "--dsn-file",
-        envvar="OUTBOX_FARM_DSN_FILE",
-        default=None,
-        metavar="PATH",
-        help="Read the connection string from this file (e.g. a container secret), so no "
-        "password shows on the command line. [env OUTBOX_FARM_DSN_FILE]",
+        "--embedded",
+        is_flag=True,
+        envvar="OUTBOX_FARM_EMBEDDED",
+        help=f"Use the embedded PostgreSQL server under {EMBEDDED_DIR} instead of a DSN, "
+        "started for the command and created on first use: for trying the farm out (`pip "
+        "install 'outbox-farm[embedded]'`). [env OUTBOX_FARM_EMBEDDED]",
     ),
+)
+
+# --dsn and --dsn-file for `demo`, which runs on the embedded server when given neither: it
+# makes tables of its own, so a throw-away server is what it is for.
+demo_dsn_options = merged(
+    "dsn",
+    _dsn,
+    _dsn_option(f"Without any, the embedded PostgreSQL server under {EMBEDDED_DIR}."),
+    _dsn_file_option,
 )
 
 

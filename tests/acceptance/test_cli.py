@@ -220,12 +220,14 @@ def test_unparseable_dsn_is_refused_without_the_password(bad_dsn: str) -> None:
 
 
 @pytest.mark.parametrize("command", ["sql", "migrate", "check"])
-def test_too_long_table_is_a_usage_error(command: str) -> None:
-    # No --dsn and no embedded start: the name is refused before anything connects.
-    result = run(command, "--table", "t" * 64)
+def test_too_long_table_is_a_usage_error(command: str, tmp_path: Path) -> None:
+    # The name is refused before anything connects: even the embedded server is not started.
+    args = [command] if command == "sql" else [command, "--embedded"]
+    result = run(*args, "--table", "t" * 64, cwd=str(tmp_path))
     assert result.returncode == 2
     assert "is 64 bytes; Postgres keeps at most 63" in result.stderr
     assert "embedded" not in result.stderr
+    assert not (tmp_path / ".outbox-farm").exists()
 
 
 def test_too_long_derived_name_is_a_usage_error() -> None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 CLI = Path(sys.executable).parent / "outbox-farm"
 
@@ -82,3 +83,49 @@ def test_a_demo_that_cannot_reach_its_server_says_so(tmp_path: Path) -> None:
     assert failed.returncode == 1
     assert "cannot connect to" in failed.stderr
     assert "Check --dsn" in failed.stderr
+
+
+@pytest.mark.slow
+def test_the_demo_on_the_embedded_server_suggests_a_dlq_list_that_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """The demo alone runs on the embedded server unasked; the command it suggests must ask for
+    it (`--embedded`), since `dlq list` without a DSN refuses to start it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
+    done = subprocess.run(
+        [str(CLI), "demo", "--messages", "1000", "--procs", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = tmp_path / ".outbox-farm" / "pgdata"
+    assert f"using the embedded PostgreSQL server at {data} (created)" in done.stderr
+    (suggested,) = re.findall(r"see them with `(outbox-farm dlq list [^`]*)`", done.stdout)
+    assert "--embedded" in shlex.split(suggested)
+    listed = subprocess.run(
+        [str(CLI), *shlex.split(suggested)[1:], "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 1  # message 7 of the thousand
+    unasked = subprocess.run(
+        [str(CLI), "dlq", "list", "--dlq-table", "outbox_demo_dlq"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unasked.returncode == 2, unasked.stdout + unasked.stderr
+    assert "no database given" in unasked.stderr

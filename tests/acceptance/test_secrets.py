@@ -2,8 +2,8 @@
 command and the real relay targets, against a real Postgres and real brokers.
 
 - An empty DSN (a variable whose secret did not load, `--dsn ""`) is an error naming where it
-  came from; `start` runs on the embedded server only with `--embedded`; the commands that
-  fall back to it name it and its data directory, and say when they created it.
+  came from; a command runs on the embedded server only with `--embedded`, naming it and its
+  data directory, and saying when it created it.
 - No message shows any fragment of a password, whatever libpq or a client library quoted
   after our redaction.
 """
@@ -137,14 +137,14 @@ def test_start_refuses_embedded_and_a_dsn_together(app_dir: Path, dsn: str) -> N
 
 
 @pytest.mark.slow
-def test_the_embedded_fallback_names_its_data_directory_and_says_it_created_it(
+def test_the_embedded_server_names_its_data_directory_and_says_it_created_it(
     app_dir: Path,
 ) -> None:
     data = app_dir / ".outbox-farm" / "pgdata"
-    first = run("migrate", cwd=str(app_dir), timeout=120)
+    first = run("migrate", "--embedded", cwd=str(app_dir), timeout=120)
     assert first.returncode == 0, first.stderr
     assert f"using the embedded PostgreSQL server at {data} (created)" in first.stderr
-    again = run("check", cwd=str(app_dir), timeout=120)
+    again = run("check", cwd=str(app_dir), timeout=120, OUTBOX_FARM_EMBEDDED="1")
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"using the embedded PostgreSQL server at {data} (existing)" in again.stderr
 

@@ -268,7 +268,7 @@ def test_an_embedded_server_that_cannot_start_shows_its_output(tmp_path: Path) -
     data = tmp_path / "pg"
     data.mkdir()
     (data / "PG_VERSION").write_text("17\n")  # looks initialised, is not: pg_ctl fails
-    result = run("check", OUTBOX_FARM_DATA_DIR=str(data))
+    result = run("check", "--embedded", OUTBOX_FARM_DATA_DIR=str(data))
     assert result.returncode == 1, result.stderr
     assert f"the embedded PostgreSQL server at {data} did not start; its output:" in result.stderr
     assert "pg_control" in result.stderr
