@@ -106,12 +106,13 @@ scale: ## Farms on 3 hosts (network namespaces, root): partition, 20 ms link, sc
 	$(PY) -m loadtests.scale $(if $(SCENARIO),--scenario $(SCENARIO),)
 
 .PHONY: docs
-docs: ## Serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
+docs: .venv ## Serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
 	$(PY) -m pip install -q -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(PY) -m mkdocs serve
 
 .PHONY: docs-build
-docs-build: ## Build the site into site/ as CI does (strict: any warning fails)
+docs-build: .venv ## Build the site into site/ as CI does (strict: any warning fails)
+	$(PY) -m pip install -q -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(PY) -m mkdocs build --strict
 
 .PHONY: ci
