@@ -30,8 +30,11 @@ relay = test_arbiter_outage.relay  # the fixture: a relay to the test's database
 
 
 def livez(farm: RunningFarm) -> tuple[int, dict[str, Any]] | None:
+    """(status, JSON body; {} for any other body), or None while nothing answers."""
     got = farm.get("/livez")
-    return None if got is None else (got[0], json.loads(got[1]))
+    if got is None:
+        return None
+    return got[0], json.loads(got[1]) if got[0] in (200, 503) else {}
 
 
 def live(farm: RunningFarm) -> bool:

@@ -138,7 +138,9 @@ def _image(root: Path, resources: list[Resource], image: dict[str, str]) -> None
         raise KustomizeError(f"{root}: images entry this build does not apply: {image}")
     for resource in resources:
         for container in containers(resource):
-            name, _, tag = container["image"].partition(":")
+            name, tag = container["image"], ""
+            if ":" in name.rpartition("/")[2]:  # a tag, not a registry's port
+                name, _, tag = name.rpartition(":")
             if name == image["name"]:
                 name = image.get("newName", name)
                 tag = image.get("newTag", tag)
