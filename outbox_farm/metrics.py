@@ -232,6 +232,7 @@ def relay_metrics() -> RelayMetrics:
 class SupervisorMetrics:
     processes: Gauge
     worker_restarts: Counter
+    reload_failed: Gauge
 
 
 @cache
@@ -247,5 +248,12 @@ def supervisor_metrics() -> SupervisorMetrics:
             "Worker processes replaced, by why the old one ended: crash (died or was killed), "
             "heartbeat (killed for a blocked event loop), boot (could not boot: exit status 3).",
             ["reason"],
+        ),
+        reload_failed=Gauge(
+            PREFIX + "reload_failed",
+            "1 while the workers run older code than the code on disk because the last rolling "
+            "restart (HUP, --reload) could not boot the new code, else 0; the next rolling "
+            "restart that completes clears it.",
+            multiprocess_mode="max",
         ),
     )

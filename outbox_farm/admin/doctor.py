@@ -8,7 +8,9 @@ outbox's indexes; the one statement that writes, each queue's claim probe, is ro
 
 Doctor runs in a process of its own, so a stall is judged from the database alone: a queue
 whose claim statement fails (the farm's claims of it fail the same way, every time), or whose
-oldest claimable row has waited past `Limits.max_stall` while none of its rows is leased.
+oldest claimable row has waited past `Limits.max_stall` while none of its rows is leased. So is
+the farms' code: what every live worker process reports of its handlers (`chores.farm_code`);
+two codes for one queue past the farm's grace period are a deploy left half done (WARN).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from ..chores.farm_code import GRACE, disagreements
+from ..db import farm_code
 from ..db.connect import Connection
 from ..db.operator import DoctorProbes
-from ..errors import DatabaseError
+from ..errors import DatabaseError, SchemaError
 from ..names import QualifiedName, TableNames
 from ..ops.privileges import check_privileges
 from ..ops.schema_check import check_schema
@@ -258,6 +262,33 @@ def _stalls(probes: DoctorProbes, names: TableNames, limits: Limits) -> list[Che
     return checks
 
 
+def _farm_code(conn: Connection, names: TableNames) -> Check:
+    """Whether the farms on this database run one code for each queue."""
+    try:
+        seen = farm_code.seen(conn, names)
+    except SchemaError:
+        return Check(
+            "farm code",
+            Status.WARN,
+            "no table outbox_farm_code: the farms cannot tell when they run different code",
+            "run `outbox-farm migrate` (migration 0010)",
+        )
+    if not seen:
+        return Check("farm code", Status.OK, "no farm reports its code (none is running?)")
+    lasting = disagreements(seen, GRACE)
+    if lasting:
+        hint = (
+            "finish the deploy (or roll it back) on every farm; `kill -HUP` a farm to load the "
+            "code on its disk, and see its /healthz: a failed reload keeps the old code"
+        )
+        return Check("farm code", Status.WARN, " | ".join(lasting.values()), hint)
+    queues = {entry.queue for entry in seen}
+    detail = f"{len(queues)} queue(s), one code each"
+    if young := disagreements(seen, 0.0):
+        detail = f"{len(young)} queue(s) changing code (a rolling deploy under way?)"
+    return Check("farm code", Status.OK, detail)
+
+
 def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) -> list[Check]:
     """Every check, in the order an operator reads them; the caller prints and decides. A
     check the database refuses (a missing privilege on a catalog view, say) is a FAIL of its
@@ -285,4 +316,8 @@ def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) ->
         checks += _stalls(probes, names, limits)
     except DatabaseError as exc:
         checks.append(Check("queues", Status.FAIL, str(exc), "fix this first"))
+    try:
+        checks.append(_farm_code(conn, names))
+    except DatabaseError as exc:
+        checks.append(Check("farm code", Status.WARN, str(exc), "grant SELECT on outbox_farm_code"))
     return checks

@@ -37,10 +37,11 @@ from ..settings import SupervisorSettings
 from ..worker.runtime import PAST_DEADLINE
 from . import liveness
 from .app import AppLoader
-from .child import ARBITER_SIGNALS, BOOT_ERROR, Child, describe_exit, run_child
+from .beats import Child
+from .child import ARBITER_SIGNALS, BOOT_ERROR, describe_exit, run_child
 from .exposition import Exposition
 from .handback import HandBacks
-from .reloader import SourceWatcher
+from .reloader import Rollout, SourceWatcher
 from .restarts import RestartBackoff
 from .wakeup import Wakeup
 
@@ -71,7 +72,7 @@ class Arbiter:
     procs: int = field(init=False)  # the target count: settings.procs, then TTIN / TTOU
     children: dict[int, Child] = field(init=False, default_factory=dict)
     _backoff: RestartBackoff = field(init=False, default_factory=RestartBackoff)
-    _rolling: list[int] = field(init=False, default_factory=list)  # pids awaiting a replacement
+    _rollout: Rollout = field(init=False, default_factory=Rollout)  # HUP, --reload
     _watcher: SourceWatcher | None = field(init=False, default=None)  # --reload
     _stopping: bool | None = field(init=False, default=None)  # True graceful, False immediate
     _exposition: Exposition | None = field(init=False, default=None)
@@ -167,7 +168,7 @@ class Arbiter:
             len(self._active()),
             extra={"event": "rolling_restart"},
         )
-        self._rolling = [c.pid for c in self._active()]
+        self._rollout.begin(c.pid for c in self._active())
 
     def handle_ttin(self) -> None:
         self.procs += 1
@@ -243,16 +244,17 @@ class Arbiter:
                 continue
             multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
             supervisor_metrics().processes.set(len(self.children))
-            booted = child.booted()  # before the heartbeat file goes: it is the evidence
+            # Before the worker's files go: they are the evidence (and its last words).
+            booted, last_words = child.booted(), child.problem()
             child.forget()
             if code != 0 and booted:  # one that never booted took no lease
                 self._handbacks.launch(
                     self._fork, self.dsn, self.farm.queries, child.worker_id, child.pid
                 )
             if not child.retiring:
-                self._died(child, booted, code)
+                self._died(child, booted, code, last_words)
 
-    def _died(self, child: Child, booted: bool, code: int) -> None:
+    def _died(self, child: Child, booted: bool, code: int, last_words: str | None = None) -> None:
         """Account for a child that died without being told to, and schedule its successor.
 
         Only a child that says it cannot boot (`BOOT_ERROR`) is a boot failure: one killed or
@@ -260,16 +262,18 @@ class Arbiter:
         crash, which never makes the farm give up.
         """
         how = describe_exit(code)
-        if not booted and self._replacing(child.slot):
+        if not booted and self._rollout.replacing(child.slot, self.children):
             # A HUP's replacement that cannot boot (a broken deploy): keep the running workers
             # on the old code rather than trading them for ones that cannot start.
             reason = "boot"
-            self._rolling.clear()
+            self._rollout.abandon(last_words or how)
             log.error(
-                "new worker %d failed to boot (%s); rolling restart abandoned, the running "
-                "workers keep the code they have",
+                "new worker %d failed to boot (%s: %s); rolling restart abandoned, the running "
+                "workers keep the code they have, which is not the code on disk: /healthz says "
+                "so until a reload succeeds",
                 child.pid,
                 how,
+                last_words or "see its log lines above",
                 extra={"event": "rolling_restart_failed", "exit": how},
             )
         elif code == BOOT_ERROR:
@@ -296,13 +300,6 @@ class Arbiter:
             )
         supervisor_metrics().worker_restarts.labels(reason).inc()
 
-    def _replacing(self, slot: int) -> bool:
-        """Whether `slot` has an old worker waiting for its rolling-restart replacement."""
-        return any(
-            old is not None and old.slot == slot
-            for old in (self.children.get(pid) for pid in self._rolling)
-        )
-
     def _murder_stale(self) -> None:
         for pid, sig in liveness.judge(
             self.children.values(), time.monotonic(), self.settings.heartbeat_timeout
@@ -310,19 +307,19 @@ class Arbiter:
             self._kill(pid, sig)
 
     def _watch_sources(self) -> None:
-        if self._watcher is None or self._rolling:
+        if self._watcher is None or self._rollout.pending:
             return
         changed = self._watcher.changes()
         if changed is not None:
             log.info(
                 "code changed (%s); replacing every worker", changed, extra={"event": "reload"}
             )
-            self._rolling = [c.pid for c in self._active()]
+            self._rollout.begin(c.pid for c in self._active())
 
     def _manage(self) -> None:
         active = self._active()
-        if self._rolling:
-            self._roll(active)
+        if self._rollout.pending:
+            self._rollout.step(self.children, active, self._spawn, self._retire)
             return
         if len(active) > self.procs:
             for child in sorted(active, key=lambda c: c.slot)[self.procs :]:
@@ -335,23 +332,13 @@ class Arbiter:
                 if slot not in used and self._backoff.may_spawn(slot, now):
                     self._spawn(slot)
 
-    def _roll(self, active: list[Child]) -> None:
-        """One step of a HUP: replace the next old child once its replacement has booted."""
-        old_pid = self._rolling[0]
-        old = self.children.get(old_pid)
-        if old is None or old.retiring:
-            self._rolling.pop(0)
-            return
-        fresh = [c for c in active if c.pid not in self._rolling and c.slot == old.slot]
-        if not fresh:
-            self._spawn(old.slot)
-        elif fresh[0].booted():
-            self._retire(old)
-            self._rolling.pop(0)
-
     def _health(self) -> tuple[bool, dict[str, object]]:
         return liveness.health(
-            self._active(), self.procs, time.monotonic(), self.settings.heartbeat_timeout
+            self._active(),
+            self.procs,
+            time.monotonic(),
+            self.settings.heartbeat_timeout,
+            self._rollout.degraded(),
         )
 
     def _stop(self, *, graceful: bool) -> int:

@@ -12,7 +12,8 @@ import os
 import signal
 from collections.abc import Iterable
 
-from .child import STACK_DUMP, Child
+from .beats import Child
+from .child import STACK_DUMP
 
 log = logging.getLogger("outbox_farm.arbiter")
 BOOT_TIMEOUT = 60.0  # seconds a worker may take to its first beat (it is importing the app)
@@ -49,14 +50,28 @@ def judge(children: Iterable[Child], now: float, heartbeat_timeout: float) -> li
 
 
 def health(
-    active: Iterable[Child], procs: int, now: float, heartbeat_timeout: float
+    active: Iterable[Child],
+    procs: int,
+    now: float,
+    heartbeat_timeout: float,
+    degraded: Iterable[str] = (),
 ) -> tuple[bool, dict[str, object]]:
     """Healthy when `procs` workers booted and beat, and none reports a problem (a worker
-    waiting for its database reports that it cannot reach it); the detail /healthz shows."""
+    waiting for its database reports that it cannot reach it); the detail /healthz shows.
+
+    `degraded` (the arbiter's own notes) and the workers' warnings are listed under `degraded`
+    and leave the farm healthy: each says the farm delivers, but not as deployed (the last
+    reload failed; farms on this database run different code for a queue). A 503 would have
+    an orchestrator restart or unroute processes that work, and a restarted farm would load
+    the failing code for good.
+    """
     judged = [c for c in active if not c.stale]
     live = [c for c in judged if c.booted() and c.silent_for(now) <= heartbeat_timeout]
     problems = sorted({p for p in (c.problem() for c in judged) if p})
+    notes = sorted({*degraded, *(w for c in judged for w in c.warnings())})
     detail: dict[str, object] = {"procs": procs, "alive": len(live), "pid": os.getpid()}
     if problems:
         detail["problems"] = problems
+    if notes:
+        detail["degraded"] = notes
     return len(live) >= procs and not problems, detail

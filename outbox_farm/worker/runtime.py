@@ -18,6 +18,7 @@ from functools import partial
 
 from .. import observe
 from ..chores import gauges, retention, vacuum
+from ..chores.farm_code import CodeWatch
 from ..db import transactions
 from ..db.pool import Pool, open_pool, probe
 from ..dsn import redact
@@ -93,6 +94,7 @@ class Runtime:
         self.heartbeats: list[Heartbeat] = []
         self.relays: list[Relay] = []
         self.problems = Problems()
+        self.code_watch: CodeWatch | None = None  # from `start` on
         self.observer = observe.observers(observers)
         self.listener: Listener | None = None
         self.pool: Pool | None = None
@@ -183,6 +185,10 @@ class Runtime:
     def _start_chores(self, pool: Pool) -> None:
         """The housekeeping loops; restarted for ever if they fail (see `supervised`)."""
         spawn = self.supervisor.spawn
+        # Every process reports its code; the housekeeper also compares (`farm_code`).
+        compare = bool(self.settings.gauges_interval)
+        self.code_watch = CodeWatch(pool, self.queries, self.specs, compare=compare)
+        self._chores.append(spawn("code report", self.code_watch.run, Policy.RESTART))
         if self.settings.gauges_interval:
             queues = [s.queue for s in self.specs]
             run = partial(
@@ -314,6 +320,12 @@ class Runtime:
             or next((f.stall.reason for f in self.fetchers.values() if f.stall.reason), None)
             or next((r.problem for r in self.relays if r.problem), None)
         )
+
+    @property
+    def warnings(self) -> list[str]:
+        """What degrades the farm without stopping it, one line each: farms on the database
+        that run different code for a queue (see `chores.farm_code`)."""
+        return self.code_watch.warnings if self.code_watch is not None else []
 
     def _broken(self, reason: str) -> None:
         """A component failed too often (the supervisor's verdict): the runtime is broken."""

@@ -45,6 +45,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0007_dlq_filter_indexes on outbox_dlq",
             "0008_key_blocked on outbox",
             "0009_dlq_cause on outbox_dlq",
+            "0010_farm_code on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -57,6 +58,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0007_dlq_filter_indexes on outbox_dlq",
             "applying 0008_key_blocked on outbox",
             "applying 0009_dlq_cause on outbox_dlq",
+            "applying 0010_farm_code on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -67,6 +69,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
             ("outbox", 8, "key_blocked"),
+            ("outbox", 10, "farm_code"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -90,9 +93,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0007_dlq_filter_indexes on outbox_dlq",
             "0008_key_blocked on outbox",
             "0009_dlq_cause on outbox_dlq",
+            "0010_farm_code on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 9
+        assert len(records(conn)) == 10
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -137,6 +141,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0007_dlq_filter_indexes on outbox_dlq",
         "0008_key_blocked on outbox",
         "0009_dlq_cause on outbox_dlq",
+        "0010_farm_code on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -147,6 +152,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
             ("outbox", 8, "key_blocked"),
+            ("outbox", 10, "farm_code"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -159,6 +165,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox",),
             ("outbox_dlq",),
             ("outbox_dlq_causes",),
+            ("outbox_farm_code",),
             ("outbox_farm_migrations",),
         ]
         assert check_schema(conn, DEFAULT) == []
@@ -178,6 +185,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0007_dlq_filter_indexes on jobs_dead",
             "0008_key_blocked on jobs",
             "0009_dlq_cause on jobs_dead",
+            "0010_farm_code on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -203,9 +211,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 6,
+            *["jobs"] * 7,
             *["jobs_dead"] * 3,
-            *["outbox"] * 6,
+            *["outbox"] * 7,
             *["outbox_dlq"] * 3,
         ]
 
@@ -225,6 +233,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0007_dlq_filter_indexes on app.jobs_dlq",
             "0008_key_blocked on app.jobs",
             "0009_dlq_cause on app.jobs_dlq",
+            "0010_farm_code on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -251,6 +260,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0005_ordering_key on outbox",
             "0006_row_values_check on outbox",
             "0008_key_blocked on outbox",
+            "0010_farm_code on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -261,6 +271,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 5, "ordering_key"),
             ("outbox", 6, "row_values_check"),
             ("outbox", 8, "key_blocked"),
+            ("outbox", 10, "farm_code"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -286,7 +297,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (6 if dlq is None else 9)
+        assert len(result.applied) == (7 if dlq is None else 10)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

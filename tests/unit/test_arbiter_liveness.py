@@ -20,7 +20,8 @@ import pytest
 from outbox_farm import Farm
 from outbox_farm.prefork import arbiter as arbiter_module
 from outbox_farm.prefork.arbiter import Arbiter
-from outbox_farm.prefork.child import BOOT_ERROR, STACK_DUMP, Child, Pulse
+from outbox_farm.prefork.beats import Child, Pulse
+from outbox_farm.prefork.child import BOOT_ERROR, STACK_DUMP
 from outbox_farm.prefork.liveness import BOOT_TIMEOUT, STACK_DUMP_GRACE
 from outbox_farm.prefork.restarts import MAX_BOOT_FAILURES
 from outbox_farm.settings import SupervisorSettings
@@ -80,6 +81,7 @@ class Booted:
     """What `Pulse.booted` needs of a runtime."""
 
     problem: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def booted(pulse: Pulse) -> None:

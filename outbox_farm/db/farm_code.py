@@ -1,0 +1,69 @@
+"""Which code runs which queue, as every process of every farm on the database reports it in
+`outbox_farm_code` (migration 0010). The farm works without that table: each call raises
+`SchemaError` then, and the caller stops comparing."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import psycopg
+
+from ..names import TableNames
+from ..queries import Queries
+from .boundary import translate
+from .connect import Connection
+from .pool import Pool
+
+
+class CodeSeen(NamedTuple):
+    """One fingerprint of one queue: the processes running it (a few by name) and the age, in
+    seconds, of the oldest of their reports of it."""
+
+    queue: str
+    fingerprint: str
+    workers: int
+    age: float
+    some: list[str]
+
+
+def _seen(rows: list[Any]) -> list[CodeSeen]:
+    return [CodeSeen(q, f, int(n), float(age), list(some)) for q, f, n, age, some in rows]
+
+
+async def publish(
+    pool: Pool,
+    queries: Queries,
+    worker: str,
+    fingerprints: dict[str, str],
+    ttl: float,
+) -> list[CodeSeen]:
+    """Renew this worker's fingerprints (by queue) for `ttl` seconds; what every live process
+    reports for those queues, this one included."""
+    target = str(queries.names.outbox)
+    try:
+        async with pool.connection() as conn:
+            await conn.execute(
+                queries["code_publish"],
+                {
+                    "target": target,
+                    "worker": worker,
+                    "queues": list(fingerprints),
+                    "fingerprints": list(fingerprints.values()),
+                    "ttl": ttl,
+                },
+            )
+            cursor = await conn.execute(
+                queries["code_seen"], {"target": target, "queues": list(fingerprints)}
+            )
+            return _seen(await cursor.fetchall())
+    except psycopg.Error as exc:
+        raise translate(exc, doing="reporting the farm's code failed") from exc
+
+
+def seen(conn: Connection, names: TableNames) -> list[CodeSeen]:
+    """Every live fingerprint of the outbox's queues, for `doctor`."""
+    params = {"target": str(names.outbox), "queues": None}
+    try:
+        return _seen(conn.execute(Queries(names)["code_seen"], params).fetchall())
+    except psycopg.Error as exc:
+        raise translate(exc, doing="reading the farms' code failed") from exc

@@ -1,0 +1,31 @@
+-- name: code_publish
+-- This worker's handler fingerprints, one row per queue, renewed until `ttl` seconds from now
+-- on the database clock; `since` moves only when the fingerprint changes, so it says how long
+-- this code has run here. Expired rows (processes that stopped) go in the same statement: any
+-- process cleans up after every other, and none needs a clock of its own. Its own rows are
+-- left to the INSERT: one statement may not both delete and update a row.
+WITH gone AS (
+    DELETE FROM outbox_farm_code WHERE expires_at < now() AND worker <> %(worker)s
+)
+INSERT INTO outbox_farm_code AS c (target, queue, worker, fingerprint, expires_at)
+SELECT %(target)s, q.queue, %(worker)s, q.fingerprint, now() + make_interval(secs => %(ttl)s)
+FROM unnest(%(queues)s::text[], %(fingerprints)s::text[]) AS q (queue, fingerprint)
+ON CONFLICT (target, queue, worker) DO UPDATE
+SET expires_at = EXCLUDED.expires_at,
+    fingerprint = EXCLUDED.fingerprint,
+    since = CASE WHEN c.fingerprint = EXCLUDED.fingerprint THEN c.since ELSE now() END
+
+-- name: code_seen
+-- Every live fingerprint of the outbox's queues (or of `queues` only, when given): how many
+-- processes run it, since when the first of them does (seconds ago), and a few of them by
+-- name. Ordered so that the output is stable.
+SELECT queue,
+       fingerprint,
+       count(*)::int,
+       extract(epoch FROM now() - min(since))::float8,
+       (array_agg(worker ORDER BY worker))[1:3]
+FROM outbox_farm_code
+WHERE target = %(target)s AND expires_at >= now()
+  AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
+GROUP BY queue, fingerprint
+ORDER BY queue, min(since)

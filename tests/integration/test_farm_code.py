@@ -1,0 +1,162 @@
+"""Farms on one database that run different code for one queue: each process reports its
+handlers' fingerprints (`chores.farm_code`), expiring on the database clock; the housekeeper
+warns once when two codes for a queue outlast the grace period, and `doctor` shows it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from outbox_farm import Farm, Message
+from outbox_farm.admin.doctor import Status, doctor
+from outbox_farm.chores.farm_code import GRACE, CodeWatch, fingerprint
+from outbox_farm.names import TableNames
+from tests.integration.test_vacuum import pool_for
+
+NAMES = TableNames.build("outbox", "outbox_dlq")
+
+
+def farm_with(version: str) -> Farm:
+    """A farm whose handler of queue `q` is one of two codes."""
+    farm = Farm(dlq_table="outbox_dlq")
+    if version == "old":
+
+        @farm.handler("q")
+        async def handle(message: Message) -> None:
+            pass
+
+    else:
+
+        @farm.handler("q")
+        async def handle(message: Message) -> None:  # the new code
+            message.json()
+
+    return farm
+
+
+def watch(farm: Farm, pool: AsyncConnectionPool[Any], worker: str, compare: bool) -> CodeWatch:
+    code = CodeWatch(pool, farm.queries, list(farm.handlers.values()), compare=compare)
+    code.worker = worker  # two farms in one test process
+    return code
+
+
+def test_the_fingerprint_follows_the_code_and_the_row_policy_not_the_concurrency() -> None:
+    old, new = farm_with("old").handlers["q"], farm_with("new").handlers["q"]
+    assert fingerprint(old) == fingerprint(farm_with("old").handlers["q"])
+    assert fingerprint(old) != fingerprint(new)
+    farm = Farm()
+
+    @farm.handler("q", concurrency=2)
+    async def handle(message: Message) -> None:
+        pass
+
+    busier = Farm()
+    busier.handler("q", concurrency=64)(handle)
+    assert fingerprint(farm.handlers["q"]) == fingerprint(busier.handlers["q"])
+    patient = Farm()
+    patient.handler("q", concurrency=2, max_deliveries=3)(handle)
+    assert fingerprint(farm.handlers["q"]) != fingerprint(patient.handlers["q"])
+
+
+def test_two_codes_for_a_queue_warn_once_past_the_grace_and_clear_when_they_agree(
+    dsn: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        async with pool_for(dsn) as pool:
+            old = watch(farm_with("old"), pool, "host-a pid 1", compare=True)
+            new = watch(farm_with("new"), pool, "host-b pid 2", compare=False)
+            await old.once()
+            await new.once()
+            await old.once()
+            assert old.warnings == []  # two codes, but a deploy may be rolling: within grace
+            await old.once(grace=0.0)
+            await old.once(grace=0.0)
+            assert len(old.warnings) == 1, old.warnings
+            assert old.warnings[0].startswith(
+                "queue q: the farms on this database run different code for it, for "
+            )
+            assert "in 1 process(es) (host-a pid 1)" in old.warnings[0]
+            assert "in 1 process(es) (host-b pid 2)" in old.warnings[0]
+            assert new.warnings == []  # only the comparing process says so
+
+            fixed = watch(farm_with("old"), pool, "host-b pid 2", compare=False)
+            await fixed.once()
+            await old.once(grace=0.0)
+            assert old.warnings == []
+
+    with caplog.at_level(logging.INFO, logger="outbox_farm.farm_code"):
+        asyncio.run(scenario())
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events == ["code_disagrees", "code_agrees"], events
+    assert caplog.records[0].levelno == logging.WARNING
+
+
+def test_a_stopped_farm_stops_counting_when_its_report_expires(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    async def scenario() -> None:
+        async with pool_for(dsn) as pool:
+            old = watch(farm_with("old"), pool, "host-a pid 1", compare=True)
+            new = watch(farm_with("new"), pool, "host-b pid 2", compare=False)
+            await new.once()
+            await old.once(grace=0.0)
+            assert len(old.warnings) == 1
+            # host-b stopped: its report runs out (on the database clock) and is removed.
+            conn.execute(
+                "UPDATE outbox_farm_code SET expires_at = now() - interval '1 second' "
+                "WHERE worker = 'host-b pid 2'"
+            )
+            await old.once(grace=0.0)
+            assert old.warnings == []
+        workers = conn.execute("SELECT worker FROM outbox_farm_code").fetchall()
+        assert workers == [("host-a pid 1",)]
+
+    asyncio.run(scenario())
+
+
+def test_doctor_warns_of_two_codes_past_the_grace(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    async def report(version: str, worker: str) -> None:
+        async with pool_for(dsn) as pool:
+            await watch(farm_with(version), pool, worker, compare=False).once()
+
+    def farm_code_check() -> Any:
+        (check,) = [c for c in doctor(conn, NAMES) if c.name == "farm code"]
+        return check
+
+    assert farm_code_check().status is Status.OK
+    asyncio.run(report("old", "host-a pid 1"))
+    asyncio.run(report("new", "host-b pid 2"))
+    young = farm_code_check()
+    assert young.status is Status.OK
+    assert "changing code" in young.detail
+    conn.execute(f"UPDATE outbox_farm_code SET since = now() - interval '{GRACE + 5} seconds'")
+    lasting = farm_code_check()
+    assert lasting.status is Status.WARN
+    assert "queue q: the farms on this database run different code for it" in lasting.detail
+    assert "finish the deploy" in lasting.hint
+
+
+def test_a_database_without_the_table_costs_the_comparison_only(
+    dsn: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    conn.execute("DROP TABLE outbox_farm_code")
+
+    async def scenario() -> None:
+        async with pool_for(dsn) as pool:
+            code = watch(farm_with("old"), pool, "host-a pid 1", compare=True)
+            await asyncio.wait_for(code.run(every=0.01), 10)  # ends: it stops reporting
+            assert code.warnings == []
+
+    with caplog.at_level(logging.WARNING, logger="outbox_farm.farm_code"):
+        asyncio.run(scenario())
+    (record,) = caplog.records
+    assert "the farms' code cannot be compared" in record.getMessage()
+    assert "outbox-farm migrate" in record.getMessage()
+    (check,) = [c for c in doctor(conn, NAMES) if c.name == "farm code"]
+    assert check.status is Status.WARN
+    assert "migration 0010" in check.hint
