@@ -3,7 +3,8 @@
 -- half-done deploy: two farms run different handlers for one queue). Each worker process keeps
 -- one row per queue it serves: the handler's fingerprint, since when it has had it, and until
 -- when the row counts. A process that stopped stops counting when its row expires, on the
--- database clock; any process deletes the expired rows.
+-- database clock; any process deletes the expired rows. `note`: what the process says of its
+-- code, such as that its farm's last reload failed (the code on disk did not load).
 --
 -- One table for every outbox of the database (`target` names the outbox), beside
 -- `outbox_farm_migrations`: nothing here is about one table's rows. UNLOGGED: the rows are
@@ -17,5 +18,6 @@ CREATE UNLOGGED TABLE IF NOT EXISTS outbox_farm_code (
     fingerprint text NOT NULL,
     since       timestamptz NOT NULL DEFAULT now(),
     expires_at  timestamptz NOT NULL,
+    note        text,
     PRIMARY KEY (target, queue, worker)
 );

@@ -262,31 +262,42 @@ def _stalls(probes: DoctorProbes, names: TableNames, limits: Limits) -> list[Che
     return checks
 
 
-def _farm_code(conn: Connection, names: TableNames) -> Check:
-    """Whether the farms on this database run one code for each queue."""
+def _farm_code(conn: Connection, names: TableNames) -> list[Check]:
+    """Whether the farms on this database run one code for each queue, and the code on their
+    disks (a failed reload, as their workers report it)."""
     try:
         seen = farm_code.seen(conn, names)
     except SchemaError:
-        return Check(
+        return [
+            Check(
+                "farm code",
+                Status.WARN,
+                "no table outbox_farm_code: the farms cannot tell when they run different code",
+                "run `outbox-farm migrate` (migration 0010)",
+            )
+        ]
+    checks = [
+        Check(
             "farm code",
             Status.WARN,
-            "no table outbox_farm_code: the farms cannot tell when they run different code",
-            "run `outbox-farm migrate` (migration 0010)",
+            f"the running code is not the code on disk: the last reload failed ({note})",
+            "fix the code, then reload that farm again (kill -HUP); its /healthz says the same",
         )
-    if not seen:
-        return Check("farm code", Status.OK, "no farm reports its code (none is running?)")
-    lasting = disagreements(seen, GRACE)
-    if lasting:
+        for note in sorted({note for entry in seen for note in entry.notes})
+    ]
+    if lasting := disagreements(seen, GRACE):
         hint = (
             "finish the deploy (or roll it back) on every farm; `kill -HUP` a farm to load the "
             "code on its disk, and see its /healthz: a failed reload keeps the old code"
         )
-        return Check("farm code", Status.WARN, " | ".join(lasting.values()), hint)
-    queues = {entry.queue for entry in seen}
-    detail = f"{len(queues)} queue(s), one code each"
-    if young := disagreements(seen, 0.0):
+        return [*checks, Check("farm code", Status.WARN, " | ".join(lasting.values()), hint)]
+    if not seen:
+        detail = "no farm reports its code (none is running?)"
+    elif young := disagreements(seen, 0.0):
         detail = f"{len(young)} queue(s) changing code (a rolling deploy under way?)"
-    return Check("farm code", Status.OK, detail)
+    else:
+        detail = f"{len({entry.queue for entry in seen})} queue(s), one code each"
+    return [*checks, Check("farm code", Status.OK, detail)]
 
 
 def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) -> list[Check]:
@@ -317,7 +328,7 @@ def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) ->
     except DatabaseError as exc:
         checks.append(Check("queues", Status.FAIL, str(exc), "fix this first"))
     try:
-        checks.append(_farm_code(conn, names))
+        checks += _farm_code(conn, names)
     except DatabaseError as exc:
         checks.append(Check("farm code", Status.WARN, str(exc), "grant SELECT on outbox_farm_code"))
     return checks

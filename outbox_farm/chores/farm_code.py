@@ -18,6 +18,10 @@ different Python versions running the same code must agree. Only the handler's o
 change in a function it calls is not seen. Concurrency and prefetch are left out, as farms may
 differ in them on purpose (`start --concurrency`).
 
+With its fingerprints a process reports a note on its code when it has one: its farm's last
+reload failed, so the code it runs is not the code on disk (the arbiter's error line). `doctor`
+shows it.
+
 A database without the table (migration 0010 not applied yet: deploy order must not matter),
 or a role that may not write it, costs the comparison only: said once, and the reports stop.
 """
@@ -32,6 +36,7 @@ import logging
 import os
 import socket
 from collections import defaultdict
+from collections.abc import Callable
 
 from ..db import farm_code
 from ..db.farm_code import CodeSeen
@@ -90,13 +95,20 @@ class CodeWatch:
     read by the runtime's health."""
 
     def __init__(
-        self, pool: Pool, queries: Queries, specs: list[HandlerSpec], *, compare: bool
+        self,
+        pool: Pool,
+        queries: Queries,
+        specs: list[HandlerSpec],
+        *,
+        compare: bool,
+        note: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.pool = pool
         self.queries = queries
         self.fingerprints = {spec.queue: fingerprint(spec) for spec in specs}
         self.worker = f"{socket.gethostname()} pid {os.getpid()}"
         self.compare = compare
+        self.note = note
         self.found: dict[str, str] = {}  # queue: why it is a warning
 
     @property
@@ -105,7 +117,9 @@ class CodeWatch:
 
     async def once(self, grace: float = GRACE) -> None:
         """Report, and when comparing, take in what every process reports."""
-        seen = await farm_code.publish(self.pool, self.queries, self.worker, self.fingerprints, TTL)
+        seen = await farm_code.publish(
+            self.pool, self.queries, self.worker, self.fingerprints, TTL, self.note()
+        )
         if not self.compare:
             return
         found = disagreements(seen, grace)
@@ -118,6 +132,16 @@ class CodeWatch:
                 extra={"event": "code_agrees", "queue": queue},
             )
         self.found = found
+
+    async def forget(self, task: asyncio.Task[None]) -> None:
+        """At the stop: end `task` (the loop of `run`), then withdraw this process's reports,
+        so that it stops counting at once, not when they expire."""
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        try:
+            await farm_code.forget(self.pool, self.queries, self.worker)
+        except DatabaseError as exc:
+            log.debug("withdrawing the farm's code failed: %s", exc)
 
     async def run(self, every: float = EVERY) -> None:
         """Report every `every` seconds until cancelled; stop for good, said once, when the

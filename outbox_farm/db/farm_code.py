@@ -16,18 +16,22 @@ from .pool import Pool
 
 
 class CodeSeen(NamedTuple):
-    """One fingerprint of one queue: the processes running it (a few by name) and the age, in
-    seconds, of the oldest of their reports of it."""
+    """One fingerprint of one queue: the processes running it (a few by name), the age, in
+    seconds, of the oldest of their reports of it, and their notes on their code."""
 
     queue: str
     fingerprint: str
     workers: int
     age: float
     some: list[str]
+    notes: list[str]
 
 
 def _seen(rows: list[Any]) -> list[CodeSeen]:
-    return [CodeSeen(q, f, int(n), float(age), list(some)) for q, f, n, age, some in rows]
+    return [
+        CodeSeen(q, f, int(n), float(age), list(some), list(notes or ()))
+        for q, f, n, age, some, notes in rows
+    ]
 
 
 async def publish(
@@ -36,9 +40,10 @@ async def publish(
     worker: str,
     fingerprints: dict[str, str],
     ttl: float,
+    note: str | None = None,
 ) -> list[CodeSeen]:
-    """Renew this worker's fingerprints (by queue) for `ttl` seconds; what every live process
-    reports for those queues, this one included."""
+    """Renew this worker's fingerprints (by queue) for `ttl` seconds, with its `note` on its
+    code; what every live process reports for those queues, this one included."""
     target = str(queries.names.outbox)
     try:
         async with pool.connection() as conn:
@@ -50,6 +55,7 @@ async def publish(
                     "queues": list(fingerprints),
                     "fingerprints": list(fingerprints.values()),
                     "ttl": ttl,
+                    "note": note,
                 },
             )
             cursor = await conn.execute(
@@ -58,6 +64,16 @@ async def publish(
             return _seen(await cursor.fetchall())
     except psycopg.Error as exc:
         raise translate(exc, doing="reporting the farm's code failed") from exc
+
+
+async def forget(pool: Pool, queries: Queries, worker: str) -> None:
+    """This worker's reports, gone: it stops."""
+    params = {"target": str(queries.names.outbox), "worker": worker}
+    try:
+        async with pool.connection() as conn:
+            await conn.execute(queries["code_forget"], params)
+    except psycopg.Error as exc:
+        raise translate(exc, doing="withdrawing the farm's code failed") from exc
 
 
 def seen(conn: Connection, names: TableNames) -> list[CodeSeen]:

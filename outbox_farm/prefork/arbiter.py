@@ -72,7 +72,7 @@ class Arbiter:
     procs: int = field(init=False)  # the target count: settings.procs, then TTIN / TTOU
     children: dict[int, Child] = field(init=False, default_factory=dict)
     _backoff: RestartBackoff = field(init=False, default_factory=RestartBackoff)
-    _rollout: Rollout = field(init=False, default_factory=Rollout)  # HUP, --reload
+    _rollout: Rollout = field(init=False)  # HUP, --reload
     _watcher: SourceWatcher | None = field(init=False, default=None)  # --reload
     _stopping: bool | None = field(init=False, default=None)  # True graceful, False immediate
     _exposition: Exposition | None = field(init=False, default=None)
@@ -83,6 +83,7 @@ class Arbiter:
         if self.settings.reload and self.loader is None:
             raise ConfigurationError("reload needs the app's loader, to know which files to watch")
         self.procs = self.settings.procs
+        self._rollout = Rollout(self.state_dir)
 
     def run(self) -> int:
         """Supervise until told to stop; the process exit status."""

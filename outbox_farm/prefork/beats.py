@@ -15,6 +15,9 @@ empty while there is none. /healthz reports it as a problem (503). A worker that
 leaves its error's first line there as its last words, which the arbiter reads before it
 removes the files: a failed reload is reported with it. A third file holds the runtime's
 warnings, one a line (see `Runtime.warnings`): /healthz lists them as degraded (200).
+
+One file is the arbiter's, for every worker: while the last reload failed, its error
+(`reload_failure`), which the workers report with their code (see `chores.farm_code`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,18 @@ def problem_path(heartbeat: Path) -> Path:
 
 def warnings_path(heartbeat: Path) -> Path:
     return heartbeat.with_name(heartbeat.name + ".warnings")
+
+
+def reload_failure_path(state_dir: Path) -> Path:
+    return state_dir / "reload-failed"
+
+
+def reload_failure(state_dir: Path) -> str | None:
+    """Why the code on disk did not load at the last reload, while that is so."""
+    try:
+        return reload_failure_path(state_dir).read_text() or None
+    except FileNotFoundError:
+        return None
 
 
 def _partial_path(heartbeat: Path) -> Path:

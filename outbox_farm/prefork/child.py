@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -28,7 +29,7 @@ from ..farm import Farm
 from ..settings import RuntimeSettings
 from ..worker.problems import one_line
 from ..worker.runtime import Runtime
-from .beats import Pulse, problem_path
+from .beats import Pulse, problem_path, reload_failure
 
 if TYPE_CHECKING:
     from .app import AppLoader
@@ -161,7 +162,12 @@ async def _main(
     try:
         runtime = await _boot(
             lambda: Runtime(
-                list(farm.handlers.values()), farm.queries, dsn, settings, farm.observers
+                list(farm.handlers.values()),
+                farm.queries,
+                dsn,
+                settings,
+                farm.observers,
+                code_note=partial(reload_failure, heartbeat.parent),
             ),
             dsn,
             pulse,

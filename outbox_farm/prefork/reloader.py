@@ -7,7 +7,9 @@ each replacement booted before its predecessor is told to drain. A replacement t
 boot (a broken deploy) abandons the roll: the running workers keep the code they have, which
 is then no longer the code on disk. That is not an outage, so /healthz stays 200, but it must
 not be silent either: until a later roll completes, the health detail's `degraded` list says so
-with the new code's error, and `outbox_farm_reload_failed` reads 1.
+with the new code's error, `outbox_farm_reload_failed` reads 1, and the error is in a file of
+the state directory (`beats.reload_failure`) that the workers pass on with their code's report
+to the database, where `doctor` finds it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from ..metrics import supervisor_metrics
 from .app import AppLoader
-from .beats import Child
+from .beats import Child, reload_failure_path
 
 SHOWN = 3  # changed files named in the log line
 
@@ -46,8 +48,9 @@ class SourceWatcher:
 @dataclass
 class Rollout:
     """The rolling restart under way, if any, and how the last one ended; written and read by
-    the arbiter thread only."""
+    the arbiter thread only (the workers read the file of `state_dir` it keeps)."""
 
+    state_dir: Path
     pending: list[int] = field(default_factory=list)  # old workers' pids awaiting a successor
     failed: str | None = None  # the boot error that abandoned the last roll, until one completes
     _booted_one: bool = False  # a replacement of this roll booted: the code on disk runs
@@ -67,6 +70,7 @@ class Rollout:
         """A replacement could not boot with `error` (its first line): the roll stops here."""
         self.pending.clear()
         self.failed = error
+        reload_failure_path(self.state_dir).write_text(error)
         supervisor_metrics().reload_failed.set(1)
 
     def step(
@@ -93,6 +97,7 @@ class Rollout:
         self.pending.pop(0)
         if not self.pending and self._booted_one and self.failed is not None:
             self.failed = None
+            reload_failure_path(self.state_dir).unlink(missing_ok=True)
             supervisor_metrics().reload_failed.set(0)
 
     def degraded(self) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 
 from .. import observe
@@ -58,6 +58,9 @@ class Runtime:
     `queries`, against `dsn`, as `settings` say (see `RuntimeSettings`). What happens is
     reported to the metrics and log observers, and to the user's `observers` after them.
 
+    `code_note` says, when asked, what is wrong with the code this process runs (its arbiter's
+    last reload failed), for the report of its code (see `chores.farm_code`).
+
     Every long-running task runs under `supervisor` (see `outbox_farm.worker.supervised`). When one
     of them keeps failing the runtime is broken: `fatal` is set and `fatal_reason` says why;
     whoever runs the runtime then stops it (a worker process exits non-zero so the arbiter
@@ -71,6 +74,7 @@ class Runtime:
         dsn: str,
         settings: RuntimeSettings | None = None,
         observers: Iterable[Observer] = (),
+        code_note: Callable[[], str | None] = lambda: None,
     ) -> None:
         settings = settings or RuntimeSettings()
         if not specs:
@@ -95,6 +99,7 @@ class Runtime:
         self.relays: list[Relay] = []
         self.problems = Problems()
         self.code_watch: CodeWatch | None = None  # from `start` on
+        self._code_note = code_note
         self.observer = observe.observers(observers)
         self.listener: Listener | None = None
         self.pool: Pool | None = None
@@ -103,6 +108,7 @@ class Runtime:
         self.supervisor = Supervisor(self._broken)
         self._pools: list[Pool] = []  # closed last, all of them
         self._chores: list[asyncio.Task[None]] = []
+        self._code_task: asyncio.Task[None] | None = None  # the code watch's loop
         self._stopping = False
 
     async def start(self) -> None:
@@ -187,8 +193,10 @@ class Runtime:
         spawn = self.supervisor.spawn
         # Every process reports its code; the housekeeper also compares (`farm_code`).
         compare = bool(self.settings.gauges_interval)
-        self.code_watch = CodeWatch(pool, self.queries, self.specs, compare=compare)
-        self._chores.append(spawn("code report", self.code_watch.run, Policy.RESTART))
+        self.code_watch = CodeWatch(
+            pool, self.queries, self.specs, compare=compare, note=self._code_note
+        )
+        self._code_task = spawn("code report", self.code_watch.run, Policy.RESTART)
         if self.settings.gauges_interval:
             queues = [s.queue for s in self.specs]
             run = partial(
@@ -225,7 +233,8 @@ class Runtime:
            database answers (see `Completer.close`);
         5. lease heartbeats stop: they extended the running rows' leases until their
            outcomes were written;
-        6. the listener and the chores (gauges, vacuum, retention);
+        6. the listener and the chores (gauges, vacuum, retention; the report of this process's
+           code is withdrawn);
         7. the pools: everything above wrote through them.
 
         Nothing here waits on the database for long past the deadline: a step still running
@@ -259,6 +268,8 @@ class Runtime:
         if self.listener is not None:
             loops.append(self.listener.close())
         loops += [_cancel(task) for task in self._chores]
+        if self.code_watch is not None and self._code_task is not None:
+            loops.append(self.code_watch.forget(self._code_task))
         await self._step("stop loops", time.monotonic() + CANCEL_GRACE, *loops)
         # A pool's close waits for its connection attempts no longer than its timeout.
         closes = (pool.close(timeout=CANCEL_GRACE) for pool in self._pools)

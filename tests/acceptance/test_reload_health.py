@@ -13,6 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from outbox_farm.admin.doctor import Check, Status, doctor
+from outbox_farm.names import TableNames
 from tests.acceptance.test_farm import farm_process, ledger_stats, wait_for
 from tests.acceptance.test_worker_faults import (
     _new_workers,
@@ -25,6 +27,13 @@ from tests.acceptance.test_worker_faults import (
 
 pytestmark = pytest.mark.slow
 __all__ = ["fault_dir", "ledger"]  # fixtures, used by name
+
+
+def code_warnings(dsn: str) -> list[Check]:
+    """What `doctor` finds wrong with the farms' code."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        checks = doctor(conn, TableNames.build("outbox", "outbox_dlq"))
+    return [c for c in checks if c.name == "farm code" and c.status is Status.WARN]
 
 
 def test_a_failed_reload_degrades_healthz_until_a_reload_succeeds(
@@ -50,6 +59,10 @@ def test_a_failed_reload_degrades_healthz_until_a_reload_succeeds(
         assert "No module named 'nowhere'" in notes[0]
         assert farm.metric("outbox_farm_reload_failed") == 1
         assert farm.children() == old
+        assert code_warnings(dsn) == []  # doctor learns it from the workers' next report
+        (found,) = wait_for(lambda: code_warnings(dsn), 30, "doctor's warning", farm)
+        assert found.detail.startswith("the running code is not the code on disk")
+        assert "No module named 'nowhere'" in found.detail
         ids = publish(conn, "q", 10)
         wait_for(lambda: ledger_stats(conn)[1] == 10, 30, "rows handled by old workers", farm)
         assert _versions(conn, ids) == {"v1"}
@@ -59,6 +72,7 @@ def test_a_failed_reload_degrades_healthz_until_a_reload_succeeds(
         wait_for(lambda: _new_workers(farm, old), 30, "2 new workers after the fix", farm)
         wait_for(lambda: degraded() is None, 30, "/healthz no longer degraded", farm)
         assert farm.metric("outbox_farm_reload_failed") == 0
+        wait_for(lambda: not code_warnings(dsn), 30, "doctor finds nothing wrong again", farm)
         ids = publish(conn, "q", 10)
         wait_for(lambda: ledger_stats(conn)[1] == 20, 30, "rows handled by new workers", farm)
         assert _versions(conn, ids) == {"fixed"}

@@ -16,7 +16,10 @@ from outbox_farm import Farm, Message
 from outbox_farm.admin.doctor import Status, doctor
 from outbox_farm.chores.farm_code import GRACE, CodeWatch, fingerprint
 from outbox_farm.names import TableNames
+from outbox_farm.settings import RuntimeSettings
+from outbox_farm.worker.runtime import Runtime
 from tests.integration.test_vacuum import pool_for
+from tests.waits import eventually
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
 
@@ -160,3 +163,30 @@ def test_a_database_without_the_table_costs_the_comparison_only(
     (check,) = [c for c in doctor(conn, NAMES) if c.name == "farm code"]
     assert check.status is Status.WARN
     assert "migration 0010" in check.hint
+
+
+def test_a_runtime_reports_its_code_with_its_note_and_withdraws_it_at_the_stop(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    farm = farm_with("old")
+
+    def reports() -> list[tuple[Any, ...]]:
+        return conn.execute("SELECT queue, fingerprint, note FROM outbox_farm_code").fetchall()
+
+    async def scenario() -> None:
+        runtime = Runtime(
+            list(farm.handlers.values()),
+            farm.queries,
+            dsn,
+            RuntimeSettings(listen=False),
+            code_note=lambda: "the last reload failed",
+        )
+        await runtime.start()
+        try:
+            await eventually(reports, "the runtime's report")
+            assert reports() == [("q", fingerprint(farm.handlers["q"]), "the last reload failed")]
+        finally:
+            await runtime.stop()
+        assert reports() == []
+
+    asyncio.run(scenario())
