@@ -49,12 +49,12 @@ def missing_tables(conn: Connection, names: TableNames) -> list[QualifiedName]:
 
 def recorded_migrations(conn: Connection, names: TableNames) -> list[tuple[str, int, str]]:
     """(target, version, name) of each migration `migrate` recorded for these tables, oldest
-    first; empty when `outbox_farm_migrations` does not exist."""
+    first; empty when `outbox_farm_migrations` does not exist or this role cannot read it."""
     tables = [str(table) for table in (names.outbox, names.dlq) if table is not None]
     sql_ = load_blocks()
     try:
-        row = conn.execute(sql_["table_oid"], {"table": "outbox_farm_migrations"}).fetchone()
-        if row is None or row[0] is None:
+        row = conn.execute(sql_["migrations_readable"]).fetchone()
+        if row is None or not row[0]:
             return []
         found = conn.execute(sql_["migrations_recorded"], {"targets": tables}).fetchall()
     except psycopg.Error as exc:

@@ -32,10 +32,16 @@ SELECT pg_advisory_unlock(%(key)s)
 -- first. Should that fail, table and records agree again: neither is there.
 DELETE FROM outbox_farm_migrations WHERE target = %(target)s
 
+-- name: migrations_readable
+-- Whether this role can read `outbox_farm_migrations`: a schema made from `outbox-farm sql` has
+-- no such table, and the farm's own role need not be granted it (the CASE asks for the privilege
+-- only of a table that exists).
+SELECT CASE WHEN to_regclass('outbox_farm_migrations') IS NULL THEN false
+            ELSE has_table_privilege(to_regclass('outbox_farm_migrations')::oid, 'SELECT') END
+
 -- name: migrations_recorded
 -- What `migrate` recorded for these tables, for `check`: a version this release does not ship
--- was applied by a newer release. Asked only once `table_oid` found `outbox_farm_migrations`
--- (a schema made from `outbox-farm sql` has no records).
+-- was applied by a newer release. Asked only when `migrations_readable`.
 SELECT target, version, name FROM outbox_farm_migrations
 WHERE target = ANY(%(targets)s::text[])
 ORDER BY version
