@@ -31,7 +31,7 @@ from typing import Any
 from .errors import DeadLetter, Retry
 from .handler import AckPolicy, HandlerSpec
 from .message import Decision, Message
-from .outcome import Kind, Outcome, Reason, describe_exception
+from .outcome import Kind, Outcome, Reason, describe_exception, exception_line, exception_type
 
 
 class NoDecision(RuntimeError):
@@ -129,7 +129,14 @@ def decide(
             f"manual-ack handler of queue {msg.queue!r} returned without "
             "ack(), nack() or reject(); retrying"
         )
-        note = Note(Event.NO_DECISION, WARNING, "%s (row %s)", (undecided, msg.id), error=undecided)
+        note = Note(
+            Event.NO_DECISION,
+            WARNING,
+            "%s (row %s)",
+            (undecided, msg.id),
+            _about(undecided),
+            undecided,
+        )
         return _retry(spec, msg, undecided, None, started, duration, (note,))
     if decision is _ACKED:
         return _outcome(msg, _ACK), QUIET
@@ -197,6 +204,8 @@ def _raised(
             "Retry(delay=%r) from the handler of queue %s is not seconds >= 0; using the retry "
             "strategy instead (row %s)",
             (exc.delay, msg.queue, msg.id),
+            _about(exc),
+            exc,
         )
         return _retry(spec, msg, exc, None, started, duration, (note,))
     if spec.ack is AckPolicy.REJECT_ON_ERROR and not isinstance(exc, Retry):
@@ -231,12 +240,16 @@ def _retry(
         if delay is None:
             return _terminal(msg, Reason.RETRY_TERMINAL, error, notes)
     if error is not None:
+        # One line, the exception's type and first line: its frames are for a terminal
+        # failure's line (and for DEBUG), not repeated with every attempt.
+        attempt, fields = msg.attempts_count + 1, _about(error)
         note = Note(
             Event.RETRY,
             WARNING,
             "handler of queue %s failed on row %s (attempt %d); retrying in %.3gs: %s",
-            (msg.queue, msg.id, msg.attempts_count + 1, delay, describe_exception(error)),
-            error=error,
+            (msg.queue, msg.id, attempt, delay, fields["error"]),
+            {"attempt": attempt, "delay": delay, **fields},
+            error,
         )
         notes = (*notes, note)
     return _retry_outcome(msg, delay, started), notes
@@ -267,10 +280,17 @@ def _strategy_delay(
             "retry strategy %r failed for row %s of queue %s (%r); treating the failure as "
             "terminal",
             (spec.retry, msg.id, msg.queue, strategy_error),
-            error=strategy_error,
+            _about(strategy_error),
+            strategy_error,
         )
         return None, note
     return seconds, None
+
+
+def _about(error: BaseException) -> dict[str, Any]:
+    """A note's structured fields on `error`, so that a log pipeline can group failures by
+    type without parsing messages."""
+    return {"error_type": exception_type(error), "error": exception_line(error)}
 
 
 def _outcome(msg: Message, kind: Kind) -> Outcome:
@@ -287,12 +307,14 @@ def _retry_outcome(msg: Message, delay: float, started: float) -> Outcome:
 def _terminal(msg: Message, reason: Reason, error: BaseException | None, notes: Notes) -> Verdict:
     outcome = _outcome(msg, Kind.TERMINAL)
     outcome.reason, outcome.last_exception = reason, describe_exception(error)
+    # The one line of a failure that carries its frames (the DLQ's text): the last word on it.
+    fields = {"reason": str(reason)} if error is None else {"reason": str(reason), **_about(error)}
     note = Note(
         Event.TERMINAL,
         ERROR,
         "row %s of queue %s failed for good (%s): %s",
         (msg.id, msg.queue, reason, outcome.last_exception),
-        {"reason": str(reason)},
-        error=error,
+        fields,
+        error,
     )
     return outcome, (*notes, note)

@@ -4,30 +4,80 @@ Each line keeps the logger of the component that saw the event (`outbox_farm.exe
 decisions, `outbox_farm.completer` for writes, `outbox_farm.inflight` for the heartbeat's
 findings, `outbox_farm.fetcher` for stalls), so logging configurations that filter by logger
 keep working.
+
+A failing queue retries every row it holds, so retry notes repeat: each is one line (the
+exception's type and first line, the row, the attempt, the delay), and above DEBUG at most
+`BURST` of one kind (queue, event, cause) pass every `WINDOW` seconds, the others counted in one
+`lines_suppressed` line (see `repeats`). At DEBUG every one passes, with the innermost frames of
+its exception. A terminal failure's line always passes, with its frames: it is the last word on
+its row.
 """
 
 from __future__ import annotations
 
 import logging
+from logging import DEBUG
 
-from ..decision import Notes
+from ..decision import Event, Note, Notes
 from ..message import Message
-from ..outcome import Outcome
+from ..outcome import Outcome, innermost_frames
 from .base import Observer
+from .repeats import Kind, RepeatLimit
 
 decisions = logging.getLogger("outbox_farm.executor")
 writes = logging.getLogger("outbox_farm.completer")
 heartbeat = logging.getLogger("outbox_farm.inflight")
 claims = logging.getLogger("outbox_farm.fetcher")
 
+BURST = 5
+WINDOW = 60.0
+# What comes with every retry of a failing queue, row after row.
+_REPEATING = frozenset({Event.RETRY, Event.NO_DECISION, Event.BAD_RETRY_DELAY})
+
 
 class LogObserver(Observer):
+    def __init__(self, burst: int = BURST, window: float = WINDOW) -> None:
+        self._repeats = RepeatLimit(burst, window, self._held_back)
+
     def noted(self, msg: Message, notes: Notes) -> None:
         for note in notes:
+            text, args = note.text, note.args
+            if note.event in _REPEATING:
+                if not decisions.isEnabledFor(DEBUG):
+                    if not self._repeats.admit(msg.queue, note.event.value, _cause(note)):
+                        continue
+                elif note.error is not None:
+                    text, args = text + "%s", (*args, innermost_frames(note.error))
             extra = {"event": note.event.value, "row_id": msg.id, "queue": msg.queue}
             if note.fields:
                 extra.update(note.fields)
-            decisions.log(note.level, note.text, *note.args, extra=extra)
+            decisions.log(note.level, text, *args, extra=extra)
+
+    def _held_back(self, kind: Kind, count: int, seconds: float) -> None:
+        queue, event, cause = kind
+        limit = self._repeats
+        decisions.warning(
+            "%d similar %s lines of queue %s suppressed in the last %.3gs: %s (at most %d of one "
+            "cause are logged every %gs; at DEBUG, every one)",
+            count,
+            event,
+            queue,
+            seconds,
+            cause,
+            limit.burst,
+            limit.window,
+            extra={
+                "event": "lines_suppressed",
+                "queue": queue,
+                "suppressed": count,
+                "suppressed_event": event,
+                "cause": cause,
+                "seconds": round(seconds, 3),
+            },
+        )
+
+    def stopped(self) -> None:
+        self._repeats.close()
 
     def lease_lost(self, phase: str, queue: str, row_id: int, deliveries: int | None) -> None:
         fields = {"event": "lease_lost", "phase": phase, "row_id": row_id, "queue": queue}
@@ -73,3 +123,9 @@ class LogObserver(Observer):
             )
         else:
             claims.error("%s", reason, extra={"event": "stalled", "queue": queue})
+
+
+def _cause(note: Note) -> str:
+    """What makes two notes of one event alike: their error's line (type and first line of its
+    message), or the note's template for one without."""
+    return note.fields.get("error", note.text) if note.fields else note.text
