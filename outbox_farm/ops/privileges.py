@@ -33,6 +33,9 @@ from ..names import QualifiedName, TableNames
 OUTBOX_NEEDS = ("SELECT", "INSERT", "UPDATE", "DELETE")
 # The DLQ move INSERTs ... RETURNING, and the gauges count rows: both need SELECT.
 DLQ_NEEDS = ("SELECT", "INSERT")
+# Each process renews its report (upsert), any process deletes expired ones, the housekeeper reads.
+CODE_TABLE = QualifiedName(None, "outbox_farm_code")
+CODE_NEEDS = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
 
 @dataclass
@@ -114,4 +117,11 @@ def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
     dlq_found = names.dlq is not None and _check_table(conn, names.dlq, DLQ_NEEDS, False, report)
     if role is not None and not report.problems:
         report.problems += [_refused(r, role) for r in try_writes(conn, names, bool(dlq_found))]
+    # Optional: without it the farms cannot compare their code, and run on (`chores.farm_code`).
+    code = PrivilegeReport()
+    _check_table(conn, CODE_TABLE, CODE_NEEDS, False, code)
+    report.notes += [
+        f"the farms cannot tell when they run different code: {problem}"
+        for problem in code.problems
+    ]
     return report
