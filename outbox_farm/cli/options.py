@@ -97,10 +97,10 @@ EMBEDDED_DIR = "./.outbox-farm/pgdata (OUTBOX_FARM_DATA_DIR)"
 
 def _given(value: str | None, name: str, option: str, envvar: str) -> str | None:
     """`option` (from the command line or `envvar`), refused when it is blank: an empty
-    variable is most often an environment file whose secret did not load, and taking it as
-    "no DSN" would run on the embedded server instead, looking healthy on an empty database.
-    click drops an empty variable itself, so the environment is read here too. The message
-    offers the other places, not the one that is blank."""
+    variable is most often an environment file whose secret did not load. Taken as "no DSN",
+    `demo` would run on the embedded server instead, and every other command would ask for a
+    DSN the user believes is set. click drops an empty variable itself, so the environment is
+    read here too. The message offers the other places, not the one that is blank."""
     if value is not None and value.strip():
         return value
     if value is None and envvar not in os.environ:
