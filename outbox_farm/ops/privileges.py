@@ -119,7 +119,8 @@ def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
         report.problems += [_refused(r, role) for r in try_writes(conn, names, bool(dlq_found))]
     # Optional: without it the farms cannot compare their code, and run on (`chores.farm_code`).
     code = PrivilegeReport()
-    _check_table(conn, CODE_TABLE, CODE_NEEDS, False, code)
+    if _check_table(conn, CODE_TABLE, CODE_NEEDS, False, code) is None:
+        code.problems.append(f"{CODE_TABLE} does not exist; run `outbox-farm migrate`")
     report.notes += [
         f"the farms cannot tell when they run different code: {problem}"
         for problem in code.problems

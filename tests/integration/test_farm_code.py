@@ -16,6 +16,8 @@ from outbox_farm import Farm, Message
 from outbox_farm.admin.doctor import Status, doctor
 from outbox_farm.chores.farm_code import GRACE, CodeWatch, fingerprint
 from outbox_farm.names import TableNames
+from outbox_farm.ops.migrate import migrate
+from outbox_farm.ops.privileges import check_privileges
 from outbox_farm.settings import RuntimeSettings
 from outbox_farm.worker.runtime import Runtime
 from tests.integration.test_vacuum import pool_for
@@ -163,6 +165,12 @@ def test_a_database_without_the_table_costs_the_comparison_only(
     (check,) = [c for c in doctor(conn, NAMES) if c.name == "farm code"]
     assert check.status is Status.WARN
     assert "migration 0010" in check.hint
+    assert check_privileges(conn, NAMES).notes == [
+        "the farms cannot tell when they run different code: outbox_farm_code does not exist; "
+        "run `outbox-farm migrate`"
+    ]
+    migrate(conn, NAMES, repair=True)
+    assert check_privileges(conn, NAMES).notes == []
 
 
 def test_a_runtime_reports_its_code_with_its_note_and_withdraws_it_at_the_stop(
