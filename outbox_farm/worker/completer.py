@@ -395,11 +395,11 @@ class Completer:
         self.observer.flushed(time.perf_counter() - started, len(batch))
 
     def _report_failure(self, phase: str, outcome: Outcome, exc: DatabaseError) -> None:
-        self.observer.write_failed(phase, outcome.queue, 1)
-        fields = {"event": "write_failed", "phase": phase, "row_id": outcome.row_id}
-        fields["queue"] = outcome.queue
+        queue = outcome.queue
+        self.observer.write_failed(phase, queue, 1)
+        fields = {"event": "write_failed", "phase": phase, "row_id": outcome.row_id, "queue": queue}
         probe = partial(privileges.refusal, self.pool, self.queries, self._write_for(phase, []))
-        if self.problems.write_refused(phase, outcome.queue, exc, probe, log, fields):
+        if self.problems.write_refused(phase, queue, exc, probe, log, fields):
             return  # logged, at most once a minute, as the problem it is
         hint = (
             " The DLQ table is missing or does not match: run `outbox-farm check`."
@@ -411,7 +411,7 @@ class Completer:
             "lease and is delivered again when the lease expires.%s",
             phase,
             outcome.row_id,
-            outcome.queue,
+            queue,
             exc,
             hint,
             extra=fields,
