@@ -2,8 +2,9 @@
 
 Nothing here commits, opens a transaction or takes a connection: the row, and the NOTIFY that
 Postgres delivers only at commit, share the fate of the caller's own writes. Each call is one
-statement and one round trip (a connection's first, two: see below). The statements are those of `queries/producer.sql`, composed
-once per `Queries`; the arguments arrive validated and encoded by `outbox_farm.producer`.
+statement and one round trip (a connection's first, two: see below). The statements are those
+of `queries/producer.sql`, composed once per `Queries`; the arguments arrive validated and
+encoded by `outbox_farm.producer`.
 
 Upgrades in either order: a table that has not had migration 0008 has no `key_blocked`, and a
 row that names it would fail the caller's own transaction. So the producer asks the catalog, on
