@@ -44,7 +44,8 @@ class Server(NamedTuple):
 @contextmanager
 def located(dsn: str | None, say: Callable[[str], None]) -> Iterator[Server]:
     """The server `dsn` names once libpq can parse it (its secret kept for `scrub`, so no
-    message shows it), or, when there is none, the embedded server, started for the block.
+    message shows it), or, when there is none, the embedded server, started for the block: the
+    CLI gets here without a DSN only for `--embedded` or `demo`, and refuses otherwise.
 
     The embedded server is named with its data directory, and `say` tells the user whether
     this run created that directory: it lands under the working directory unless
@@ -60,8 +61,7 @@ def located(dsn: str | None, say: Callable[[str], None]) -> Iterator[Server]:
     fresh = not (path / "PG_VERSION").exists()
     url, server = start_embedded(path)
     say(
-        f"using the embedded PostgreSQL server at {path} ({'created' if fresh else 'existing'}):"
-        " no DSN given (--dsn, OUTBOX_FARM_DSN or --dsn-file)"
+        f"using the embedded PostgreSQL server at {path} ({'created' if fresh else 'existing'})"
     )
     try:
         yield Server(url, f"the embedded PostgreSQL server at {path}")
