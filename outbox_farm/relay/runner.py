@@ -113,7 +113,7 @@ class Relay:
         stated = getattr(target, "max_header_bytes", None)
         self.max_header_bytes: int = max_header_bytes or stated or MAX_HEADER_BYTES
         self.label = target.label
-        self.problem: str | None = None  # why the broker is unreachable, for /healthz
+        self.problem: str | None = None  # why the relay delivers nothing, for /healthz
         # Written by the batches of this relay (one event loop), under `_lock` while connecting.
         self._up = False  # connected, as far as the runner knows
         self._generation = 0  # bumped by each connection dropped to be made anew
