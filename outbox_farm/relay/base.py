@@ -55,8 +55,9 @@ class BrokerReply(enum.Enum):
     NACKED, counted apart: it is a topology problem, not a broker refusal."""
     UNCONFIRMED = "unconfirmed"
     """No answer is known (the connection broke mid-batch, the confirm timed out): the row is
-    retried, never acked. It may have reached the broker; its stable message id makes that a
-    duplicate a consumer can drop."""
+    held and sent again over a new connection, never acked, and costs no attempt unless the
+    broker keeps failing it while it confirms others (`hold`). It may have reached the broker;
+    its stable message id makes that a duplicate a consumer can drop."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ class NatsJetStream:
     `"audit.{headers[tenant]}"`) or a callable of it; a stream must listen on the subject.
 
     `confirm_timeout`: seconds a batch waits for its acks before the rest count as unconfirmed
-    (retried; the duplicate window makes the re-send harmless).
+    (held and sent again; the duplicate window makes the re-send harmless).
     """
 
     def __init__(

@@ -45,9 +45,9 @@ class RabbitMQ:
     the envelope's fields (`"{queue}"`, `"orders.{headers[tenant]}"`) or a callable of it.
 
     `confirm_timeout`: seconds a batch waits for its confirms before the rest count as
-    unconfirmed (retried). Messages are persistent and carry `message_id`, `correlation_id`,
-    `content_type` and the row's headers. The exchange must exist: the relay checks it when it
-    connects and reports a missing one as the reason it cannot publish.
+    unconfirmed (held and sent again). Messages are persistent and carry `message_id`,
+    `correlation_id`, `content_type` and the row's headers. The exchange must exist: the relay
+    checks it when it connects and reports a missing one as the reason it cannot publish.
     """
 
     def __init__(

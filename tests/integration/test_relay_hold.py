@@ -7,9 +7,11 @@ batch it breaks, and the rows beside it are delivered."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import psycopg
+import pytest
 
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import CONFIRMED, BrokerReply, Delivery, Envelope
@@ -95,7 +97,9 @@ def held_attempts(dsn: str) -> tuple[int, int]:
     return row[0], row[1]
 
 
-def test_a_broker_that_forgot_the_producer_holds_rows_and_reports_down(dsn: str) -> None:
+def test_a_broker_that_forgot_the_producer_holds_rows_and_reports_down(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
     target = Forgetful("forgetful")
     farm = Farm()
     relay = farm.relay("events", to=target, batch=20, retry=ConstantBackoff(0, max_attempts=1))
@@ -122,10 +126,16 @@ def test_a_broker_that_forgot_the_producer_holds_rows_and_reports_down(dsn: str)
         assert result.retried == []
         assert len(result.acked) == 50
 
+    caplog.set_level(logging.INFO, logger="outbox_farm.relay")
     asyncio.run(scenario())
     assert sorted(target.received, key=int) == bodies
     assert relay.problem is None
     assert samples.sample("outbox_farm_relay_up", target="forgetful") == 1
+    events = [getattr(r, "event", None) for r in caplog.records]
+    # One line per change of state, however many connections were made anew meanwhile.
+    assert events.count("relay_up") == 2  # the first connection, the first confirm after
+    assert events.count("relay_down") == 1
+    assert target.connects >= 3
 
 
 def test_a_row_that_breaks_its_batch_walks_to_the_dlq_and_the_others_arrive(dsn: str) -> None:
