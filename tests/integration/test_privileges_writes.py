@@ -10,6 +10,7 @@ handlers again at every lease, and resumes on its own once the grant is back.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,6 +24,7 @@ from outbox_farm.ops.privileges import check_privileges
 from outbox_farm.settings import RuntimeSettings
 from outbox_farm.worker.runtime import Runtime
 from tests.acceptance.test_cli import run
+from tests.acceptance.test_farm import FARMAPP
 from tests.integration.test_privileges import as_role, role
 from tests.waits import eventually
 
@@ -45,8 +47,8 @@ def granted(dsn: str, role: str) -> str:
     return as_role(dsn, role)
 
 
-def test_a_read_only_role_is_told_so_by_check(
-    dsn: str, role: str, granted: str, conn: psycopg.Connection[Any]
+def test_a_read_only_role_is_told_so_by_check_and_start(
+    dsn: str, role: str, granted: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
     ident = sql.Identifier(role)
     conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(ident))
@@ -61,6 +63,17 @@ def test_a_read_only_role_is_told_so_by_check(
     assert result.returncode == 1, result.stdout + result.stderr
     assert "schema OK" not in result.stdout
     assert "are read-only" in result.stdout
+    (tmp_path / "farmapp.py").write_text(FARMAPP)
+    start = run(
+        "start",
+        "farmapp:farm",
+        *("--dsn", granted, "--procs", "1", "--metrics-bind", ""),
+        cwd=str(tmp_path),
+        TMPDIR=str(tmp_path),
+    )
+    assert start.returncode == 1, start.stderr
+    assert "the database role lacks privileges the farm needs:" in start.stderr
+    assert f"the transactions of role {role} are read-only" in start.stderr
 
     conn.execute(sql.SQL("ALTER ROLE {} RESET default_transaction_read_only").format(ident))
     with psycopg.connect(granted, autocommit=True) as as_it:
