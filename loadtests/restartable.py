@@ -221,13 +221,30 @@ class Broker:
             await nc.close()
 
     async def _rabbitmq_ids(self) -> set[str]:
+        """Take what the queue holds now, by a consumer (a `get` per message would make the
+        reading, not the relay, the slow part); unacked deliveries go back to the queue."""
         import aio_pika
 
         async with await aio_pika.connect(self.url, timeout=10) as connection:
             channel = await connection.channel()
+            await channel.set_qos(prefetch_count=1000)
             queue = await channel.declare_queue(self.name, durable=True)
-            while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            ready = queue.declaration_result.message_count or 0
+            taken = asyncio.Event()
+            count = 0
+
+            async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                nonlocal count
                 self._seen.add(str(message.message_id))
+                await message.ack()
+                count += 1
+                if count >= ready:
+                    taken.set()
+
+            if ready:
+                tag = await queue.consume(take)
+                await asyncio.wait_for(taken.wait(), 60)
+                await queue.cancel(tag)
         return set(self._seen)
 
 

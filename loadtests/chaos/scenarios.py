@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 
-from loadtests import checker, expected, scenario
+from loadtests import checker, expected, restartable, scenario
 from loadtests.drain import wait_for_drain
 from loadtests.harness import CLI, Metrics, scratch_database
 from loadtests.ledger import create_schema
 
+from . import relay_restart
 from .checks import (
     Context,
     Finding,
@@ -624,4 +625,5 @@ SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "clock-step": clock_step,
     "restart-during-crashes": restart_during_crashes,
     "relay-kafka": relay_kafka,
+    **{f"relay-restart-{kind}": relay_restart.scenario(kind) for kind in restartable.KINDS},
 }

@@ -3,8 +3,9 @@ private broker (tansu, RabbitMQ, NATS JetStream, Redis) that is SIGKILLed and st
 its port, once while the relay is idle (its next rows meet a broker that forgot the producer:
 the issue's case), once under load. During the second outage the relay is reported down
 (`relay_up` 0, /healthz 503); after each restart every row arrives within 30 s; none is
-dead-lettered, though the relay's retry strategy dead-letters a row at its first failure (no
-attempt is spent on the outage, nor on a broker that forgot the producer)."""
+dead-lettered, though the relay's retry strategy (`loadtests.restartapp`) dead-letters a row at
+its first failure but a missing topic (no attempt is spent on the outage, nor on a broker that
+forgot the producer)."""
 
 from __future__ import annotations
 
