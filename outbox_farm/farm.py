@@ -161,12 +161,13 @@ class Farm:
 
         Up to `batch` claimed rows are published together (4,000 by default: fewer claims
         and round trips per row; lower it for large bodies, since a process holds up to twice
-        that many rows) and each is acked only once the broker confirmed it; a refusal or a
-        missing confirm is a failed run of that row (its `retry` strategy, then the DLQ with
-        what the broker said). While the broker cannot be
-        reached the relay holds its rows (leased, renewed) and reconnects; nothing is acked
-        and nothing dead-lettered for it. `concurrency=1` publishes one batch at a time, in
-        claim order; more batches in flight are faster and give up that order. No
+        that many rows) and each is acked only once the broker confirmed it; a refusal is a
+        failed run of that row (its `retry` strategy, then the DLQ with what the broker said).
+        While the broker cannot be reached, or answers nothing (a restarted broker that forgot
+        the producer), the relay holds its rows (leased, renewed), connects anew and sends them
+        again; nothing is acked and nothing dead-lettered for it. `concurrency=1` publishes
+        one batch at a time, in claim order; more batches in flight are faster and give up that
+        order. No
         `max_deliveries` by default: an outage's re-claims (a restarted process) must not
         dead-letter rows the broker never refused.
         """
