@@ -3,12 +3,21 @@ triggers keep whatever writes or deletes the rows, and the cause as a filter."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
 import pytest
 
-from outbox_farm.admin import DlqFilter, When, dlq_list, dlq_purge, dlq_replay, dlq_summary
+from outbox_farm.admin import (
+    DlqFilter,
+    When,
+    dlq_list,
+    dlq_purge,
+    dlq_replay,
+    dlq_summary,
+    queue_stats,
+)
 from outbox_farm.admin.dlq import CauseGroup, dlq_causes, dlq_count
 from outbox_farm.db.operator import AdminSql
 from outbox_farm.errors import SchemaError
@@ -145,3 +154,51 @@ def test_a_dlq_without_migration_0009_says_to_migrate(conn: Conn) -> None:
     with pytest.raises(SchemaError, match="outbox-farm migrate"):
         dlq_list(conn, NAMES, DlqFilter(cause="ValueError('bad sku')"))
     assert len(dlq_list(conn, NAMES, DlqFilter(queue="orders"))) == 1  # the other filters work
+    (orders,) = queue_stats(conn, NAMES)  # and `stats`, without the causes
+    assert (orders.queue, orders.dlq_total("total").value, orders.causes) == ("orders", 1, [])
+
+
+def test_concurrent_writers_keep_the_counts_exact(dsn: str, conn: Conn) -> None:
+    """Writers inserting and deleting rows of the same causes at once, in different orders
+    within their statements: each count row is taken in key order, so no two statements wait
+    on each other in a cycle, and the counts end equal to a recount."""
+    errors: list[BaseException] = []
+
+    def writer(seed: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as own:
+                for batch in range(15):
+                    own.execute(
+                        "INSERT INTO outbox_dlq (original_id, queue, payload, deliveries_count, "
+                        "created_at, failure_reason, last_exception) "
+                        "SELECT g, 'q' || (g %% 2), 'x', 1, now(), 'rejected', "
+                        "format('E%%s(%%s)', (g * %(seed)s) %% 5, g) "
+                        "FROM generate_series(%(first)s, %(first)s + 40) AS g "
+                        "ORDER BY (g * %(seed)s) %% 7 DESC",
+                        {"seed": seed, "first": batch * 100},
+                    )
+                    own.execute(
+                        "DELETE FROM outbox_dlq WHERE id IN (SELECT id FROM outbox_dlq "
+                        "ORDER BY random() LIMIT 10)"
+                    )
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(seed,)) for seed in (1, 3, 7, 11)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    kept = conn.execute(
+        "SELECT queue, failure_reason, cause, row_count FROM outbox_dlq_causes ORDER BY 1, 2, 3"
+    ).fetchall()
+    counted = conn.execute(
+        "SELECT queue, failure_reason, outbox_dlq_cause(last_exception), count(*) "
+        "FROM outbox_dlq GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    ).fetchall()
+    assert kept == counted
+    rows = conn.execute("SELECT count(*) FROM outbox_dlq").fetchone()
+    assert rows is not None
+    # 41 written, at most 10 deleted, per batch: two writers may pick the same row to delete
+    assert sum(n for *_, n in kept) == rows[0] >= 4 * 15 * (41 - 10)
