@@ -2,14 +2,16 @@
 does only what the first showed.
 
 1. `preview` resolves the selection (times given as "2h ago" become times on the database's
-   clock), counts what it matches with `dlq_preview` (a count no row can join afterwards:
-   see there), names the rows a replay would normalise (`dlq_unfit`), and shows a
-   confirmation form carrying the *plan*: action, selection, absolute times, the id bound
-   `upto` and the count, signed for this session by the console's `Signer`.
-2. `run` refuses any plan it did not sign for this session, counts again within `upto` and
-   refuses when more rows match than the dry run showed, then acts with the same functions
-   as `outbox-farm dlq`, batch by batch, each batch committed. Fewer rows than shown is
-   fine (someone replayed, purged or expired some meanwhile) and the done page says so.
+   clock), counts what it matches with `dlq_preview` (waiting for writers that were open at
+   the count: see there), reads the ids of those rows, names the rows a replay would
+   normalise (`dlq_unfit`), and shows a confirmation form carrying the *plan*: action,
+   selection, absolute times, the id bound `upto` and the set of rows (their ids, or their
+   digest: `plans`), signed for this session by the console's `Signer`.
+2. `run` refuses any plan it did not sign for this session, then acts on the plan's rows
+   only, with the same functions as `outbox-farm dlq`, chunk by chunk, each committed; a
+   digest plan is refused when the set it names changed. Fewer rows than shown is fine
+   (someone replayed, purged or expired some meanwhile) and the done page says so; a row
+   the dry run did not show is never touched.
 
 A selection is one row (its page), the rows ticked on a page, or the whole filter; a whole
 filter that is empty (every row of the DLQ) must be confirmed as such, like `--all`: the rule
@@ -24,15 +26,14 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..admin import DlqFilter, Done, When, dlq_purge, dlq_replay, dlq_summary, parse_duration
+from ..admin import DlqFilter, Done, dlq_summary, parse_duration
 from ..admin.dlq import (
     MAX_QUEUE,
     Preview,
@@ -43,6 +44,8 @@ from ..admin.dlq import (
     dlq_unfit,
 )
 from ..errors import ConfigurationError
+from . import plans
+from .limits import MAX_IDS, too_many_ids
 from .login import checked_form, client_address, who
 from .pages import page
 from .security import Signer
@@ -50,7 +53,6 @@ from .views import Filter, parse_filter
 
 log = logging.getLogger("outbox_farm.console")
 ACTIONS = ("replay", "purge")
-MAX_IDS = 10_000  # rows one ticked selection may name
 PLAN_SECONDS = 3600.0  # a confirmation page older than this must be previewed again
 
 
@@ -126,7 +128,7 @@ def _choice(form: Any) -> Choice:
         if not ids:
             raise ConfigurationError("no row is selected: tick the rows first")
         if len(ids) > MAX_IDS:
-            raise ConfigurationError(f"at most {MAX_IDS} rows at once; use the filter instead")
+            raise too_many_ids()
         selection = Selection.of(ids, DlqFilter(), False, verb=action)
     elif scope == "filter":
         if flt.error:
@@ -141,41 +143,6 @@ def _refused(request: Request, message: str) -> Response:
     return page(request, "error.html", status=400, title="Not possible", message=message)
 
 
-def _when(point: When | None) -> str | None:
-    return point.at.isoformat() if point is not None and point.at is not None else None
-
-
-def _plan(chosen: Choice, where: DlqFilter, preview: Preview) -> dict[str, Any]:
-    return {
-        "action": chosen.action,
-        "scope": chosen.scope,
-        "everything": chosen.everything,
-        "ids": list(where.ids or ()),
-        "queue": where.queue,
-        "reason": where.reason,
-        "since": _when(where.since),
-        "until": _when(where.until),
-        "grep": where.grep,
-        "upto": preview.summary.upto,
-        "expected": preview.summary.rows,
-        "made": time.time(),
-    }
-
-
-def _where(plan: dict[str, Any]) -> DlqFilter:
-    def point(text: Any) -> When | None:
-        return When(at=datetime.fromisoformat(text)) if isinstance(text, str) else None
-
-    return DlqFilter(
-        ids=tuple(plan["ids"]) or None,
-        queue=plan["queue"],
-        reason=plan["reason"],
-        since=point(plan["since"]),
-        until=point(plan["until"]),
-        grep=plan["grep"],
-    )
-
-
 async def preview(request: Request) -> Response:
     form = await checked_form(request)
     try:
@@ -184,18 +151,28 @@ async def preview(request: Request) -> Response:
         return _refused(request, str(exc))
     settings = request.app.state.settings
 
-    def count() -> tuple[DlqFilter, Preview, Unfit | None]:
+    def count() -> tuple[DlqFilter, Preview, Unfit | None, dict[str, Any]]:
         with settings.database.connection() as conn:
             where = dlq_resolved(conn, settings.names, chosen.selection.where)
             found = dlq_preview(conn, settings.names, where)
+            upto = found.summary.upto
+            ids = plans.read_ids(conn, settings.names, where, upto) if found.summary.rows else []
+            # What the page shows is the set the plan names, whatever happened between the
+            # count and the read of the ids.
+            shown = replace(where, ids=tuple(ids))
+            found = replace(found, summary=dlq_summary(conn, settings.names, shown, upto=upto))
             unfit = None
-            if chosen.action == "replay" and found.summary.rows:
-                unfit = dlq_unfit(conn, settings.names, where, upto=found.summary.upto)
-            return where, found, unfit
+            if chosen.action == "replay" and ids:
+                unfit = dlq_unfit(conn, settings.names, shown, upto=upto)
+            made = plans.make(chosen.action, chosen.scope, chosen.everything, where, upto, ids)
+            return where, found, unfit, made
 
-    where, found, unfit = await run_in_threadpool(count)
+    try:
+        where, found, unfit, made = await run_in_threadpool(count)
+    except ConfigurationError as exc:
+        return _refused(request, str(exc))
     signer: Signer = request.app.state.signer
-    plan = signer.sign_plan(request.state.session, _plan(chosen, where, found))
+    plan = signer.sign_plan(request.state.session, made | {"made": time.time()})
     return page(
         request,
         "confirm.html",
@@ -204,6 +181,7 @@ async def preview(request: Request) -> Response:
         where=where,
         summary=found.summary,
         settled=found.settled,
+        carried=made["rows"] is not None,
         unfit=unfit,
         plan=plan,
     )
@@ -261,41 +239,32 @@ async def run(request: Request) -> Response:
             request,
             "this would act on every row of the DLQ: tick \u201cyes, every row\u201d to confirm",
         )
-    action, upto, shown = str(plan["action"]), int(plan["upto"]), int(plan["expected"])
+    action, shown = str(plan["action"]), int(plan["expected"])
     try:
         to_queue, delay, delay_text = _target(form, action)
     except ConfigurationError as exc:
         return _refused(request, str(exc))
-    where = _where(plan)
-    selection = describe(where)
+    selection = describe(plans.where_of(plan))
     settings = request.app.state.settings
     actor = who(request)
     tally = _Tally()
 
-    def act() -> Done | int:
-        """What was done; or, refused before anything was, how many rows match now."""
+    def act() -> Done | None:
+        """What was done; None when the set of a digest plan changed (nothing was done)."""
         with settings.database.connection(statement_timeout=settings.action_timeout) as conn:
-            now = dlq_summary(conn, settings.names, where, upto=upto).rows
-            if now > shown:
-                return now
-            if action == "replay":
-                return dlq_replay(
-                    conn,
-                    settings.names,
-                    where,
-                    to_queue=to_queue,
-                    delay=delay,
-                    upto=upto,
-                    progress=tally.add,
-                )
-            return dlq_purge(conn, settings.names, where, upto=upto, progress=tally.add)
+            ids = plans.planned_ids(conn, settings.names, plan)
+            if ids is None:
+                return None
+            return plans.act(
+                conn, settings.names, plan, ids, to_queue=to_queue, delay=delay, progress=tally.add
+            )
 
     _log_start(request, actor, action, selection, plan)
     error: str | None = None
     try:
         done = await run_in_threadpool(act)
-        if isinstance(done, int):
-            error = f"refused: {done} rows match now, more than the {shown} shown"
+        if done is None:
+            error = f"refused: the {shown} rows shown are no longer the rows that match"
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"
         raise
@@ -323,11 +292,11 @@ async def run(request: Request) -> Response:
                 "error": error,
             },
         )
-    if isinstance(done, int):
+    if done is None:
         return _refused(
             request,
-            f"{done} rows now match within the ids the dry run counted, more than the "
-            f"{shown} it showed; nothing was changed: run the dry run again",
+            f"the rows this filter matches (within the ids the dry run counted) are no longer "
+            f"the {shown:,} it showed; nothing was changed: run the dry run again",
         )
     return page(
         request,
@@ -338,7 +307,7 @@ async def run(request: Request) -> Response:
         delay_text=delay_text,
         done=done,
         shown=shown,
-        back=_back(where),
+        back=_back(plans.where_of(plan)),
     )
 
 
@@ -349,8 +318,8 @@ def _back(where: DlqFilter) -> str:
     items = {
         "queue": where.queue,
         "reason": where.reason,
-        "since": _when(where.since),
-        "until": _when(where.until),
+        "since": plans.iso(where.since),
+        "until": plans.iso(where.until),
         "text": where.grep,
     }
     return "/dlq?" + urllib.parse.urlencode({k: v for k, v in items.items() if v})

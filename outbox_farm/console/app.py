@@ -2,8 +2,9 @@
 
 Composition only: the settings, the signing key, the /metrics sampler (started and stopped
 with the application's lifespan), the templates (autoescaped, always), the routes of
-`views`, and the middleware that makes every request prove who it is (`security`). Served by
-uvicorn from `outbox-farm console`; a test drives it with Starlette's TestClient.
+`views`, and the middleware that makes every request prove who it is (`security`) and caps
+what it may send (`limits`). Served by uvicorn from `outbox-farm console`; a test drives it
+with Starlette's TestClient.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from ..names import TableNames
 from . import actions, login, render, views
 from .database import Database
 from .farm import TIMEOUT, Sampler
+from .limits import BodyLimit
 from .pages import database_error
-from .security import Signer, Tokens
+from .security import COOKIE, Signer, Tokens
 from .session import SessionMiddleware
 
 SAMPLE_EVERY = 5.0  # seconds between two readings of the farm's /metrics
@@ -50,6 +52,7 @@ class ConsoleSettings:
     page_size: int = PAGE_SIZE
     count_cap: int = 10_000
     secure_cookie: bool = False  # served over TLS, here or by a proxy in front
+    cookie: str = COOKIE  # the session cookie's name: `serve` names it for the port
     statement_timeout: float = STATEMENT_TIMEOUT
     action_timeout: float = ACTION_TIMEOUT
     farm_timeout: float = TIMEOUT  # seconds one whole read of /metrics or /healthz may take
@@ -102,6 +105,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
+            Middleware(BodyLimit),  # outermost: it caps what any route reads, whoever asks
             Middleware(SessionMiddleware),
         ],
         exception_handlers={OutboxFarmError: database_error},
@@ -111,5 +115,5 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     app.state.signer = Signer()
     app.state.sampler = sampler
     app.state.templates = _templates()
-    app.state.seen = set()
+    app.state.recent = views.Recent()
     return app

@@ -2,9 +2,12 @@
 the last 15 minutes of it kept in this process.
 
 The farm keeps no history: its counters only grow. A `Sampler` reads /metrics every few
-seconds and keeps each reading for `HISTORY` seconds, so the overview can show rates and a
-chart without Prometheus; the rates and the p99 lag between two readings are computed by
-`admin.rates`, as `outbox-farm stats` computes them. A farm that cannot be reached is a
+seconds; it keeps the last two readings whole, for the rates and the p99 lag by queue between
+them (computed by `admin.rates`, as `outbox-farm stats` computes them, once per reading), and
+of the older ones only their farm-wide rates, one point each for `HISTORY` seconds, so the
+overview can show a chart without Prometheus. Whatever the number of queues a farm names, the
+console holds two readings of them, not fifteen minutes'. A label longer than a queue name can
+be (`MAX_QUEUE`) names no queue of this farm and is not kept. A farm that cannot be reached is a
 message on the page, never an error of the page: the database's numbers are still shown.
 The history starts when the console starts (it is in memory only).
 """
@@ -15,7 +18,6 @@ import asyncio
 import base64
 import contextlib
 import http.client
-import itertools
 import logging
 import socket
 import threading
@@ -27,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from ..admin.dlq import MAX_QUEUE
 from ..admin.rates import COUNTERS, LAG, PREFIX, QueueRates, Scrape, rates
 from ..dsn import scrub
 
@@ -150,6 +153,8 @@ def parse_metrics(text: str, at: float, wall: float) -> Reading:
         for sample in family.samples:
             name, labels = sample.name, sample.labels
             if "queue" in labels:
+                if len(labels["queue"]) > MAX_QUEUE:
+                    continue
                 queues.add(labels["queue"])
             if name in wanted:
                 totals[(wanted[name], labels.get("queue", ""))] += sample.value
@@ -247,7 +252,9 @@ class Sampler:
         self.url = url or None
         self.every = every
         self.timeout = timeout
-        self.readings: deque[Reading] = deque()
+        self.readings: deque[Reading] = deque(maxlen=2)  # the last two, whole
+        self.points: deque[Point] = deque(maxlen=int(HISTORY / every) + 1)
+        self.rates: dict[str, QueueRates] = {}  # between the two readings
         self.error: str | None = None if url else "no --metrics-url given"
         self.health: Health | None = None
         self.health_error: str | None = None if url else "no --metrics-url given"
@@ -288,12 +295,26 @@ class Sampler:
             return
         finally:
             self.metrics_at = time.monotonic()
+        self.add(reading)
+
+    def add(self, reading: Reading) -> None:
+        """Keep `reading` (one taken no later than the last is dropped): the rates between it
+        and the last, and the chart's point of them."""
         if self.readings and reading.scrape.at - self.readings[-1].scrape.at <= 0:
             return
         self.error = None
+        if self.readings:
+            self.rates = rates(self.readings[-1].scrape, reading.scrape)
+            each = self.rates.values()
+            self.points.append(
+                Point(
+                    reading.wall,
+                    sum(r.acked for r in each),
+                    sum(r.retried for r in each),
+                    sum(r.terminal for r in each),
+                )
+            )
         self.readings.append(reading)
-        while self.readings and reading.scrape.at - self.readings[0].scrape.at > HISTORY:
-            self.readings.popleft()
 
     async def _sample_health(self) -> None:
         try:
@@ -318,21 +339,10 @@ class Sampler:
             view.metrics_age = now - self.metrics_at
         if self.health_at is not None:
             view.health_age = now - self.health_at
-        history = list(self.readings)
-        if history:
-            view.latest = history[-1]
-        if len(history) >= 2:
-            before, after = history[-2], history[-1]
-            view.queues = rates(before.scrape, after.scrape)
-            view.window = after.scrape.at - before.scrape.at
-        for before, after in itertools.pairwise(history):
-            each = rates(before.scrape, after.scrape).values()
-            view.points.append(
-                Point(
-                    after.wall,
-                    sum(r.acked for r in each),
-                    sum(r.retried for r in each),
-                    sum(r.terminal for r in each),
-                )
-            )
+        if self.readings:
+            view.latest = self.readings[-1]
+        if len(self.readings) == 2:
+            view.queues = self.rates
+            view.window = self.readings[1].scrape.at - self.readings[0].scrape.at
+        view.points = list(self.points)
         return view

@@ -14,8 +14,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from .limits import read_form
 from .pages import page
-from .security import COOKIE, Signer
+from .security import Signer
 from .session import set_session_cookie
 
 log = logging.getLogger("outbox_farm.console")
@@ -49,7 +50,7 @@ async def login(request: Request) -> Response:
     settings = request.app.state.settings
     if not settings.tokens.required:
         return RedirectResponse("/", status_code=303)
-    form = await request.form()
+    form = await read_form(request)
     target = _next(str(form.get("next") or ""))
     who = settings.tokens.who(str(form.get("token") or ""))
     address = client_address(request)
@@ -64,7 +65,7 @@ async def login(request: Request) -> Response:
         )
     signer: Signer = request.app.state.signer
     response = RedirectResponse(target, status_code=303)
-    set_session_cookie(response, signer.session(who), settings.secure_cookie)
+    set_session_cookie(response, settings.cookie, signer.session(who), settings.secure_cookie)
     log.info(
         "console login: %s from %s",
         who,
@@ -81,18 +82,17 @@ async def logout(request: Request) -> Response:
     signer: Signer = request.app.state.signer
     if request.state.session and not request.state.bearer:
         signer.revoke(request.state.session)
-    response = RedirectResponse(
-        "/login" if request.app.state.settings.tokens.required else "/", 303
-    )
-    response.delete_cookie(COOKIE, path="/")
+    settings = request.app.state.settings
+    response = RedirectResponse("/login" if settings.tokens.required else "/", 303)
+    response.delete_cookie(settings.cookie, path="/")
     return response
 
 
 async def checked_form(request: Request) -> Any:
     """The POSTed form, once its CSRF token proved it came from a page of this session (not
     needed when an `Authorization` header authenticated the request: no browser sends one
-    cross-site). Raises HTTPException 403 otherwise."""
-    form = await request.form()
+    cross-site). Raises HTTPException 403 otherwise; the form's size as `limits.read_form`."""
+    form = await read_form(request)
     if getattr(request.state, "who", None) is None:
         raise HTTPException(403, "log in first")
     if request.state.bearer:

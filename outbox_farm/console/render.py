@@ -21,6 +21,9 @@ from .farm import Point
 # The header names under which producers keep a correlation id (ours writes the first).
 CORRELATION_HEADERS = ("correlation_id", "correlation-id", "x-correlation-id", "traceparent")
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>.*)$')
+# Python 3.11 on underlines the failing part of a frame's code with a line of ~ and ^: it
+# lines up with the code only in the traceback's own monospace text, so the table drops it.
+_MARKER = re.compile(r"^ +[~^][~^ ]*$")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class StoredException:
             code = ""
             if i + 1 < len(lines) and lines[i + 1].startswith("    "):
                 code, i = lines[i + 1].strip(), i + 1
+                if i + 1 < len(lines) and _MARKER.match(lines[i + 1]):
+                    i += 1
             frames.append(Frame(found["file"], int(found["line"]), found["func"], code))
             i += 1
         return cls(text, frames, "\n".join(rest))

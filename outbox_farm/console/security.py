@@ -11,7 +11,8 @@ The console can move and delete dead letters, so the policy is strict and writte
   (named `token`), so a token that contains `:` is never split by accident. A token is
   compared in constant time (`hmac.compare_digest`) on every request: an
   `Authorization: Bearer` header (scripts), or the session cookie the login form sets
-  (browsers: HttpOnly, SameSite=Strict, signed). The file is read at start: to revoke a
+  (browsers: HttpOnly, SameSite=Strict, signed, named for the console's port:
+  `cookie_name`). The file is read at start: to revoke a
   token, remove it and restart the console (which also ends every session).
 - **Sessions and CSRF.** A session is a signed cookie naming who it is (a token's name, or
   `loopback`); the signing key is made at start and lives in this process only, so a restart
@@ -54,6 +55,13 @@ MIN_TOKEN_LENGTH = 16
 LOOPBACK_NAME = "loopback"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+def cookie_name(port: int) -> str:
+    """The session cookie of the console on `port`. Browsers keep cookies by host, never by
+    port: two consoles on one host under one name would overwrite each other's session at
+    every visit (a login to one logs out of the other)."""
+    return f"{COOKIE}_{port}"
 
 
 def is_loopback(host: str) -> bool:

@@ -13,6 +13,7 @@ import uvicorn
 
 from ..errors import ConfigurationError
 from .app import ConsoleSettings, create_app
+from .security import cookie_name
 
 log = logging.getLogger("outbox_farm.console")
 
@@ -56,9 +57,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(settings: ConsoleSettings, host: str, port: int, tls: Tls | None = None) -> None:
     """Serve until SIGINT or SIGTERM (uvicorn's handlers: finish the requests under way);
-    over HTTPS when `tls` is given."""
+    over HTTPS when `tls` is given. The session cookie is named for the port bound."""
     sock = listen(host, port)
     bound = sock.getsockname()
+    settings.cookie = cookie_name(bound[1])
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     log.info(
         "console on %s://%s:%d/ (%s%s)",

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from .pages import fragment, is_live
-from .security import COOKIE, LOOPBACK_NAME, SESSION_SECONDS, Signer, is_loopback
+from .security import LOOPBACK_NAME, SESSION_SECONDS, Signer, is_loopback
 
 OPEN_PATH = "/login"  # exactly: /loginX or /login/x are not open
 STATIC = "/static/"  # a prefix: the files under it
@@ -40,9 +40,9 @@ SECURITY_HEADERS = {
 }
 
 
-def set_session_cookie(response: Response, value: str, secure: bool) -> None:
+def set_session_cookie(response: Response, name: str, value: str, secure: bool) -> None:
     response.set_cookie(
-        COOKIE,
+        name,
         value,
         max_age=int(SESSION_SECONDS),
         httponly=True,
@@ -103,7 +103,7 @@ class SessionMiddleware(BaseHTTPMiddleware):
                 status_code=400,
             )
         bearer = _bearer(request)
-        cookie = request.cookies.get(COOKIE)
+        cookie = request.cookies.get(settings.cookie)
         read = signer.read_session(cookie) if cookie else None
         if bearer is not None:
             who = settings.tokens.who(bearer) if settings.tokens.required else LOOPBACK_NAME
@@ -146,5 +146,5 @@ class SessionMiddleware(BaseHTTPMiddleware):
         request.state.csrf = signer.csrf(session) if who is not None else ""
         response = await call_next(request)
         if fresh is not None:
-            set_session_cookie(response, fresh, settings.secure_cookie)
+            set_session_cookie(response, settings.cookie, fresh, settings.secure_cookie)
         return response

@@ -9,6 +9,8 @@ fetched by htmx every few seconds.
 
 from __future__ import annotations
 
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -24,12 +26,16 @@ from ..db.operator import DoctorProbes, StatsReader, XminHolder
 from ..dsn import scrub
 from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError
 from .farm import FarmView
+from .limits import MAX_IDS
 from .pages import error_page, log, page
 from .render import Chart, StoredException, correlation
 
 FILTER_FIELDS = ("queue", "reason", "since", "until", "text")
 XMIN_LIMIT = 300.0  # seconds, as `doctor --max-xmin-age` by default
 PAYLOAD_SHOWN = 65536  # bytes of a payload a row's page shows; the rest is a download
+IDLE_SHOWN = 20  # queues without rows the overview lists at most
+SEEN_FOR = 15 * 60.0  # seconds a queue that drained stays on the overview
+SEEN_MAX = 1000  # queues remembered as having had rows
 
 
 # -- overview --------------------------------------------------------------------------------
@@ -41,24 +47,50 @@ class Overview:
     farm: FarmView
     chart: Chart | None
     idle: set[str] = field(default_factory=set)
+    hidden: int = 0  # queues without rows left off the page (past `IDLE_SHOWN`)
+
+
+class Recent:
+    """The queues that had rows lately, and when: a queue that drains stays on the overview
+    for `SEEN_FOR` seconds, then is forgotten; at most `SEEN_MAX` are kept. Shared by the
+    overview's requests, which run in the thread pool: hence the lock."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}  # oldest first
+        self._lock = threading.Lock()
+
+    def note(self, queues: set[str], now: float) -> set[str]:
+        """Note `queues` as having rows at `now`; the queues remembered."""
+        with self._lock:
+            for queue in queues:
+                self._at.pop(queue, None)
+                self._at[queue] = now
+            for queue in [q for q, at in self._at.items() if now - at > SEEN_FOR]:
+                del self._at[queue]
+            while len(self._at) > SEEN_MAX:
+                del self._at[next(iter(self._at))]
+            return set(self._at)
 
 
 def _overview(request: Request, farm: FarmView) -> Overview:
     settings = request.app.state.settings
-    seen: set[str] = request.app.state.seen  # every queue shown so far, kept for the process
+    recent: Recent = request.app.state.recent
     with settings.database.connection() as conn:
         stats = queue_stats(conn, settings.names)
         found = {q.queue for q in stats}
-        from_farm = set(farm.latest.queues) if farm.latest else set()
-        # A queue the farm handles, or one shown before that has drained since, stays on the
-        # page with its zeros: an idle queue is news too.
-        missing = sorted((from_farm | seen) - found - {""})
-        for queue in missing:
+        seen = recent.note(found, time.monotonic())
+        # A queue the farm handles, or one that drained lately, stays on the page with its
+        # zeros (an idle queue is news too), as many as `IDLE_SHOWN`: each costs a few
+        # statements, and a farm may name thousands.
+        drained = sorted(seen - found)
+        named = sorted(set(farm.latest.queues if farm.latest else ()) - found - set(drained))
+        missing = [q for q in drained + named if q]
+        for queue in missing[:IDLE_SHOWN]:
             stats += queue_stats(conn, settings.names, queue)
-    seen.update(found | from_farm)
     stats.sort(key=lambda q: q.queue)
     idle = {q.queue for q in stats if not any(c.value for c in q.counts.values())}
-    return Overview(stats, farm, Chart.of(farm.points), idle)
+    hidden = max(len(missing) - IDLE_SHOWN, 0)
+    return Overview(stats, farm, Chart.of(farm.points), idle, hidden)
 
 
 async def overview(request: Request) -> Response:
@@ -176,6 +208,7 @@ async def dlq_list_page(request: Request) -> Response:
         flt=flt,
         reasons=REASONS,
         correlation=correlation,
+        max_ids=MAX_IDS,
         **data,
     )
 

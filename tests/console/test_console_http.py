@@ -376,7 +376,8 @@ def test_readings_give_rates_farm_figures_and_a_chart() -> None:
     assert first.relays_up == {"kafka": False}
     assert first.queues == {"q", "idle_one"}
     sampler = Sampler("http://farm/metrics", 5.0)
-    sampler.readings.extend([first, parse_metrics(METRICS % {"acked": 60}, at=105.0, wall=1005.0)])
+    sampler.add(first)
+    sampler.add(parse_metrics(METRICS % {"acked": 60}, at=105.0, wall=1005.0))
     view = sampler.view()
     assert view.queues["q"].acked == pytest.approx(10.0)
     assert view.queues["q"].lag_p99 is not None
