@@ -82,6 +82,11 @@ CREATE TABLE IF NOT EXISTS {dlq_causes} (
     PRIMARY KEY (queue, failure_reason, cause)
 );
 
+-- The search path the counting function keeps (SET search_path FROM CURRENT, below) is this
+-- transaction's with pg_temp named last: unnamed, pg_temp is searched first for tables, and a
+-- session's temporary table could stand in for the counts table under the definer's rights.
+SELECT set_config('search_path', current_setting('search_path') || ', pg_temp', true);
+
 -- The rows a statement added (new_rows) and removed (old_rows), counted per key, applied in
 -- one upsert in key order; a count that reaches zero is deleted, so the table holds only the
 -- causes the DLQ has. plpgsql plans each statement when it first runs, so a branch naming a

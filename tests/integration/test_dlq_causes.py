@@ -202,3 +202,12 @@ def test_concurrent_writers_keep_the_counts_exact(dsn: str, conn: Conn) -> None:
     assert rows is not None
     # 41 written, at most 10 deleted, per batch: two writers may pick the same row to delete
     assert sum(n for *_, n in kept) == rows[0] >= 4 * 15 * (41 - 10)
+
+
+def test_a_temporary_table_cannot_stand_in_for_the_counts(conn: Conn) -> None:
+    """The counting function runs with its owner's rights: a session's temporary table of the
+    counts table's name must not receive the counts (pg_temp is searched last)."""
+    conn.execute("CREATE TEMP TABLE outbox_dlq_causes (LIKE public.outbox_dlq_causes)")
+    dead(conn)
+    assert conn.execute("SELECT count(*) FROM pg_temp.outbox_dlq_causes").fetchone() == (0,)
+    assert conn.execute("SELECT row_count FROM public.outbox_dlq_causes").fetchone() == (1,)
