@@ -84,7 +84,7 @@ def dlq() -> None:
     "addresses and long quoted values replaced, so rows that differ only in those count "
     "together. Give a cause back as --cause to list, replay or purge its rows.",
 )
-@json_option("an array of rows, newest first (with --group: of causes, most rows first)")
+@json_option("an array of rows, newest first; with --group, of causes, most rows first")
 def list_(
     dsn: str | None,
     names: TableNames,
