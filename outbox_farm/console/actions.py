@@ -92,6 +92,7 @@ def describe(where: DlqFilter) -> str:
             ("since", where.since.describe() if where.since else None),
             ("until", where.until.describe() if where.until else None),
             ("text", where.grep),
+            ("cause", where.cause),
         )
         if value
     ]
@@ -321,5 +322,6 @@ def _back(where: DlqFilter) -> str:
         "since": plans.iso(where.since),
         "until": plans.iso(where.until),
         "text": where.grep,
+        "cause": where.cause,
     }
     return "/dlq?" + urllib.parse.urlencode({k: v for k, v in items.items() if v})

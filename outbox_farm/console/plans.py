@@ -80,6 +80,7 @@ def make(
         "since": iso(where.since),
         "until": iso(where.until),
         "grep": where.grep,
+        "cause": where.cause,
         "upto": upto,
         "expected": len(ids),
         "rows": sorted(ids) if len(ids) <= PLAN_IDS else None,
@@ -100,6 +101,7 @@ def where_of(plan: dict[str, Any]) -> DlqFilter:
         since=point(plan["since"]),
         until=point(plan["until"]),
         grep=plan["grep"],
+        cause=plan["cause"],
     )
 
 

@@ -21,21 +21,25 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..admin import DlqFilter, QueueStats, When, dlq_count, dlq_list, dlq_show, queue_stats
-from ..admin.dlq import MAX_ID, REASONS, check_reason, dlq_payload
+from ..admin.dlq import MAX_ID, REASONS, CauseGroup, check_reason, dlq_causes, dlq_payload
+from ..db.connect import Connection
 from ..db.operator import DoctorProbes, StatsReader, XminHolder
 from ..dsn import scrub
-from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError
+from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError, SchemaError
+from ..names import TableNames
 from .farm import FarmView
 from .limits import MAX_IDS
 from .pages import error_page, log, page
 from .render import Chart, StoredException, correlation
 
-FILTER_FIELDS = ("queue", "reason", "since", "until", "text")
+FILTER_FIELDS = ("queue", "reason", "since", "until", "text", "cause")
 XMIN_LIMIT = 300.0  # seconds, as `doctor --max-xmin-age` by default
 PAYLOAD_SHOWN = 65536  # bytes of a payload a row's page shows; the rest is a download
 IDLE_SHOWN = 20  # queues without rows the overview lists at most
 SEEN_FOR = 15 * 60.0  # seconds a queue that drained stays on the overview
 SEEN_MAX = 1000  # queues remembered as having had rows
+CAUSES_SHOWN = 10  # groups of dead letters by cause a page shows
+MAX_CAUSE = 1000  # characters of a cause filter: a group's cause is at most 200
 
 
 # -- overview --------------------------------------------------------------------------------
@@ -48,6 +52,26 @@ class Overview:
     chart: Chart | None
     idle: set[str] = field(default_factory=set)
     hidden: int = 0  # queues without rows left off the page (past `IDLE_SHOWN`)
+    causes: Causes | None = None
+
+
+@dataclass
+class Causes:
+    """The biggest groups of dead letters by cause, or why there are none to show."""
+
+    groups: list[CauseGroup]
+    error: str | None = None
+
+
+def _causes(conn: Connection, names: TableNames, where: DlqFilter) -> Causes | None:
+    """The `CAUSES_SHOWN` biggest groups of the rows `where` matches (None: no DLQ); a DLQ
+    that predates the counts (migration 0009) is a line saying what to run, not an error."""
+    if names.dlq is None:
+        return None
+    try:
+        return Causes(dlq_causes(conn, names, where, limit=CAUSES_SHOWN))
+    except SchemaError:
+        return Causes([], "run `outbox-farm migrate` to group dead letters by cause")
 
 
 class Recent:
@@ -87,10 +111,11 @@ def _overview(request: Request, farm: FarmView) -> Overview:
         missing = [q for q in drained + named if q]
         for queue in missing[:IDLE_SHOWN]:
             stats += queue_stats(conn, settings.names, queue)
+        causes = _causes(conn, settings.names, DlqFilter())
     stats.sort(key=lambda q: q.queue)
     idle = {q.queue for q in stats if not any(c.value for c in q.counts.values())}
     hidden = max(len(missing) - IDLE_SHOWN, 0)
-    return Overview(stats, farm, Chart.of(farm.points), idle, hidden)
+    return Overview(stats, farm, Chart.of(farm.points), idle, hidden, causes)
 
 
 async def overview(request: Request) -> Response:
@@ -138,12 +163,15 @@ def parse_filter(values: Any) -> Filter:
         check_reason(form["reason"] or None)
         if len(form["queue"]) > 255:
             raise ConfigurationError("a queue name is at most 255 characters")
+        if len(form["cause"]) > MAX_CAUSE:
+            raise ConfigurationError(f"a cause is at most {MAX_CAUSE} characters")
         where = DlqFilter(
             queue=form["queue"] or None,
             reason=form["reason"] or None,
             since=When.parse(form["since"], UTC) if form["since"] else None,
             until=When.parse(form["until"], UTC) if form["until"] else None,
             grep=form["text"] or None,
+            cause=form["cause"] or None,
         )
         where.match()  # refuses a NUL character now, not in the middle of a page
     except ConfigurationError as exc:
@@ -170,7 +198,13 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
     with settings.database.connection() as conn:
         queues = StatsReader(conn, settings.names).queues()
         if flt.error:
-            return {"rows": [], "total": (0, True), "queues": queues, "cap": settings.count_cap}
+            return {
+                "rows": [],
+                "total": (0, True),
+                "queues": queues,
+                "cap": settings.count_cap,
+                "causes": None,
+            }
         rows = dlq_list(conn, settings.names, flt.where, settings.page_size + 1, before=before)
         # A text search reads every row it cannot rule out: counting its matches would cost
         # as much again, so its pages say "not counted" rather than make the operator wait.
@@ -179,6 +213,8 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
             if flt.where.grep is not None
             else dlq_count(conn, settings.names, flt.where, settings.count_cap)
         )
+        # The groups of what the filter matches, until one is chosen: then the list is it.
+        causes = None if flt.where.cause else _causes(conn, settings.names, flt.where)
     more = len(rows) > settings.page_size
     rows = rows[: settings.page_size]
     first = (number - 1) * settings.page_size + 1
@@ -187,6 +223,7 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
         "total": total,
         "queues": queues,
         "cap": settings.count_cap,
+        "causes": causes,
         "more": more,
         "first": first,
         "last": first + len(rows) - 1,
