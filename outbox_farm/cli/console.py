@@ -126,8 +126,9 @@ def console(
     Serves on 127.0.0.1:9465 by default, open to this machine's users. Any other address
     refuses to start without --token-file, and without TLS: --tls-cert and --tls-key, or
     --behind-tls-proxy when a proxy in front terminates it (tokens and session cookies must
-    not cross a network in cleartext). Every replay and purge shows a dry-run count and
-    asks for confirmation, and is logged with who did it, the selection and the rows moved.
+    not cross a network in cleartext). Every replay and purge shows a dry run and asks for
+    confirmation, then acts on exactly the rows shown (or refuses), and is logged with who
+    did it, the selection and the rows moved.
     With --read-only nothing can be changed.
     """
     try:
