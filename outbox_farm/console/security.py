@@ -22,8 +22,9 @@ The console can move and delete dead letters, so the policy is strict and writte
   cross-site request. A request whose `Origin` is another site is refused too. Logging out
   revokes the session's nonce in this process, so a copy of the cookie is refused afterwards.
 - **Plans.** A replay or purge runs only what its dry run showed: the confirmation form
-  carries the plan (action, selection, absolute times, `upto`, the count) signed for the
-  session, and `/dlq/run` refuses any plan whose signature does not match.
+  carries the plan (action, selection, absolute times, `upto`, the rows' ids or their digest:
+  see `plans`) signed for the session, and `/dlq/run` refuses any plan whose signature does
+  not match.
 - **Transport.** Any other address also needs TLS: served here (`--tls-cert`/`--tls-key`),
   or by a proxy in front (`--behind-tls-proxy`). Either way the session cookie is `Secure`.
 - **Host.** Without a token, only loopback host names are served: a page of another site
