@@ -84,7 +84,7 @@ def test_dlq_list_json_is_the_array_its_help_names(dsn: str, conn: Conn) -> None
     assert len(rows) == 2
     assert rows[0]["id"] > rows[1]["id"]  # newest first
     shown = " ".join(run("dlq", "list", "--help").stdout.split())
-    assert "Print JSON (an array of rows, newest first)" in shown
+    assert "Print JSON (an array of rows, newest first; with --group, of causes" in shown
     assert "one object" not in shown
 
 
@@ -199,6 +199,7 @@ def test_outbox_farm_watch_makes_stats_redraw(dsn: str, tmp_path: Path) -> None:
 # and a per-run choice (how many to list, a dry run) is not a setting.
 COMMAND_LINE_ONLY = {
     ("dlq", "list", "--limit"),
+    ("dlq", "list", "--group"),
     ("dlq", "replay", "--all"),
     ("dlq", "replay", "--to-queue"),
     ("dlq", "replay", "--delay"),
