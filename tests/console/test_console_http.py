@@ -167,7 +167,10 @@ def test_a_port_in_use_is_one_line_saying_what_to_do(dsn: str) -> None:
 
 def test_without_the_extra_the_command_says_what_to_install() -> None:
     probe = (
-        "import sys; sys.modules['uvicorn'] = None; sys.argv = ['outbox-farm', 'console']\n"
+        # A DSN, so that the command gets past its options (no server answers on port 1: the
+        # missing package must be said before any connection is tried).
+        "import sys; sys.modules['uvicorn'] = None\n"
+        "sys.argv = ['outbox-farm', 'console', '--dsn', 'host=127.0.0.1 port=1 dbname=none']\n"
         "from outbox_farm.cli import main; main()"
     )
     result = subprocess.run(
