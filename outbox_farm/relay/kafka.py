@@ -22,14 +22,18 @@ thread of the target's own, is its row's `Delivery`:
   header, by a producer made anew (a restarted broker that forgot the producer's id answers
   its records with nothing librdkafka gives up on before `confirm_timeout`).
 When librdkafka says every broker is down, the target purges what it holds (the reports come at
-once, as purged, instead of after `confirm_timeout`), and the runner's reconnect asks the cluster
-for its metadata until it answers: the runner holds its rows and reports the outage meanwhile.
-(librdkafka may say so once more just after a reconnect: that costs a re-send, never a row.)
+once, as purged, instead of after `confirm_timeout`) and drops the producer, and the runner's
+reconnect asks the cluster for its metadata until it answers: the runner holds its rows and
+reports the outage meanwhile. The producer is made anew because a broker that comes back may
+have lost the producers' state: tansu then hands a known producer id to a new producer, and the
+old one's records would pass for the new one's duplicates, acked and never stored. (librdkafka
+may say so once more just after a reconnect: that costs a re-send, never a row.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +45,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from ..dsn import scrub
 from ..errors import ConfigurationError
 from .base import (
-    CONFIRMED,
     BrokerReply,
     Delivery,
     Envelope,
@@ -51,6 +54,7 @@ from .base import (
     resolve,
 )
 from .base import routed as route_all
+from .kafka_reports import Reports, fatal, refused, words
 
 log = logging.getLogger("outbox_farm.relay.kafka")
 
@@ -61,33 +65,8 @@ MESSAGE_ID = "message_id"  # the record headers the target adds to the row's own
 CORRELATION_ID = "correlation_id"
 CONTENT_TYPE = "content-type"
 
-_UNROUTABLE = frozenset(
-    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
-)
-_UNKNOWN = frozenset(
-    {
-        KafkaError._MSG_TIMED_OUT,
-        KafkaError._TIMED_OUT,
-        KafkaError._PURGE_QUEUE,
-        KafkaError._PURGE_INFLIGHT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._FATAL,
-    }
-)
 CONNECT_SECONDS = 10.0  # a first connection's wait for the cluster's metadata
 DOWN_PROBE_SECONDS = 1.0  # a reconnect's, once librdkafka said every broker is down
-_PRODUCER_STATE = frozenset(
-    {
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-        KafkaError.UNKNOWN_PRODUCER_ID,
-        KafkaError.INVALID_PRODUCER_ID_MAPPING,
-    }
-)
-"""The idempotent producer's state was lost on the broker's side (not the record's fault): the
-record counts as unconfirmed and the producer is made anew, with a fresh producer id."""
 POLL_SECONDS = 0.1  # the poller thread's longest wait in librdkafka between two stop checks
 QUEUE_FULL_WAIT = 0.005  # seconds between tries while librdkafka's local queue is full
 
@@ -156,7 +135,7 @@ class Kafka:
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._down: str | None = None  # why librdkafka gave up on every broker, until reconnected
-        self._broken = False  # a fatal error: the producer is made anew at the next connect
+        self._broken = False  # lost (fatal, brokers down, stuck): made anew at the next connect
 
     def __repr__(self) -> str:
         return f"Kafka({self.servers!r})"
@@ -176,7 +155,7 @@ class Kafka:
             try:
                 self._producer = Producer({**self.config, "error_cb": self._error})
             except KafkaException as exc:
-                raise ConfigurationError(f"{self.label}: {_words(exc)}") from None
+                raise ConfigurationError(f"{self.label}: {words(exc)}") from None
             self._poller = threading.Thread(
                 target=self._poll, args=(self._producer,), name="outbox-farm-kafka", daemon=True
             )
@@ -188,31 +167,44 @@ class Kafka:
         try:
             await loop.run_in_executor(None, partial(producer.list_topics, timeout=timeout))
         except KafkaException as exc:
-            raise TargetUnavailable(scrub(f"{self.servers}: {_words(exc)}", self.servers)) from None
+            raise TargetUnavailable(scrub(f"{self.servers}: {words(exc)}", self.servers)) from None
         self._down = None
 
     def _poll(self, producer: Producer) -> None:
-        """The poller thread: serve librdkafka's delivery reports and errors until closed."""
+        """The poller thread: serve librdkafka's delivery reports and errors until closed. A
+        fatal error that `poll` raises (an idempotent producer out of sequence with a broker
+        that forgot it) is handled as the error callback's, and polling goes on: the records'
+        reports, failed, come after it."""
         while not self._stop.is_set():
-            producer.poll(POLL_SECONDS)
+            try:
+                producer.poll(POLL_SECONDS)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError):
+                    self._error(error)
+                self._stop.wait(POLL_SECONDS)
 
     def _error(self, error: KafkaError) -> None:
         """librdkafka's error callback (poller thread). Every broker down, or a fatal error:
-        purge what the producer holds so each pending row learns it is unconfirmed now, and make
-        the runner reconnect. Other errors (one connection dropped) librdkafka handles itself."""
+        purge what the producer holds so each pending row learns it is unconfirmed now, and
+        make the producer anew before it sends again: a broker that comes back may have lost
+        the producer's state and hand its id to another producer (tansu does), whose records
+        would then pass for this one's duplicates. Other errors (one connection dropped)
+        librdkafka handles itself."""
         code = error.code()
         if code != KafkaError._ALL_BROKERS_DOWN and not error.fatal():
             return
-        self._down = _words(error)
+        self._down = words(error)
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._purge, error.fatal())
+            loop.call_soon_threadsafe(self._purge)
 
-    def _purge(self, fatal: bool) -> None:
-        """Drop what the producer holds: the poller serves the purged reports at once."""
+    def _purge(self) -> None:
+        """Drop what the producer holds (the poller serves the purged reports at once), and
+        the producer itself at the next connect."""
         if self._producer is not None:
             self._producer.purge()
-            self._broken = self._broken or fatal
+            self._broken = True
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -220,9 +212,11 @@ class Kafka:
         producer = self._producer
         if producer is None:
             raise TargetUnavailable("not connected")
+        if self._broken:  # the runner connects anew, which makes a new producer
+            raise TargetUnavailable(f"the producer is lost ({self._down or 'a fatal error'})")
         topics = route_all(self.topic, batch)
         keys = self._keys(batch)
-        reports = _Reports(asyncio.get_running_loop(), len(batch))
+        reports = Reports(asyncio.get_running_loop(), len(batch))
         report, produce = reports.report, producer.produce
         settled = 0  # known without a report: refused before librdkafka took it
         # Written out, not a call per row: this loop runs for every message the relay sends.
@@ -245,8 +239,8 @@ class Kafka:
                     # librdkafka's own checks (too large, a topic it knows is missing) answer
                     # at once, with the codes a delivery report would carry; a fatal error
                     # there leaves a producer that can send nothing more.
-                    reports.known(i, _refused(exc))
-                    self._broken = self._broken or _fatal(exc)
+                    reports.known(i, refused(exc))
+                    self._broken = self._broken or fatal(exc)
                     settled += 1
                     break
         if not await reports.wait(settled, self.confirm_timeout + 5, self.stall_timeout):
@@ -291,7 +285,8 @@ class Kafka:
         self._stop.set()
         if poller is not None:
             await asyncio.get_running_loop().run_in_executor(None, poller.join)
-        producer.poll(0)
+        with contextlib.suppress(KafkaException):  # a fatal error, raised again: nothing to save
+            producer.poll(0)
 
 
 def _headers(envelope: Envelope) -> list[tuple[str, str | bytes | None]]:
@@ -312,95 +307,3 @@ class _LibrdkafkaLog:
 
     def log(self, level: int, msg: str, *args: object) -> None:
         log.debug(msg, *args)
-
-
-class _Reports:
-    """One batch's deliveries: filled by librdkafka's reports in the poller thread and by the
-    loop for records refused before they were queued; `wait` returns when every one is known."""
-
-    __slots__ = ("_done", "_left", "_lock", "_loop", "_results", "state_lost")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
-        self._loop = loop
-        self._results: list[Delivery | None] = [None] * size
-        self._left = size
-        self._lock = threading.Lock()
-        self._done = asyncio.Event()
-        self.state_lost = False  # a report said the producer's state is gone (_PRODUCER_STATE)
-
-    def known(self, i: int, delivery: Delivery) -> None:
-        self._results[i] = delivery
-
-    def report(self, i: int, error: KafkaError | None, _msg: object) -> None:
-        """librdkafka's delivery report of record `i` (poller thread)."""
-        if error is None:
-            self._results[i] = CONFIRMED
-        else:
-            self._results[i] = _delivery(error)
-            self.state_lost = self.state_lost or error.code() in _PRODUCER_STATE
-        with self._lock:
-            self._left -= 1
-            finished = self._left == 0
-        if finished:
-            self._loop.call_soon_threadsafe(self._done.set)
-
-    async def wait(self, settled: int, timeout: float, stall: float) -> bool:
-        """Wait for the reports, `timeout` seconds at most; `settled` records got none (refused
-        before being queued). False when none came for `stall` seconds: the producer is stuck."""
-        with self._lock:
-            self._left -= settled
-            left = self._left
-        deadline = asyncio.get_running_loop().time() + timeout
-        while left:
-            try:
-                async with asyncio.timeout(stall):
-                    await self._done.wait()
-                return True
-            except TimeoutError:
-                pass
-            with self._lock:
-                progress, left = left != self._left, self._left
-            if not progress and left:
-                return False
-            if asyncio.get_running_loop().time() > deadline:
-                return True  # librdkafka reports every record within its message timeout
-        return True
-
-    def deliveries(self, lost_because: str = "no delivery report") -> list[Delivery]:
-        lost = Delivery(BrokerReply.UNCONFIRMED, lost_because)
-        return [lost if result is None else result for result in self._results]
-
-
-def _fatal(exc: Exception) -> bool:
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(error, KafkaError) and error.fatal()
-
-
-def _refused(exc: Exception) -> Delivery:
-    """A record `produce` refused at once: as its delivery report would have said, when the
-    exception carries librdkafka's error."""
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    if isinstance(error, KafkaError):
-        return _delivery(error)
-    return Delivery(BrokerReply.NACKED, f"cannot be produced: {exc!r}")
-
-
-def _delivery(error: KafkaError) -> Delivery:
-    """One failed delivery report, as a `Delivery` with the broker's (or librdkafka's) words."""
-    code = error.code()
-    if code in _UNROUTABLE:
-        return Delivery(BrokerReply.RETURNED, f"no such topic: {_words(error)}")
-    if code in _UNKNOWN or code in _PRODUCER_STATE or error.retriable() or error.fatal():
-        return Delivery(BrokerReply.UNCONFIRMED, _words(error))
-    return Delivery(BrokerReply.NACKED, f"refused by the broker: {_words(error)}")
-
-
-def _words(error: KafkaError | Exception) -> str:
-    """`Broker: Message size too large (MSG_SIZE_TOO_LARGE)`, from librdkafka's error or an
-    exception carrying one; any other exception as itself."""
-    if isinstance(error, Exception):
-        inner = error.args[0] if error.args else None
-        if not isinstance(inner, KafkaError):
-            return repr(error)
-        error = inner
-    return f"{error.str()} ({error.name()})"

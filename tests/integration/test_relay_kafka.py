@@ -19,6 +19,7 @@ from brokers import Proxy, tansu
 from brokers import kafka_records as records
 
 from loadtests.kafkabroker import free_port
+from loadtests.restartable import Broker
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.errors import ConfigurationError
 from outbox_farm.relay import CONFIRMED, BrokerReply, Envelope, Kafka, TargetUnavailable
@@ -326,3 +327,40 @@ def test_a_full_local_queue_is_waited_out(servers: str) -> None:
 
     asyncio.run(scenario())
     assert sorted(int(m.value()) for m in records(servers, topic, 60)) == list(range(60))
+
+
+def test_a_producer_the_restarted_broker_forgot_is_found_stuck_and_made_anew(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tansu restarted forgets the idempotent producer; librdkafka then retries its records
+    until `confirm_timeout` (it bumps the producer's epoch again and again). With librdkafka's
+    word that every broker went down ignored (a restart too quick for it, say), the batch is
+    found stuck after `stall_timeout`, unconfirmed, and a new producer delivers it."""
+    private = Broker("kafka", tmp_path)
+    private.start()
+    try:
+        private.prepare()
+        target = Kafka(private.url, topic=private.name, confirm_timeout=60, stall_timeout=2)
+        monkeypatch.setattr(target, "_error", lambda error: None)
+        batch = [Envelope(i, f"m{i}", "events", b"%d" % i, {}, None, None) for i in range(20)]
+
+        async def scenario() -> None:
+            await target.connect()
+            assert {d.outcome for d in await target.publish(batch[:10])} == {CONFIRMED.outcome}
+            await asyncio.to_thread(private.restart)
+            await asyncio.to_thread(private.prepare)
+            began = time.monotonic()
+            stuck = await target.publish(batch[10:])
+            assert time.monotonic() - began < 30  # not confirm_timeout's 60 s
+            assert {d.outcome for d in stuck} == {BrokerReply.UNCONFIRMED}
+            assert "no delivery report for 2s" in str(stuck[0].reason)
+            await target.close()
+            await target.connect()  # a new producer, with an id the broker gave it
+            again = await target.publish(batch[10:])
+            assert {d.outcome for d in again} == {CONFIRMED.outcome}
+            await target.close()
+
+        asyncio.run(scenario())
+        assert {f"m{i}" for i in range(10, 20)} <= private.arrived()
+    finally:
+        private.kill()
