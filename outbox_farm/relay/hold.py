@@ -23,7 +23,10 @@ import random
 from collections.abc import Iterable, Sequence
 
 FIRST_WAIT = 0.2  # seconds before the first retry; doubled up to WAIT_CAP
-WAIT_CAP = 15.0
+# Five seconds at most between fruitless rounds: a broker back from a restart is found within
+# about that (one reconnect every few seconds costs an outage nothing), where 15 s made the
+# first round after a restart wait up to 15 s, half the time a restarted broker has to catch up.
+WAIT_CAP = 5.0
 STRIKES = 2  # unanswered rounds on new connections, with the broker confirming others meanwhile
 SUSPECTS = 4096  # row ids remembered as at fault, per relay and process
 

@@ -88,7 +88,9 @@ class Kafka:
     a batch may go without a single delivery report before the producer counts as stuck (a
     broker that restarted and forgot the idempotent producer's id leaves librdkafka retrying
     until `confirm_timeout`): the records are purged and sent again by a producer made anew.
-    Raise it for a cluster whose acknowledgements may take longer. `config`: any other
+    Ten seconds by default, so that a healthy producer waiting out a short pause (a partition
+    changing leader) is not replaced and its records sent twice; raise it for a cluster whose
+    acknowledgements may take longer. `config`: any other
     librdkafka setting (security, compression, `allow.auto.create.topics`, ...); the target's own
     settings (`bootstrap.servers`, `acks`, `enable.idempotence`, `message.timeout.ms`) win.
     Records carry the row's headers, `message_id` (stable per row), `correlation_id` and
@@ -103,7 +105,7 @@ class Kafka:
         key: Key = ORDERING_KEY,
         idempotent: bool = True,
         confirm_timeout: float = 30.0,
-        stall_timeout: float = 5.0,
+        stall_timeout: float = 10.0,
         config: Mapping[str, Any] | None = None,
         label: str | None = None,
     ) -> None:
