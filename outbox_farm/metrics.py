@@ -220,8 +220,9 @@ def relay_metrics() -> RelayMetrics:
         ),
         up=Gauge(
             PREFIX + "relay_up",
-            "1 while the relay is connected to its broker, 0 while it is not (the lowest of the "
-            "farm's processes).",
+            "1 while the relay's broker answers, 0 from a round of sends it answered nothing for "
+            "(down, or restarted and forgetting the producer) until it confirms again (the "
+            "lowest of the farm's processes).",
             ["target"],
             multiprocess_mode="livemin",
         ),
