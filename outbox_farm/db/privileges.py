@@ -9,7 +9,7 @@ The GRANTs are rendered here because they are SQL: identifiers are quoted by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg import sql
@@ -17,12 +17,15 @@ from psycopg import sql
 from ..errors import DatabaseError
 from ..names import QualifiedName, TableNames
 from ..queries import Queries, load_blocks
-from .boundary import boundary, translate
+from .boundary import INSUFFICIENT_PRIVILEGE, boundary, translate
 from .connect import Connection
 from .outcomes import Write
 from .pool import Pool
 
 READ_ONLY = "25006"  # read_only_sql_transaction
+# How long a tried write waits for a table's lock: a migration, or a manual LOCK, holding one
+# must not hang `check` or `start`.
+LOCK_WAIT = "5s"
 
 
 @dataclass(frozen=True)
@@ -64,22 +67,57 @@ def table_access(conn: Connection, table: QualifiedName) -> TableAccess | None:
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """A write the farm does that the database refused when it was tried."""
+class FailedTry:
+    """A write the farm does that failed when it was tried.
+
+    `blocked` is None when the database refuses the write to this role, as it would refuse the
+    farm's own: a missing privilege, a read-only transaction, row security, a trigger. Otherwise
+    the try proved nothing either way, and `blocked` says what kept it from running (a lock, a
+    timeout, a deadlock, or an error of the trial row itself): the same write may pass later.
+    """
 
     write: str  # as the report names it: "INSERT into outbox"
     reason: str  # the error's first line
     sqlstate: str | None
+    blocked: str | None
 
 
-def try_writes(conn: Connection, names: TableNames, dlq: bool) -> list[Refusal]:
+# Errors of a write that waited on others, not of the write: a migration or a long transaction
+# holding the table. Each passes by itself, and says nothing of what the role may do.
+_CONTENDED = {
+    "55P03": "the table is locked (a migration?)",  # lock_not_available: the lock timeout
+    "57014": "it was cancelled, by statement_timeout or an operator",  # query_canceled
+    "40P01": "it deadlocked with another transaction",  # deadlock_detected
+    "40001": "it conflicted with another transaction",  # serialization_failure
+}
+# Refused as the farm's own writes would be: a privilege (row security's too), read-only.
+_REFUSING = (INSUFFICIENT_PRIVILEGE, READ_ONLY)
+
+
+def _blocked(exc: psycopg.Error) -> str | None:
+    """Why the failed try `exc` says nothing of the farm's writes; None when it is a refusal.
+
+    An error raised inside a function (its `context` names one: a trigger, which runs for the
+    farm's rows as for the trial row) refuses, and so does PL/pgSQL's class P0 (RAISE, ASSERT).
+    Anything else is the trial row's own: it may break a constraint the farm's rows keep.
+    """
+    sqlstate = exc.sqlstate or ""
+    if sqlstate in _CONTENDED:
+        return _CONTENDED[sqlstate]
+    if sqlstate in _REFUSING or sqlstate.startswith("P0") or exc.diag.context:
+        return None
+    return "the trial row failed, not for want of a privilege"
+
+
+def try_writes(conn: Connection, names: TableNames, dlq: bool) -> list[FailedTry]:
     """Each write the farm does on its tables (the DLQ's too if `dlq`), tried in a transaction
-    that is rolled back; the ones refused. Each runs in a savepoint of its own, so one refusal
-    does not hide the next; a refusal for a read-only transaction (`default_transaction_read_only`
-    of the role or database, a standby server) refuses every write alike, and is the only one
-    returned. The catalogs answer whether a privilege is granted; this is what else can refuse a
-    write (read-only transactions, row security, a trigger, a missing privilege on what a
-    trigger writes)."""
+    that is rolled back; the ones that failed. Each runs in a savepoint of its own, so one
+    failure does not hide the next. A refusal for a read-only transaction
+    (`default_transaction_read_only` of the role or database, a standby server) refuses every
+    write alike, and is the only one returned. A table found locked is not tried again: its
+    other writes would wait as long (LOCK_WAIT), and are named with the first. The catalogs
+    answer whether a privilege is granted; this is what else can refuse a write (read-only
+    transactions, row security, a trigger, a missing privilege on what a trigger writes)."""
     queries = Queries(names)
     tries = [
         ("INSERT into", names.outbox, "try_outbox_insert"),
@@ -88,12 +126,17 @@ def try_writes(conn: Connection, names: TableNames, dlq: bool) -> list[Refusal]:
     ]
     if dlq and names.dlq is not None:
         tries.append(("INSERT into", names.dlq, "try_dlq_insert"))
-    refused: list[Refusal] = []
+    failed: list[FailedTry] = []
+    locked: dict[QualifiedName, int] = {}  # a contended table: the index of its failed try
     row_id = -1  # the inserted row's, once there is one; -1 matches nothing yet checks the same
     try:
         with conn.transaction(force_rollback=True):
-            conn.execute(queries["try_writes_begin"])
+            conn.execute(queries["try_writes_begin"], {"lock_wait": LOCK_WAIT})
             for verb, table, block in tries:
+                if table in locked:
+                    first = failed[locked[table]]
+                    failed[locked[table]] = replace(first, write=f"{first.write}, {verb} {table}")
+                    continue
                 try:
                     with conn.transaction():
                         cursor = conn.execute(queries[block], {"id": row_id})
@@ -101,15 +144,18 @@ def try_writes(conn: Connection, names: TableNames, dlq: bool) -> list[Refusal]:
                 except psycopg.Error as exc:
                     error = translate(exc)
                     reason = str(error).splitlines()[0]  # not the trigger's CONTEXT lines
-                    refused.append(Refusal(f"{verb} {table}", reason, error.sqlstate))
+                    blocked = _blocked(exc)
+                    failed.append(FailedTry(f"{verb} {table}", reason, error.sqlstate, blocked))
                     if error.sqlstate == READ_ONLY:
-                        return refused[-1:]
+                        return failed[-1:]
+                    if error.sqlstate in _CONTENDED:
+                        locked[table] = len(failed) - 1
                     continue
                 if inserted is not None and table == names.outbox:
                     row_id = int(inserted[0])
     except psycopg.Error as exc:
         raise translate(exc, doing="trying the farm's writes failed") from exc
-    return refused
+    return failed
 
 
 def _grant(block: str, **parts: sql.Composable) -> str:

@@ -10,6 +10,8 @@ A granted privilege is not yet a write that passes: a role or database whose tra
 read-only, a standby server, row security or a trigger refuse writes the catalogs allow. So once
 the catalogs show every privilege, the farm's writes are tried in a transaction that is rolled
 back (`try_writes`), and each refusal is a problem of its own, saying what was refused and why.
+A try that could not run (a migration holds the table locked, a timeout, a deadlock) is a note:
+it says nothing of the role, and `start` must not refuse to begin beside a migration.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from ..db.connect import Connection
 from ..db.privileges import (
     READ_ONLY,
-    Refusal,
+    FailedTry,
     grant_schema,
     grant_sequence,
     grant_table,
@@ -93,7 +95,7 @@ def _check_table(
     return role
 
 
-def _refused(refusal: Refusal, role: str) -> str:
+def _refused(refusal: FailedTry, role: str) -> str:
     if refusal.sqlstate == READ_ONLY:
         return (
             f"the transactions of role {role} are read-only ({refusal.reason}): the farm could "
@@ -116,7 +118,14 @@ def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
     role = _check_table(conn, names.outbox, OUTBOX_NEEDS, True, report)
     dlq_found = names.dlq is not None and _check_table(conn, names.dlq, DLQ_NEEDS, False, report)
     if role is not None and not report.problems:
-        report.problems += [_refused(r, role) for r in try_writes(conn, names, bool(dlq_found))]
+        for failed in try_writes(conn, names, bool(dlq_found)):
+            if failed.blocked is None:
+                report.problems.append(_refused(failed, role))
+            else:
+                report.notes.append(
+                    f"{failed.write} could not be tried: {failed.blocked} ({failed.reason}); "
+                    "not counted as refused: run `outbox-farm check` again later to try it again"
+                )
     # Optional: without it the farms cannot compare their code, and run on (`chores.farm_code`).
     code = PrivilegeReport()
     if _check_table(conn, CODE_TABLE, CODE_NEEDS, False, code) is None:

@@ -50,8 +50,9 @@ GRANT USAGE ON SEQUENCE {sequence} TO {role};
 
 -- name: try_writes_begin
 -- The writes are tried in a transaction that is rolled back. A lock that a migration or a
--- manual LOCK holds on a table must not hang `check` or `start`: it waits this long at most.
-SET LOCAL lock_timeout = '5s'
+-- manual LOCK holds on a table must not hang `check` or `start`: it waits this long at most
+-- (set_config, as SET takes no parameter; true: for this transaction only).
+SELECT set_config('lock_timeout', %(lock_wait)s, true)
 
 -- name: try_outbox_insert
 -- What a producer does. The row is rolled back with the transaction; its id is not given back

@@ -10,6 +10,7 @@ handlers again at every lease, and resumes on its own once the grant is back.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from outbox_farm import Farm, Message
 from outbox_farm.db import privileges
 from outbox_farm.names import TableNames
 from outbox_farm.ops.privileges import check_privileges
+from outbox_farm.ops.readiness import check_ready
 from outbox_farm.settings import RuntimeSettings
 from outbox_farm.worker.runtime import Runtime
 from tests.acceptance.test_cli import run
@@ -105,6 +107,71 @@ def test_a_write_refused_despite_the_grants_is_named_and_nothing_is_left_behind(
     conn.execute("DROP TRIGGER refuse_delete ON outbox")
     with psycopg.connect(granted, autocommit=True) as as_it:
         assert check_privileges(as_it, NAMES).problems == []
+
+
+def test_a_table_locked_by_a_migration_is_a_note_and_start_goes_on(
+    dsn: str, granted: str, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(privileges, "LOCK_WAIT", "100ms")  # not the 5 s a migration may take
+    untried = "could not be tried: the table is locked (a migration?)"
+    # A migration's locks (0009 takes this one on the DLQ), held until its transaction ends.
+    with psycopg.connect(dsn) as migration:
+        migration.execute("LOCK TABLE outbox_dlq IN SHARE ROW EXCLUSIVE MODE")
+        migration.execute("LOCK TABLE outbox IN SHARE MODE")
+        with psycopg.connect(granted, autocommit=True) as as_it:
+            report = check_privileges(as_it, NAMES)
+            with caplog.at_level(logging.WARNING, "test.start"):
+                check_ready(as_it, NAMES, False, logging.getLogger("test.start"))  # no raise
+    assert report.problems == []
+    notes = [note for note in report.notes if untried in note]
+    assert notes == [
+        f"INSERT into outbox, UPDATE of outbox, DELETE from outbox {untried} (canceling "
+        "statement due to lock timeout); not counted as refused: run `outbox-farm check` again "
+        "later to try it again",
+        f"INSERT into outbox_dlq {untried} (canceling statement due to lock timeout); not counted "
+        "as refused: run `outbox-farm check` again later to try it again",
+    ]
+    logged = [
+        r.getMessage() for r in caplog.records if r.__dict__.get("event") == "privileges_note"
+    ]
+    assert [line for line in logged if untried in line] == notes
+
+    with psycopg.connect(granted, autocommit=True) as as_it:  # the locks are gone: tried, passed
+        after = check_privileges(as_it, NAMES)
+    assert after.problems == []
+    assert not [note for note in after.notes if "could not be tried" in note], after.notes
+
+
+def test_a_trigger_that_raises_refuses_and_a_cancelled_one_is_a_note(
+    granted: str, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute(
+        "CREATE FUNCTION archive() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'dead letters go to the archive'; END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER archive BEFORE INSERT ON outbox_dlq FOR EACH ROW EXECUTE FUNCTION archive()"
+    )
+    with psycopg.connect(granted, autocommit=True) as as_it:
+        report = check_privileges(as_it, NAMES)
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(
+        "INSERT into outbox_dlq was refused although the privileges are granted "
+        "(dead letters go to the archive)"
+    )
+
+    # A trigger that waits is cancelled by statement_timeout: that says nothing of the role.
+    conn.execute(
+        "CREATE OR REPLACE FUNCTION archive() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_sleep(30); RETURN NEW; END $$"
+    )
+    with psycopg.connect(granted, autocommit=True, options="-c statement_timeout=200") as as_it:
+        report = check_privileges(as_it, NAMES)
+    assert report.problems == []
+    assert (
+        "INSERT into outbox_dlq could not be tried: it was cancelled, by statement_timeout or an "
+        "operator (canceling statement due to statement timeout)"
+    ) in "\n".join(report.notes)
 
 
 def test_refused_acks_pause_the_queue_instead_of_running_handlers_every_lease(
