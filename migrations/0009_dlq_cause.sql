@@ -20,15 +20,32 @@
 -- takes the count rows it touches in key order: two batches never wait on each other in a
 -- cycle. It holds them until its transaction ends, which for the farm's dead-letter move is
 -- the flush it is part of. SECURITY DEFINER: the farm's role needs no privilege on the counts
--- table (its INSERT on the DLQ is what it always needed); the search path is the one the
--- migration ran with, so the function finds the tables it was created for.
+-- table (its INSERT on the DLQ is what it always needed). Running with its owner's rights
+-- (often a superuser's), whoever writes the DLQ, it must call nothing another role could
+-- define: its search path is pg_catalog alone (pg_temp named last, so a session's temporary
+-- table cannot stand in for a table either), it names the counts table and the cause function
+-- with the schema they were created in, and its casts are written out.
 --
--- A plain CREATE INDEX (migrations run in a transaction) and the recount below hold off
--- writes to the DLQ while they read the table, a few seconds per million rows; the farm's
--- dead-lettering waits meanwhile and nothing is lost. The recount makes the counts true
--- whenever this migration runs (`migrate --repair` after a restore or a bulk load that ran
--- with triggers disabled, e.g. `session_replication_role = replica`). Code of the previous
--- release neither reads nor needs any of this: the triggers keep the counts whoever writes.
+-- The recount below and the plain CREATE INDEX (the migration runs in one transaction, and a
+-- concurrent build cannot run in one) hold off every write to the DLQ until this migration
+-- commits: about a minute per million DLQ rows on a 2-core machine (54 s measured for one
+-- million). Not only dead-lettering waits: a worker's completer sends a flush's writes one
+-- after another on one connection, so once one of them is a DLQ move, the acks and retries
+-- behind it wait too, in every process that has a dead letter to write. Nothing is lost
+-- (the flush completes when the migration commits), but delivery stalls meanwhile: migrate
+-- a large DLQ at a quiet moment, or purge what is no longer needed first (`outbox-farm dlq
+-- purge --until ...`). The recount makes the counts true whenever this migration runs
+-- (`migrate --repair` after a restore or a bulk load that ran with triggers disabled, e.g.
+-- `session_replication_role = replica`). Code of the previous release neither reads nor
+-- needs any of this: the triggers keep the counts whoever writes.
+
+-- Every object of this migration is made in the DLQ's own schema (found through its row type,
+-- as in 0004), also when the table's name carries none; search_path is put back at the end,
+-- before the migration is recorded.
+SELECT set_config('outbox_farm.search_path', current_setting('search_path'), true);
+SELECT set_config('search_path', quote_ident(n.nspname), true)
+FROM pg_type AS t JOIN pg_namespace AS n ON n.oid = t.typnamespace
+WHERE t.oid = pg_typeof(NULL::{dlq});
 
 -- The cause of one `last_exception`, at most 200 characters:
 --   * NULL, empty or blank: "(no exception recorded)";
@@ -82,17 +99,17 @@ CREATE TABLE IF NOT EXISTS {dlq_causes} (
     PRIMARY KEY (queue, failure_reason, cause)
 );
 
--- The search path the counting function keeps (SET search_path FROM CURRENT, below) is this
--- transaction's with pg_temp named last: unnamed, pg_temp is searched first for tables, and a
--- session's temporary table could stand in for the counts table under the definer's rights.
-SELECT set_config('search_path', current_setting('search_path') || ', pg_temp', true);
-
 -- The rows a statement added (new_rows) and removed (old_rows), counted per key, applied in
 -- one upsert in key order; a count that reaches zero is deleted, so the table holds only the
 -- causes the DLQ has. plpgsql plans each statement when it first runs, so a branch naming a
--- transition table its trigger does not have is never planned.
-CREATE OR REPLACE FUNCTION {dlq_causes_count}() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+-- transition table its trigger does not have is never planned. The function is written with
+-- format(): %1$I is the schema the counts table was just created in, which also holds the
+-- cause function.
+DO $migration$
+BEGIN
+    EXECUTE pg_catalog.format($function$
+CREATE OR REPLACE FUNCTION %1$I.%2$I() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
     queues text[];
     reasons text[];
@@ -100,43 +117,51 @@ DECLARE
     counts bigint[];
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
-        DELETE FROM {dlq_causes};
+        DELETE FROM %1$I.%3$I;
         RETURN NULL;
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
         SELECT array_agg(k.queue), array_agg(k.failure_reason), array_agg(k.cause),
                array_agg(k.n)
         INTO queues, reasons, causes, counts
-        FROM (SELECT queue, failure_reason, {dlq_cause_fn}(last_exception) AS cause,
-                     count(*) AS n
+        FROM (SELECT queue::text AS queue, failure_reason::text AS failure_reason,
+                     %1$I.%4$I(last_exception::text) AS cause, count(*) AS n
               FROM new_rows GROUP BY 1, 2, 3) AS k;
     END IF;
     IF TG_OP IN ('DELETE', 'UPDATE') THEN
-        SELECT queues || array_agg(k.queue), reasons || array_agg(k.failure_reason),
-               causes || array_agg(k.cause), counts || array_agg(-k.n)
+        SELECT array_cat(queues, array_agg(k.queue)),
+               array_cat(reasons, array_agg(k.failure_reason)),
+               array_cat(causes, array_agg(k.cause)), array_cat(counts, array_agg(-k.n))
         INTO queues, reasons, causes, counts
-        FROM (SELECT queue, failure_reason, {dlq_cause_fn}(last_exception) AS cause,
-                     count(*) AS n
+        FROM (SELECT queue::text AS queue, failure_reason::text AS failure_reason,
+                     %1$I.%4$I(last_exception::text) AS cause, count(*) AS n
               FROM old_rows GROUP BY 1, 2, 3) AS k;
     END IF;
     IF queues IS NULL THEN
         RETURN NULL;
     END IF;
-    INSERT INTO {dlq_causes} AS c (queue, failure_reason, cause, row_count)
-    SELECT d.queue, d.reason, d.cause, sum(d.n)
+    INSERT INTO %1$I.%3$I AS c (queue, failure_reason, cause, row_count)
+    SELECT d.queue::varchar, d.reason::varchar, d.cause, sum(d.n)::bigint
     FROM unnest(queues, reasons, causes, counts) AS d(queue, reason, cause, n)
     GROUP BY 1, 2, 3
-    HAVING sum(d.n) <> 0
+    HAVING sum(d.n)::bigint <> 0::bigint
     ORDER BY 1, 2, 3
     ON CONFLICT (queue, failure_reason, cause)
         DO UPDATE SET row_count = c.row_count + excluded.row_count;
-    DELETE FROM {dlq_causes} AS c
+    DELETE FROM %1$I.%3$I AS c
     USING unnest(queues, reasons, causes) AS d(queue, reason, cause)
-    WHERE c.queue = d.queue AND c.failure_reason = d.reason AND c.cause = d.cause
-      AND c.row_count <= 0;
+    WHERE c.queue::text = d.queue AND c.failure_reason::text = d.reason AND c.cause = d.cause
+      AND c.row_count <= 0::bigint;
     RETURN NULL;
 END
-$$;
+$body$
+$function$,
+        (SELECT n.nspname FROM pg_catalog.pg_type AS t
+         JOIN pg_catalog.pg_namespace AS n ON n.oid = t.typnamespace
+         WHERE t.oid = pg_catalog.pg_typeof(NULL::{dlq_causes})),
+        {dlq_causes_count_name}, {dlq_causes_name}, {dlq_cause_fn_name});
+END
+$migration$;
 
 -- Taken first so the recount below sees every row and no writer slips in between: the
 -- triggers count from the moment this transaction commits, the recount up to it.
@@ -165,3 +190,4 @@ GROUP BY 1, 2, 3;
 
 CREATE INDEX IF NOT EXISTS {dlq_cause_idx} ON {dlq} ({dlq_cause_fn}(last_exception), id);
 ANALYZE {dlq_causes};
+SELECT set_config('search_path', current_setting('outbox_farm.search_path'), true);

@@ -130,10 +130,15 @@ class TableNames:
             ids["dlq_queue_reason_stats"] = self.dlq.schema_sibling(
                 "_reason_stats", "DLQ queue and reason statistics name"
             )
-            ids["dlq_cause_fn"] = self.dlq.schema_sibling("_cause", "DLQ cause function name")
             ids["dlq_cause_idx"] = self.dlq.sibling("_cause_idx", "DLQ cause index name")
-            ids["dlq_causes"] = self.dlq.schema_sibling("_causes", "DLQ cause counts table name")
-            ids["dlq_causes_count"] = self.dlq.schema_sibling(
-                "_causes_count", "DLQ cause counting function name"
-            )
+            for key, suffix, what in (
+                ("dlq_cause_fn", "_cause", "DLQ cause function name"),
+                ("dlq_causes", "_causes", "DLQ cause counts table name"),
+                ("dlq_causes_count", "_causes_count", "DLQ cause counting function name"),
+            ):
+                ids[key] = self.dlq.schema_sibling(suffix, what)
+                # The bare name as a string literal: the counting function runs with its
+                # owner's rights on a search path of pg_catalog alone, so migration 0009
+                # names these objects with the schema it finds them in (format's %I).
+                ids[key + "_name"] = sql.Literal(self.dlq.name + suffix)
         return ids

@@ -22,6 +22,9 @@ from outbox_farm.admin.dlq import CauseGroup, dlq_causes, dlq_count
 from outbox_farm.db.operator import AdminSql
 from outbox_farm.errors import SchemaError
 from outbox_farm.names import TableNames
+from outbox_farm.ops.migrate import migrate
+from outbox_farm.ops.schema_check import check_schema
+from tests.integration.roles import acting_as
 from tests.integration.test_admin_dlq import dead
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
@@ -211,3 +214,58 @@ def test_a_temporary_table_cannot_stand_in_for_the_counts(conn: Conn) -> None:
     dead(conn)
     assert conn.execute("SELECT count(*) FROM pg_temp.outbox_dlq_causes").fetchone() == (0,)
     assert conn.execute("SELECT row_count FROM public.outbox_dlq_causes").fetchone() == (1,)
+
+
+PLANTED = [
+    "CREATE FUNCTION public.planted_ne(numeric, integer) RETURNS boolean LANGUAGE plpgsql "
+    "AS $$ BEGIN RAISE EXCEPTION 'planted code ran as %', current_user; END $$",
+    "CREATE OPERATOR public.<> (FUNCTION = public.planted_ne, LEFTARG = numeric, "
+    "RIGHTARG = integer)",
+    "CREATE FUNCTION public.planted_eq(varchar, text) RETURNS boolean LANGUAGE plpgsql "
+    "AS $$ BEGIN RAISE EXCEPTION 'planted code ran as %', current_user; END $$",
+    "CREATE OPERATOR public.= (FUNCTION = public.planted_eq, LEFTARG = varchar, RIGHTARG = text)",
+    "CREATE FUNCTION public.array_cat(text[], text[]) RETURNS text[] LANGUAGE plpgsql "
+    "AS $$ BEGIN RAISE EXCEPTION 'planted code ran as %', current_user; END $$",
+]
+
+
+def test_operators_and_functions_planted_in_public_never_run_under_the_owner(conn: Conn) -> None:
+    """A role with nothing but CREATE on `public` defines operators and a function that match
+    the counting function's argument types better than pg_catalog's: the function runs with its
+    owner's rights, so it must never call them, whoever writes the DLQ."""
+    with acting_as(conn, "planter", "GRANT USAGE, CREATE ON SCHEMA public TO {}"):
+        for statement in PLANTED:
+            conn.execute(statement)
+        conn.execute("RESET ROLE")  # the superuser's farm and tools write the DLQ
+        # Positive control: on the default search path they are what such operators find.
+        with pytest.raises(psycopg.errors.RaiseException, match="planted code ran as postgres"):
+            conn.execute("SELECT sum(n) <> 0 FROM (VALUES (1::bigint)) AS v(n)")
+        dead(conn, exception="E(1)")
+        dead(conn, exception="E(2)")
+        conn.execute("UPDATE outbox_dlq SET last_exception = 'F()' WHERE last_exception = 'E(1)'")
+        conn.execute("DELETE FROM outbox_dlq WHERE last_exception = 'F()'")
+        assert groups(conn) == {"E(<n>)": 1}
+        conn.execute("TRUNCATE outbox_dlq")
+        assert groups(conn) == {}
+
+
+@pytest.mark.parametrize(("schema", "search_path"), [("app.", "public"), ("", "app, public")])
+def test_the_counts_live_beside_a_dlq_in_another_schema(
+    empty_dsn: str, schema: str, search_path: str
+) -> None:
+    """The counting function finds its table and the cause function by the schema it was made
+    in, not by a search path, whether the DLQ's name carries that schema or not."""
+    names = TableNames.build(f"{schema}jobs", f"{schema}jobs_dlq")
+    with psycopg.connect(empty_dsn, autocommit=True) as admin:
+        admin.execute("CREATE SCHEMA app")
+        admin.execute("SELECT set_config('search_path', %s, false)", [search_path])
+        migrate(admin, names)
+        admin.execute("SET search_path = public")
+        admin.execute(
+            "INSERT INTO app.jobs_dlq (original_id, queue, payload, deliveries_count, "
+            "created_at, failure_reason, last_exception) "
+            "VALUES (1, 'q', 'x', 1, now(), 'rejected', 'E(7)')"
+        )
+        counted = admin.execute("SELECT cause, row_count FROM app.jobs_dlq_causes").fetchall()
+        assert counted == [("E(<n>)", 1)]
+        assert check_schema(admin, TableNames.build("app.jobs", "app.jobs_dlq")) == []

@@ -47,6 +47,9 @@ def test_default_names_and_derived_identifiers() -> None:
         "dlq_cause_idx": '"outbox_dlq_cause_idx"',
         "dlq_causes": '"outbox_dlq_causes"',
         "dlq_causes_count": '"outbox_dlq_causes_count"',
+        "dlq_cause_fn_name": "'outbox_dlq_cause'",
+        "dlq_causes_name": "'outbox_dlq_causes'",
+        "dlq_causes_count_name": "'outbox_dlq_causes_count'",
     }
 
 
