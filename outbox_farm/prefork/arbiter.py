@@ -39,10 +39,11 @@ from . import liveness
 from .app import AppLoader
 from .beats import Child
 from .child import ARBITER_SIGNALS, BOOT_ERROR, describe_exit, run_child
+from .deaths import describe_death
 from .exposition import Exposition
 from .handback import HandBacks
 from .reloader import Rollout, SourceWatcher
-from .restarts import RestartBackoff
+from .restarts import GIVING_UP, RestartBackoff
 from .wakeup import Wakeup
 
 log = logging.getLogger("outbox_farm.arbiter")
@@ -53,6 +54,7 @@ PAST_GRACEFUL = PAST_DEADLINE + 1.0
 STOP_AT_ONCE = 5.0  # seconds an immediate stop waits before it kills
 TURN = 1.0  # the longest the loop sleeps when no signal wakes it
 HANDBACK_AT_EXIT = 2.0  # seconds the arbiter's exit waits for hand-backs still under way
+ARBITER_FAILED = 4  # exit status after an unexpected error in the arbiter's own loop
 
 
 @dataclass
@@ -86,7 +88,12 @@ class Arbiter:
         self._rollout = Rollout(self.state_dir)
 
     def run(self) -> int:
-        """Supervise until told to stop; the process exit status."""
+        """Supervise until told to stop; the process exit status.
+
+        An unexpected error in the loop ends it as in gunicorn: logged with its traceback, the
+        workers stopped at once rather than drained (a drain runs the loop's code that just
+        raised, for up to the graceful deadline; their rows come back by hand-back or lease
+        expiry), the metrics server closed, exit status `ARBITER_FAILED`."""
         supervisor_metrics()  # made here, after the multiprocess directory was set
         bind = self.settings.metrics_bind
         self._exposition = Exposition(bind, self.state_dir) if bind else None
@@ -106,6 +113,15 @@ class Arbiter:
                 self._publish()  # before the server's first answer: "starting", not "no news"
                 self._exposition.start()
             return self._loop()
+        except Exception:
+            log.exception(
+                "the arbiter failed unexpectedly (a bug: report it with this traceback); "
+                "stopping the workers at once, then exiting with status %d",
+                ARBITER_FAILED,
+                extra={"event": "arbiter_failed"},
+            )
+            self._stop(graceful=False)  # should this raise too, each worker exits by itself
+            return ARBITER_FAILED
         finally:
             if self._exposition is not None:
                 self._exposition.close()
@@ -138,14 +154,7 @@ class Arbiter:
                 return self._stop(graceful=self._stopping)
             self._reap()
             if self._backoff.given_up:
-                log.error(
-                    "workers failed to boot %d times in a row; giving up. The log lines above "
-                    "say why (the app no longer imports? bad settings? schema missing: run "
-                    "`outbox-farm migrate`? a privilege missing: run `outbox-farm check`); fix "
-                    "it, then start the farm again",
-                    self._backoff.boot_failures,
-                    extra={"event": "halt"},
-                )
+                log.error(GIVING_UP, self._backoff.boot_failures, extra={"event": "halt"})
                 self._stop(graceful=False)
                 return BOOT_ERROR
             self._murder_stale()
@@ -291,11 +300,11 @@ class Arbiter:
             reason = "heartbeat" if child.stale else "crash"
             delay = self._backoff.crashed(child.slot, time.monotonic())
             log.warning(
-                "worker %d (slot %d) died%s (%s); %s",
+                "worker %d (slot %d) died%s, %s; %s",
                 child.pid,
                 child.slot,
                 "" if booted else " before it started",
-                how,
+                describe_death(code, stale=child.stale),
                 f"replacing it in {delay:.1f}s" if delay else "replacing it",
                 extra={"event": "worker_died", "reason": reason, "exit": how, "slot": child.slot},
             )

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 MAX_BOOT_FAILURES = 5
 QUICK_CRASH = 1.0  # a slot whose worker dies sooner than this after the last crash backs off
 MAX_DELAY = 10.0  # seconds, the longest wait before a replacement
+GIVING_UP = (  # the arbiter's last line before exit status 3, with the count of failures
+    "workers failed to boot %d times in a row; giving up. The log lines above say why (the app "
+    "no longer imports? bad settings? schema missing: run `outbox-farm migrate`? a privilege "
+    "missing: run `outbox-farm check`); fix it, then start the farm again"
+)
 
 
 @dataclass
