@@ -11,9 +11,8 @@ when its claims failed STALL_FAILURES times in a row or for STALL_FAILING_FOR se
 two idle fetches in a row (nothing held, an empty claim) find a ready row due for more than
 STALL_OVERDUE seconds: the farm has room, yet that row is not taken.
 
-While the completer finds its rows' outcome writes refused for want of a privilege, the queue's
-claims are paused (see `problems`): every PAUSED_PROBE_EVERY seconds the fetcher tries the
-refused write over no rows instead, and claims again once it passes.
+While the completer finds its rows' acks or retries refused for want of a privilege, the
+queue's claims are paused: the fetcher probes the refused write on a clock instead (see `pause`).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from ..queries import Queries
 from ..tokens import lease_token
 from .inbox import Inbox
 from .inflight import Ledger
+from .pause import Pause
 from .problems import Problems, Stall
 from .supervised import Supervisor
 
@@ -48,7 +48,6 @@ STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
 STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
 FAR_EVERY = 2.0  # seconds between looks for rows due beyond what a client can load
 STRANDED_EVERY = 2.0  # seconds between looks for rows left marked at the head of their key
-PAUSED_PROBE_EVERY = 2.0  # seconds between probes of a paused queue's refused write
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -85,6 +84,7 @@ class Fetcher:
         self.poll_interval = poll_interval
         self.worker_id = worker_id
         self.problems = problems or Problems()
+        self.pause = Pause(spec.queue, self.problems, log)
         self.on_starved = on_starved
         self.operation = f"claim for queue {spec.queue}"
         self._far_at = 0.0  # monotonic time of the next claim that also looks for far rows
@@ -128,6 +128,7 @@ class Fetcher:
         """Stop claiming. A claim already sent is allowed to finish so its rows are known."""
         self._stopping = True
         self._wake.set()
+        self.pause.stop()
         self.ledger.slots.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
@@ -152,8 +153,7 @@ class Fetcher:
             self._wake.clear()
             want = min(free, self.batch)
             try:
-                if not await self._may_claim():
-                    await self._rest(PAUSED_PROBE_EVERY)
+                if await self.pause.held():
                     continue
                 got = await self._claimed(want)
                 if got == want:
@@ -189,14 +189,6 @@ class Fetcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
-
-    async def _may_claim(self) -> bool:
-        """False while the queue's claims are paused and its refused write is still refused."""
-        paused = self.problems.paused.get(self.spec.queue)
-        if paused is not None and await paused[1]() is None:
-            self.problems.resumed(self.spec.queue, log)
-            return True
-        return paused is None
 
     async def _free_stranded(self) -> int:
         """At most every `STRANDED_EVERY` seconds, when a claim came back short: unmark the

@@ -4,13 +4,17 @@
 that is rolled back, so a role whose transactions are read-only, or a write refused by a
 trigger, is reported although the catalogs show every grant. A runtime whose acks are refused
 for want of a privilege pauses claiming that queue (a /healthz problem) instead of running the
-handlers again at every lease, and resumes on its own once the grant is back.
+handlers again at every lease, probes the refused write on a clock of its own (not at every
+NOTIFY), and resumes on its own once the grant is back. A write that could not be tried (a
+lock, a timeout) is a note, not a refusal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from outbox_farm.names import TableNames
 from outbox_farm.ops.privileges import check_privileges
 from outbox_farm.ops.readiness import check_ready
 from outbox_farm.settings import RuntimeSettings
+from outbox_farm.worker import pause
 from outbox_farm.worker.runtime import Runtime
 from tests.acceptance.test_cli import run
 from tests.acceptance.test_farm import FARMAPP
@@ -233,6 +238,70 @@ def test_refused_acks_pause_the_queue_instead_of_running_handlers_every_lease(
             assert len(runs) == 10, runs
             await eventually(lambda: runtime.problem is None, "no problem any more")
             assert runtime.problems.paused == {}
+        finally:
+            await runtime.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_paused_queue_probes_on_its_clock_whatever_the_notifies(
+    dsn: str, role: str, granted: str, conn: psycopg.Connection[Any], monkeypatch: Any
+) -> None:
+    every = 0.5
+    monkeypatch.setattr(pause, "PAUSED_PROBE_EVERY", every)
+    conn.execute(sql.SQL("REVOKE DELETE ON outbox FROM {}").format(sql.Identifier(role)))
+    farm = Farm(dlq_table="outbox_dlq")
+
+    @farm.handler("q", concurrency=4)
+    async def handle(message: Message) -> None:
+        pass
+
+    probed: list[float] = []  # when each probe of the refused ack began (monotonic)
+    real = privileges.refusal
+
+    async def timed(*args: Any) -> Any:
+        probed.append(time.monotonic())
+        return await real(*args)
+
+    monkeypatch.setattr(privileges, "refusal", timed, raising=False)
+
+    async def scenario() -> None:
+        runtime = Runtime(list(farm.handlers.values()), farm.queries, granted, RuntimeSettings())
+        await runtime.start()
+        try:
+            with psycopg.connect(dsn) as producer:
+                farm.publish(producer, {"n": 1}, queue="q")
+            await eventually(lambda: runtime.problems.paused, "the queue's claims paused")
+            fetcher = runtime.fetchers["q"]
+            wakes = 0
+            wake = fetcher.wake
+
+            def counted() -> None:
+                nonlocal wakes
+                wakes += 1
+                wake()
+
+            monkeypatch.setattr(fetcher, "wake", counted)
+            seen = len(probed)
+            channel = farm.queries.names.channel
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as notifier:
+                while len(probed) < seen + 4:  # a producer's stream of NOTIFYs, 3 probes long
+                    await notifier.execute("SELECT pg_notify(%s, 'q')", [channel])
+                    await asyncio.sleep(0.01)
+            gaps = [later - earlier for earlier, later in itertools.pairwise(probed)]
+            assert min(gaps) >= 0.9 * every, gaps  # each probe waited for its time ...
+            assert wakes >= 20  # ... while the NOTIFYs reached the fetcher, many per probe
+            assert runtime.problems.paused.keys() == {"q"}
+
+            # The next probe an hour away: a stop still ends the wait at once.
+            monkeypatch.setattr(pause, "PAUSED_PROBE_EVERY", 3600.0)
+            await eventually(
+                lambda: len(probed) > seen + 4, "a probe that set the next an hour off"
+            )
+            stopping = time.monotonic()
+            await runtime.stop(graceful_timeout=60.0)
+            assert time.monotonic() - stopping < 20.0  # not the 60 s of the stop's deadline
+            assert not fetcher.alive
         finally:
             await runtime.stop()
 
