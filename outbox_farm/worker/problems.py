@@ -9,10 +9,13 @@ statement passes by itself, and is the caller's to log.
 
 One kind of retrying costs more than log lines: a row whose outcome cannot be written (the
 role lost DELETE, its transactions turned read-only) is claimed again when its lease expires
-and its handler runs again, every lease, for nothing. So a write of a row's outcome refused for
-want of a privilege pauses the claims of the row's queue: the queue is a problem (/healthz 503)
-until its fetcher finds, by running the refused statement over no rows (which checks the same
-privileges and changes nothing), that the write would pass again.
+and its handler runs again, every lease, for nothing. So an ack or a retry refused for want of
+a privilege pauses the claims of the row's queue: the queue is a problem (/healthz 503) until
+its fetcher finds, by running the refused statement over no rows (which checks the same
+privileges and changes nothing), that the write would pass again (see `pause`). A refused
+dead-letter move pauses nothing: it concerns only the rows that fail for good, which stay in
+the outbox and are reported as a problem, while the queue's healthy rows are delivered (a row's
+own fault costs only that row).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from ..errors import DatabaseError, PermanentError, PrivilegeError
 
 LOG_EVERY = 60.0
 READ_ONLY = "25006"  # read_only_sql_transaction: no write of this session can pass either
-# The writes that end a row's delivery: refused, the handler runs again at the next lease.
-OUTCOME_WRITES = ("ack", "retry", "terminal")
+# The writes that end healthy rows' deliveries: refused, every handler runs again every lease.
+PAUSING_WRITES = ("ack", "retry")
 # Runs the refused write over no rows: the error it still gets, None once it would pass.
 Probe = Callable[[], Awaitable[DatabaseError | None]]
 
@@ -68,11 +71,11 @@ class Problems:
         extra: dict[str, object],
     ) -> bool:
         """A write of `phase` for a row of `queue` was refused with `exc`: recorded as `report`
-        does (its result), and the queue's claims paused when that write ends a delivery and
-        the refusal is for want of a privilege (`probe` tells when it would pass again)."""
+        does (its result), and the queue's claims paused when that write is an ack or a retry
+        and the refusal is for want of a privilege (`probe` tells when it would pass again)."""
         reported = self.report(f"{phase} write", exc, logger, extra)
         refused = isinstance(exc, PrivilegeError) or exc.sqlstate == READ_ONLY
-        if refused and phase in OUTCOME_WRITES and queue not in self.paused:
+        if refused and phase in PAUSING_WRITES and queue not in self.paused:
             self.paused[queue] = (f"{phase} write: {one_line(exc)}", probe)
             logger.error(
                 "queue %s: claims paused, as its rows' %s writes are refused (%s): each row "

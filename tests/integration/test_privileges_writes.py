@@ -5,8 +5,8 @@ that is rolled back, so a role whose transactions are read-only, or a write refu
 trigger, is reported although the catalogs show every grant. A runtime whose acks are refused
 for want of a privilege pauses claiming that queue (a /healthz problem) instead of running the
 handlers again at every lease, probes the refused write on a clock of its own (not at every
-NOTIFY), and resumes on its own once the grant is back. A write that could not be tried (a
-lock, a timeout) is a note, not a refusal.
+NOTIFY), and resumes on its own once the grant is back. A refused dead-letter move pauses
+nothing. A write that could not be tried (a lock, a timeout) is a note, not a refusal.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from outbox_farm import Farm, Message
+from outbox_farm import DeadLetter, Farm, Message
 from outbox_farm.db import privileges
 from outbox_farm.names import TableNames
 from outbox_farm.ops.privileges import check_privileges
@@ -302,6 +302,52 @@ def test_a_paused_queue_probes_on_its_clock_whatever_the_notifies(
             await runtime.stop(graceful_timeout=60.0)
             assert time.monotonic() - stopping < 20.0  # not the 60 s of the stop's deadline
             assert not fetcher.alive
+        finally:
+            await runtime.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_dead_letter_move_leaves_its_row_and_the_queue_delivering(
+    dsn: str, role: str, granted: str, conn: psycopg.Connection[Any]
+) -> None:
+    ident = sql.Identifier(role)
+    conn.execute(sql.SQL("REVOKE INSERT ON outbox_dlq FROM {}").format(ident))
+    farm = Farm(dlq_table="outbox_dlq")
+
+    @farm.handler("q", concurrency=4, lease_ttl=1.0)
+    async def handle(message: Message) -> None:
+        if message.json()["bad"]:
+            raise DeadLetter("not ours")
+
+    def left() -> list[int]:
+        return [row[0] for row in conn.execute("SELECT id FROM outbox ORDER BY id")]
+
+    async def scenario() -> None:
+        settings = RuntimeSettings(poll_interval=0.1)
+        runtime = Runtime(list(farm.handlers.values()), farm.queries, granted, settings)
+        await runtime.start()
+        try:
+            with psycopg.connect(dsn) as producer:
+                farm.publish(producer, {"bad": True}, queue="q")
+            bad = left()
+            problem = await eventually(
+                lambda: "terminal write" in (runtime.problem or "") and runtime.problem,
+                "the refused dead-letter move on /healthz",
+            )
+            assert "permission denied for table outbox_dlq" in problem
+            with psycopg.connect(dsn) as producer:
+                farm.publish_batch(producer, [{"bad": False}] * 5, queue="q")
+            await eventually(lambda: left() == bad, "the 5 healthy rows acked beside the bad one")
+            assert runtime.problems.paused == {}
+            assert "terminal write" in (runtime.problem or "")
+            assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (0,)
+
+            conn.execute(sql.SQL("GRANT INSERT ON outbox_dlq TO {}").format(ident))
+            await eventually(lambda: left() == [], "the bad row dead-lettered once granted")
+            dead = conn.execute("SELECT original_id FROM outbox_dlq").fetchall()
+            assert [row[0] for row in dead] == bad
+            await eventually(lambda: runtime.problem is None, "no problem any more")
         finally:
             await runtime.stop()
 
