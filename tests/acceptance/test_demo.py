@@ -39,18 +39,8 @@ def test_the_demo_delivers_every_message_and_sums_up(tmp_path: Path, empty_dsn: 
     assert re.search(r"served its metrics at http://127\.0\.0\.1:\d+/metrics \(a free port\)", out)
     assert "`outbox-farm start` serves /metrics and /healthz on 127.0.0.1:9464" in out
     # The dlq list it suggests reaches the demo's database (the --dsn it was given), as printed.
-    (suggested,) = re.findall(r"see them with `(outbox-farm dlq list [^`]*)`", out)
+    suggested, listed = _run_suggested_list(out, tmp_path, env)
     assert "--dsn" in suggested
-    listed = subprocess.run(
-        [str(CLI), *shlex.split(suggested)[1:], "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 2
     assert "embedded" not in listed.stderr
     with psycopg.connect(empty_dsn) as demo_db:
@@ -105,18 +95,8 @@ def test_the_demo_on_the_embedded_server_suggests_a_dlq_list_that_reaches_it(
     assert done.returncode == 0, done.stdout + done.stderr
     data = tmp_path / ".outbox-farm" / "pgdata"
     assert f"using the embedded PostgreSQL server at {data} (created)" in done.stderr
-    (suggested,) = re.findall(r"see them with `(outbox-farm dlq list [^`]*)`", done.stdout)
+    suggested, listed = _run_suggested_list(done.stdout, tmp_path, env)
     assert "--embedded" in shlex.split(suggested)
-    listed = subprocess.run(
-        [str(CLI), *shlex.split(suggested)[1:], "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 1  # message 7 of the thousand
     unasked = subprocess.run(
         [str(CLI), "dlq", "list", "--dlq-table", "outbox_demo_dlq"],
@@ -129,3 +109,22 @@ def test_the_demo_on_the_embedded_server_suggests_a_dlq_list_that_reaches_it(
     )
     assert unasked.returncode == 2, unasked.stdout + unasked.stderr
     assert "no database given" in unasked.stderr
+
+
+def _run_suggested_list(
+    out: str, cwd: Path, env: dict[str, str]
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """The `dlq list` command the demo's summary suggests, run as printed (with --json): the
+    suggestion and its successful result."""
+    (suggested,) = re.findall(r"see them with `(outbox-farm dlq list [^`]*)`", out)
+    listed = subprocess.run(
+        [str(CLI), *shlex.split(suggested)[1:], "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    return suggested, listed
