@@ -79,6 +79,14 @@ class QualifiedName:
         return f"{self.schema}.{self.name}" if self.schema else self.name
 
 
+# Migration 0009's objects beside the DLQ, by placeholder: (suffix of the DLQ's name, what).
+_CAUSE_OBJECTS = {
+    "dlq_cause_fn": ("_cause", "DLQ cause function name"),
+    "dlq_causes": ("_causes", "DLQ cause counts table name"),
+    "dlq_causes_count": ("_causes_count", "DLQ cause counting function name"),
+}
+
+
 @dataclass(frozen=True)
 class TableNames:
     """The outbox table, the optional DLQ table, and their derived identifiers."""
@@ -102,6 +110,14 @@ class TableNames:
     def channel(self) -> str:
         """The NOTIFY channel: `outbox_<table>` (the table name without its schema)."""
         return f"outbox_{self.outbox.name}"
+
+    def cause_objects(self) -> dict[str, str]:
+        """The bare names of what migration 0009 makes beside the DLQ, in the DLQ's schema, by
+        placeholder: the cause function, the counts table and the counting function (empty
+        without a DLQ)."""
+        if self.dlq is None:
+            return {}
+        return {key: self.dlq.name + suffix for key, (suffix, _) in _CAUSE_OBJECTS.items()}
 
     def identifiers(self) -> dict[str, sql.Composable]:
         """Placeholders for the SQL files and migrations (`notify_channel`: the channel as a
@@ -131,11 +147,7 @@ class TableNames:
                 "_reason_stats", "DLQ queue and reason statistics name"
             )
             ids["dlq_cause_idx"] = self.dlq.sibling("_cause_idx", "DLQ cause index name")
-            for key, suffix, what in (
-                ("dlq_cause_fn", "_cause", "DLQ cause function name"),
-                ("dlq_causes", "_causes", "DLQ cause counts table name"),
-                ("dlq_causes_count", "_causes_count", "DLQ cause counting function name"),
-            ):
+            for key, (suffix, what) in _CAUSE_OBJECTS.items():
                 ids[key] = self.dlq.schema_sibling(suffix, what)
                 # The bare name as a string literal: the counting function runs with its
                 # owner's rights on a search path of pg_catalog alone, so migration 0009

@@ -205,3 +205,43 @@ def read_table(conn: Connection, table: QualifiedName) -> LiveTable | None:
     except psycopg.Error as exc:
         raise translate(exc, doing="schema check failed") from exc
     return LiveTable(columns, indexes, checks)
+
+
+@dataclass(frozen=True)
+class LiveCauses:
+    """What of migration 0009 a DLQ has: the cause function, the counts table, the names of the
+    enabled triggers that keep the counts, and the index on the cause."""
+
+    function: bool
+    counts_table: bool
+    triggers: tuple[str, ...]
+    index: bool
+
+
+def read_causes(conn: Connection, names: TableNames) -> LiveCauses | None:
+    """Migration 0009's objects beside the DLQ of `names`; None when it has no DLQ or the DLQ
+    does not exist."""
+    if names.dlq is None:
+        return None
+    sql_ = load_blocks()
+    try:
+        quoted = names.dlq.identifier().as_string(conn)
+        row = conn.execute(sql_["table_oid"], {"table": quoted}).fetchone()
+        if row is None or row[0] is None:
+            return None
+        objects = names.cause_objects()
+        found = conn.execute(
+            sql_["dlq_cause_objects"],
+            {
+                "oid": row[0],
+                "cause_fn": objects["dlq_cause_fn"],
+                "causes": objects["dlq_causes"],
+                "causes_count": objects["dlq_causes_count"],
+            },
+        ).fetchone()
+    except psycopg.Error as exc:
+        raise translate(exc, doing="schema check failed") from exc
+    if found is None:  # dropped since it was found
+        return None
+    function, counts_table, triggers, index = found
+    return LiveCauses(bool(function), bool(counts_table), tuple(triggers), bool(index))

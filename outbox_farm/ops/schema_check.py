@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..db.connect import Connection
-from ..db.schema import LiveColumn, LiveIndex, read_table, recorded_migrations
+from ..db.schema import LiveColumn, LiveIndex, read_causes, read_table, recorded_migrations
 from ..names import QualifiedName, TableNames
 from .migrate import load_migrations
 
@@ -91,6 +91,11 @@ DLQ_INDEXES = (
         "queue and reason index (migration 0007)", ("queue", "failure_reason", "id"), False, None
     ),
 )
+# The statement-level triggers of migration 0009 that keep the DLQ's counts by cause.
+CAUSE_TRIGGERS = tuple(
+    f"outbox_farm_causes_{op}" for op in ("delete", "insert", "truncate", "update")
+)
+CAUSES_VERSION = 9
 FIX_HINT = (
     "run `outbox-farm migrate`, or for a drifted index or CHECK drop it and recreate it as "
     "`outbox-farm sql` prints it"
@@ -266,6 +271,47 @@ def _check_table(
     return problems
 
 
+def _check_causes(conn: Connection, names: TableNames, recorded: bool) -> list[Problem]:
+    """Migration 0009's objects beside the DLQ. Without its triggers the counts by cause drift
+    from the rows unseen (`stats` and `dlq list --group` show wrong numbers); without the
+    function, table or index grouping and `--cause` fail. Once 0009 is recorded, only
+    `--repair` runs it again, which also recounts."""
+    live = read_causes(conn, names)
+    if live is None or names.dlq is None:  # no DLQ: reported by the table's own check
+        return []
+    label = str(names.dlq)
+    if not recorded and not (live.function or live.counts_table or live.triggers or live.index):
+        return [
+            Problem(
+                label,
+                "dead letters by cause are not set up (migration 0009: the cause function, "
+                "the counts table, its triggers and the index on the cause); run "
+                "`outbox-farm migrate`",
+            )
+        ]
+    hint = (
+        "run `outbox-farm migrate --repair` (it makes them again and recounts)"
+        if recorded
+        else "run `outbox-farm migrate`"
+    )
+    objects = names.cause_objects()
+    # While a trigger remains, it fails every write that fires it, the farm's DLQ moves too.
+    fails = " (every write to the DLQ fails meanwhile)" if live.triggers else ""
+    made = [
+        (live.function, f"the cause function {objects['dlq_cause_fn']}(text){fails}"),
+        (live.counts_table, f"the cause counts table {objects['dlq_causes']}{fails}"),
+        (live.index, f"the index on {objects['dlq_cause_fn']}(last_exception)"),
+    ]
+    missing = [what for present, what in made if not present]
+    gone = [name for name in CAUSE_TRIGGERS if name not in live.triggers]
+    if gone:
+        missing.append(
+            f"the trigger{'s' if len(gone) > 1 else ''} {', '.join(gone)} keeping the cause "
+            "counts (missing or disabled: the counts drift from the rows)"
+        )
+    return [Problem(label, f"{what} is missing (migration 0009); {hint}") for what in missing]
+
+
 @dataclass(frozen=True)
 class Assessment:
     problems: list[Problem]
@@ -280,11 +326,14 @@ def assess_schema(conn: Connection, names: TableNames) -> Assessment:
     matched by columns and predicate, so schemas made by Alembic or Django pass too. The DLQ
     is checked only when `names` has one. A failing catalog read is a `DatabaseError`.
     """
+    recorded = recorded_migrations(conn, names)
     problems = _check_table(conn, names.outbox, OUTBOX_COLUMNS, OUTBOX_INDEXES, True)
     if names.dlq is not None:
         problems += _check_table(conn, names.dlq, DLQ_COLUMNS, DLQ_INDEXES, False)
+        causes_applied = (str(names.dlq), CAUSES_VERSION) in {(t, v) for t, v, _ in recorded}
+        problems += _check_causes(conn, names, causes_applied)
     shipped = max(m.version for m in load_migrations())
-    newer = [record for record in recorded_migrations(conn, names) if record[1] > shipped]
+    newer = [record for record in recorded if record[1] > shipped]
     if not newer:
         return Assessment(problems, [])
     target, version, name = newer[-1]

@@ -27,3 +27,28 @@ WHERE i.indrelid = %(oid)s AND i.indisvalid
 SELECT conname, pg_get_constraintdef(oid)
 FROM pg_constraint
 WHERE conrelid = %(oid)s AND contype = 'c'
+
+-- name: dlq_cause_objects
+-- What migration 0009 made beside a DLQ, looked up by name in the DLQ's own schema (where 0009
+-- makes them): the cause function, the counts table, the enabled triggers that call the
+-- counting function, and whether a valid index of the DLQ uses the cause function (its key is
+-- an expression, which the indexes block cannot show: found through the index's dependency).
+SELECT EXISTS (SELECT FROM pg_proc AS p
+               WHERE p.pronamespace = t.relnamespace AND p.proname = %(cause_fn)s
+                 AND p.proargtypes = '25'::oidvector),
+       EXISTS (SELECT FROM pg_class AS c
+               WHERE c.relnamespace = t.relnamespace AND c.relname = %(causes)s
+                 AND c.relkind IN ('r', 'p')),
+       array(SELECT g.tgname FROM pg_trigger AS g JOIN pg_proc AS p ON p.oid = g.tgfoid
+             WHERE g.tgrelid = t.oid AND g.tgenabled <> 'D'
+               AND p.pronamespace = t.relnamespace AND p.proname = %(causes_count)s
+             ORDER BY 1)::text[],
+       EXISTS (SELECT FROM pg_index AS i
+               JOIN pg_depend AS d ON d.classid = 'pg_class'::regclass
+                                  AND d.objid = i.indexrelid
+                                  AND d.refclassid = 'pg_proc'::regclass
+               JOIN pg_proc AS p ON p.oid = d.refobjid
+               WHERE i.indrelid = t.oid AND i.indisvalid
+                 AND p.pronamespace = t.relnamespace AND p.proname = %(cause_fn)s)
+FROM pg_class AS t
+WHERE t.oid = %(oid)s
