@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from outbox_farm import Observer
+
 
 async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     """Poll `check` (sync, or returning an awaitable) until it returns something truthy, which
@@ -24,3 +26,19 @@ async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0)
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+class Claims(Observer):
+    """When each of the fetchers' claims began (monotonic), empty ones too: a test that needs a
+    fetcher to have looked, and gone back to rest, waits for a claim begun after some moment
+    rather than sleeping and hoping it did."""
+
+    def __init__(self) -> None:
+        self.begun: list[float] = []
+
+    def claimed(self, queue: str, rows: int, seconds: float) -> None:
+        self.begun.append(time.monotonic() - seconds)
+
+    def since(self, moment: float) -> int:
+        """How many claims began at or after `moment` and have ended."""
+        return sum(begun >= moment for begun in self.begun)

@@ -30,7 +30,7 @@ from outbox_farm.worker.executor import Executors
 from outbox_farm.worker.fetcher import Fetcher
 from outbox_farm.worker.inflight import Ledger
 from outbox_farm.worker.runtime import Runtime
-from tests.waits import eventually
+from tests.waits import Claims, eventually
 
 POLL = 0.05
 
@@ -236,16 +236,19 @@ def test_a_listener_that_fails_once_is_restarted(
     Fault(listener.listen).patch(monkeypatch, listener, "listen")  # type: ignore[attr-defined]
     queue = qname("listen")
     farm, handled = signalling_farm(queue)
+    claims = Claims()
 
     async def scenario() -> None:
         async with (
             await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn,
-            farm.running(dsn, poll_interval=30.0) as rt,
+            farm.running(dsn, poll_interval=30.0, observers=[claims]) as rt,
         ):
             await eventually(lambda: failures(caplog, "listener"), "the listener to fail")
             assert rt.listener is not None
             await asyncio.wait_for(rt.listener.connected.wait(), 20)
-            await asyncio.sleep(0.2)  # past the fetcher's wake-up at the (re)connect
+            # Past the fetcher's wake-up at the connect: its first claim, then the one the
+            # restarted listener's connect woke (the failed one never connected).
+            await eventually(lambda: len(claims.begun) >= 2, "the claim the connect woke")
             await farm.apublish(aconn, {}, queue=queue)
             await asyncio.wait_for(handled.wait(), 10)
 

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from outbox_farm import ConstantBackoff, Farm, Message
+from outbox_farm import ConstantBackoff, Farm, Message, Observer
 from outbox_farm.db import claims as statements
 from tests.integration.timing_kit import (
     LEASED,
@@ -37,7 +37,7 @@ from tests.integration.timing_kit import (
     outbox_count,
 )
 from tests.samples import sample
-from tests.waits import eventually
+from tests.waits import Claims, eventually
 
 # -- invariant 5: lease expiry on the database clock ---------------------------------------
 
@@ -139,12 +139,17 @@ def test_delayed_rows_fire_within_100ms_of_their_due_time(dsn: str) -> None:
     async def handle(msg: Message) -> None:
         started[msg.id] = time.time()
 
+    claims = Claims()
+
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
             offset = await clock_offset(aconn)
-            async with farm.running(dsn, poll_interval=0.5, graceful_timeout=2.0):
-                await asyncio.sleep(0.2)  # let the fetcher go idle on its poll
+            async with farm.running(
+                dsn, poll_interval=0.5, graceful_timeout=2.0, observers=[claims]
+            ):
+                # The fetcher's first claim found nothing: it rests on its poll.
+                await eventually(lambda: claims.begun, "the first claim")
                 ids = []
                 for n in range(3):
                     ids.append(await farm.apublish(aconn, {"n": n}, queue=Q, activate_in=1.0))
@@ -181,13 +186,17 @@ def test_retry_is_redelivered_within_100ms_of_its_due_time(dsn: str) -> None:
         if msg.attempts_count == 0:
             raise RuntimeError("first attempt fails")
 
+    claims = Claims()
+
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
             offset = await clock_offset(aconn)
             retried = sample("outbox_farm_retried_total", queue=Q)
-            async with farm.running(dsn, poll_interval=0.5, graceful_timeout=2.0):
-                await asyncio.sleep(0.2)
+            async with farm.running(
+                dsn, poll_interval=0.5, graceful_timeout=2.0, observers=[claims]
+            ):
+                await eventually(lambda: claims.begun, "the first claim")
                 # One claim, three failures, one retry flush: nothing else wakes the fetcher
                 # before its 0.5 s poll, so only the retry's own due time can be on time.
                 ids = await farm.apublish_batch(aconn, [{"n": n} for n in range(3)], queue=Q)
@@ -263,10 +272,12 @@ def test_timer_id_deduplicates_end_to_end(dsn: str) -> None:
 
 
 @asynccontextmanager
-async def listening(farm: Farm, dsn: str) -> AsyncIterator[Any]:
+async def listening(farm: Farm, dsn: str, *observers: Observer) -> AsyncIterator[Any]:
     """`farm` running with its LISTEN up and a 5 s poll: a delivery within a fraction of a
     second was woken by a NOTIFY. Yields the runtime."""
-    async with farm.running(dsn, poll_interval=5.0, graceful_timeout=2.0) as rt:
+    async with farm.running(
+        dsn, poll_interval=5.0, graceful_timeout=2.0, observers=observers
+    ) as rt:
         assert rt.listener is not None
         await eventually(rt.listener.connected.is_set, "LISTEN", timeout=5.0)
         yield rt
@@ -289,15 +300,28 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
         await eventually(lambda: row_id in started, f"delivery within {limit}s", timeout=limit)
         return started[row_id] - sent
 
+    claims = Claims()
+    woken: list[float] = []  # when the listener's (re)connects woke the fetcher
+
     async def scenario() -> None:
         aconn = await aconnect(dsn)
         try:
-            async with listening(farm, dsn) as rt:
+            async with listening(farm, dsn, claims) as rt:
                 pids = await eventually(
                     lambda: column(aconn, LISTENER_PIDS), "listener backend", timeout=2.0
                 )
                 assert len(pids) == 1, pids
-                await asyncio.sleep(0.3)  # past the wake-up every (re)connect gives
+                # Past the wake-up every (re)connect gives: the fetcher's first claim, then the
+                # one the connect woke (the listener cannot connect before the fetcher's first
+                # step), so that only a NOTIFY can deliver the next row before the 5 s poll.
+                await eventually(lambda: len(claims.begun) >= 2, "the claim the connect woke")
+                wake_all = rt.listener.on_connect
+
+                def on_connect() -> None:
+                    woken.append(time.monotonic())
+                    wake_all()
+
+                rt.listener.on_connect = on_connect
                 first = await publish_and_time(aconn, 0.2)
 
                 assert await one(aconn, "SELECT pg_terminate_backend(%s)", (pids[0],)) is True
@@ -312,7 +336,9 @@ def test_notify_wakes_the_fetcher_and_survives_a_killed_listener(dsn: str) -> No
                 again = await eventually(new_listener, "the listener to reconnect", timeout=5.0)
                 assert len(again) == 1, again
                 await eventually(rt.listener.connected.is_set, "LISTEN again", timeout=2.0)
-                await asyncio.sleep(0.3)
+                await eventually(
+                    lambda: woken and claims.since(woken[-1]), "the claim the reconnect woke"
+                )
                 after = await publish_and_time(aconn, 0.2)
                 print(
                     f"\nNOTIFY latency {first * 1000:.1f} ms; during listener outage "
