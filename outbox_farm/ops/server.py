@@ -60,9 +60,7 @@ def located(dsn: str | None, say: Callable[[str], None]) -> Iterator[Server]:
     path = data_dir()
     fresh = not (path / "PG_VERSION").exists()
     url, server = start_embedded(path)
-    say(
-        f"using the embedded PostgreSQL server at {path} ({'created' if fresh else 'existing'})"
-    )
+    say(f"using the embedded PostgreSQL server at {path} ({'created' if fresh else 'existing'})")
     try:
         yield Server(url, f"the embedded PostgreSQL server at {path}")
     finally:
