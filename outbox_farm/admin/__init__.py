@@ -12,10 +12,12 @@ purge commit batch by batch) and the `TableNames` of the farm's tables.
 from ..db.dlq import DlqRow, Done, Summary, SummaryLine
 from ..names import TableNames
 from .dlq import (
+    CauseGroup,
     DlqEntry,
     DlqFilter,
     Payload,
     Selection,
+    dlq_causes,
     dlq_count,
     dlq_list,
     dlq_purge,
@@ -27,6 +29,7 @@ from .durations import When, parse_duration
 from .stats import Count, DlqCounts, QueueStats, queue_stats
 
 __all__ = [
+    "CauseGroup",
     "Count",
     "DlqCounts",
     "DlqEntry",
@@ -40,6 +43,7 @@ __all__ = [
     "SummaryLine",
     "TableNames",
     "When",
+    "dlq_causes",
     "dlq_count",
     "dlq_list",
     "dlq_purge",

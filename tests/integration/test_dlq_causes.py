@@ -10,15 +10,17 @@ import psycopg
 import pytest
 
 from outbox_farm.admin import (
+    CauseGroup,
     DlqFilter,
     When,
+    dlq_causes,
+    dlq_count,
     dlq_list,
     dlq_purge,
     dlq_replay,
     dlq_summary,
     queue_stats,
 )
-from outbox_farm.admin.dlq import CauseGroup, dlq_causes, dlq_count
 from outbox_farm.db.operator import AdminSql
 from outbox_farm.errors import SchemaError
 from outbox_farm.names import TableNames
