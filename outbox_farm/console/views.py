@@ -213,8 +213,13 @@ def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) ->
             if flt.where.grep is not None
             else dlq_count(conn, settings.names, flt.where, settings.count_cap)
         )
-        # The groups of what the filter matches, until one is chosen: then the list is it.
-        causes = None if flt.where.cause else _causes(conn, settings.names, flt.where)
+        # The groups of what the filter matches, until one is chosen (then the list is it),
+        # and only where the kept counts answer (queue, reason): a text, time or id filter
+        # would group every row it matches, through the cause function, on every page.
+        where = flt.where
+        counted = where.cause is None and where.grep is None and where.ids is None
+        counted = counted and where.since is None and where.until is None
+        causes = _causes(conn, settings.names, where) if counted else None
     more = len(rows) > settings.page_size
     rows = rows[: settings.page_size]
     first = (number - 1) * settings.page_size + 1

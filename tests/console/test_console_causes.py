@@ -55,3 +55,21 @@ def test_groups_by_cause_open_their_rows_and_purge_them(dsn: str, conn: Conn) ->
         done = confirm(http, dry.text)
         assert 'data-rows="3"' in done.text
     assert dlq_ids(conn) == set(slow + other)
+
+
+def test_a_text_or_time_filter_lists_without_grouping_its_matches(dsn: str, conn: Conn) -> None:
+    """Groups come from the kept counts (queue, reason); a text or time filter would have
+    every matching row's cause worked out on every page, so its page lists without them."""
+    (late,) = fail(conn, 1, queue="orders", exception="KeyError('XX')")
+    fail(conn, 2, queue="orders", exception="TimeoutError()")
+    with client(dsn) as http:
+        counted = http.get("/dlq?queue=orders").text  # the positive control
+        assert set(_groups(counted)) == {"KeyError('XX')", "TimeoutError()"}
+        for query in ("queue=orders&text=XX", "since=1h"):
+            page = http.get(f"/dlq?{query}")
+            assert page.status_code == 200, query
+            assert _groups(page.text) == {}, query
+            assert 'id="dlq-causes"' not in page.text, query
+        # The list itself still answers the text search.
+        searched = http.get("/dlq?queue=orders&text=XX").text
+        assert set(map(int, re.findall(r'<tr data-id="(\d+)"', searched))) == {late}
