@@ -14,6 +14,7 @@ to the database, where `doctor` finds it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from pathlib import Path
 from ..metrics import supervisor_metrics
 from .app import AppLoader
 from .beats import Child, reload_failure_path
+
+log = logging.getLogger("outbox_farm.arbiter")
 
 SHOWN = 3  # changed files named in the log line
 
@@ -70,8 +73,8 @@ class Rollout:
         """A replacement could not boot with `error` (its first line): the roll stops here."""
         self.pending.clear()
         self.failed = error
-        reload_failure_path(self.state_dir).write_text(error)
         supervisor_metrics().reload_failed.set(1)
+        self._record(error)
 
     def step(
         self,
@@ -97,8 +100,26 @@ class Rollout:
         self.pending.pop(0)
         if not self.pending and self._booted_one and self.failed is not None:
             self.failed = None
-            reload_failure_path(self.state_dir).unlink(missing_ok=True)
             supervisor_metrics().reload_failed.set(0)
+            self._record(None)
+
+    def _record(self, error: str | None) -> None:
+        """Write (or, for None, remove) the file the workers pass on to `doctor`. A full disk
+        or a removed state directory costs `doctor` that line, never the arbiter's loop: the
+        gauge and /healthz carry the state from memory."""
+        path = reload_failure_path(self.state_dir)
+        try:
+            if error is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(error)
+        except OSError as exc:
+            log.warning(
+                "could not record the reload's state in %s (%s); doctor will not show it",
+                path,
+                exc,
+                extra={"event": "reload_state_unwritten"},
+            )
 
     def degraded(self) -> list[str]:
         """What /healthz lists as degraded on the roll's account."""

@@ -87,3 +87,22 @@ def test_a_roll_whose_old_workers_died_proves_nothing_and_keeps_the_failure(
     assert rollout.pending == []
     assert rollout.failed == "boom"
     assert gauge() == 1
+
+
+def test_a_state_directory_it_cannot_write_costs_doctor_the_line_not_the_arbiter(
+    tmp_path: Path,
+) -> None:
+    gone = tmp_path / "removed"  # the state directory, removed under the arbiter
+    children = {1: child(tmp_path, 1, 0, True)}
+    rollout = Rollout(gone)
+    rollout.begin(children)
+    rollout.abandon("boom")  # writing the file fails: no exception escapes
+    assert rollout.failed == "boom"
+    assert gauge() == 1
+    assert rollout.degraded()
+    assert reload_failure(gone) is None
+
+    rollout.begin(children)
+    assert step_until_done(rollout, children, new_booted=True) == [1]
+    assert rollout.failed is None
+    assert gauge() == 0
