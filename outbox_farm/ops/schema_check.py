@@ -303,13 +303,18 @@ def _check_causes(conn: Connection, names: TableNames, recorded: bool) -> list[P
         (live.index, f"the index on {objects['dlq_cause_fn']}(last_exception)"),
     ]
     missing = [what for present, what in made if not present]
+    found = [Problem(label, f"{what} is missing (migration 0009); {hint}") for what in missing]
     gone = [name for name in CAUSE_TRIGGERS if name not in live.triggers]
     if gone:
-        missing.append(
-            f"the trigger{'s' if len(gone) > 1 else ''} {', '.join(gone)} keeping the cause "
-            "counts (missing or disabled: the counts drift from the rows)"
+        which = f"trigger {gone[0]} is" if len(gone) == 1 else f"triggers {', '.join(gone)} are"
+        found.append(
+            Problem(
+                label,
+                f"the cause counts' {which} missing or disabled (migration 0009), so the counts "
+                f"drift from the rows; {hint}",
+            )
         )
-    return [Problem(label, f"{what} is missing (migration 0009); {hint}") for what in missing]
+    return found
 
 
 @dataclass(frozen=True)
