@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -210,8 +211,10 @@ class Farm:
         `queues=`, ...): see `RuntimeSettings`. `observers`: `outbox_farm.Observer`s told of
         every claim, handler run, verdict and write, after the metrics and logs.
         """
+        from .ops.readiness import refuse_older_schema
         from .worker.runtime import Runtime
 
+        await asyncio.to_thread(refuse_older_schema, dsn, self.queries.names)
         if options:
             settings = dataclasses.replace(settings or RuntimeSettings(), **options)
         runtime = Runtime(

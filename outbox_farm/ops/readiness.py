@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..db.connect import Connection
+from ..db.connect import Connection, connect
 from ..db.schema import missing_tables
-from ..errors import OutboxFarmError, SchemaError
+from ..errors import DatabaseError, OutboxFarmError, SchemaError
 from ..names import TableNames
 from .migrate import migrate
 from .privileges import check_privileges
@@ -39,6 +39,27 @@ def schema_report(conn: Connection, names: TableNames) -> SchemaReport:
     return SchemaReport(problems + access.problems, notes + access.notes)
 
 
+def _refuse_older(absent: list[str]) -> None:
+    if absent:
+        raise SchemaError(
+            f"the schema is older than this release (no column {', '.join(absent)}): "
+            "run `outbox-farm migrate` first, or start with --migrate"
+        )
+
+
+def refuse_older_schema(dsn: str, names: TableNames) -> None:
+    """SchemaError when the tables lack a column this release needs: what `start` refuses,
+    for a runtime embedded in an application (`Farm.running`), which has no `start` to look
+    first and would otherwise run into failing claims. A server it cannot reach or a catalog
+    it cannot read is left to the runtime, which says what is wrong in its own way."""
+    try:
+        with connect(dsn, autocommit=True) as conn:
+            absent = missing_columns(conn, names)
+    except DatabaseError:
+        return
+    _refuse_older(absent)
+
+
 def check_ready(conn: Connection, names: TableNames, apply: bool, log: logging.Logger) -> None:
     """Migrate if `apply`, then refuse (OutboxFarmError) when the tables are missing, lack a
     column this release needs (an older schema), or the role lacks privileges the workers
@@ -56,12 +77,8 @@ def check_ready(conn: Connection, names: TableNames, apply: bool, log: logging.L
         raise SchemaError(
             f"table(s) {', '.join(missing)} do not exist: run `outbox-farm migrate` first"
         )
-    absent = [] if access.schema_usage_missing else missing_columns(conn, names)
-    if absent:
-        raise SchemaError(
-            f"the schema is older than this release (no column {', '.join(absent)}): "
-            "run `outbox-farm migrate` first, or start with --migrate"
-        )
+    if not access.schema_usage_missing:
+        _refuse_older(missing_columns(conn, names))
     if access.problems:
         raise OutboxFarmError(
             "the database role lacks privileges the farm needs:\n  - "

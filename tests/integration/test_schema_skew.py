@@ -124,6 +124,27 @@ def test_start_refuses_a_schema_older_than_it_needs_in_one_line(empty_dsn: str) 
         check_ready(conn, NAMES, False, LOG)
 
 
+def test_an_embedded_runtime_refuses_a_schema_older_than_it_needs(empty_dsn: str) -> None:
+    """`Farm.running` has no `start` to look first: it refuses as `start` does, and runs once
+    the schema is migrated."""
+    migrate_to(empty_dsn, BEFORE_KEY_BLOCKED)
+    farm = Farm("outbox", "outbox_dlq")
+
+    @farm.handler("q")
+    async def handle(msg: object) -> None:
+        pass
+
+    async def run() -> None:
+        async with farm.running(empty_dsn, poll_interval=0.1):
+            pass
+
+    with pytest.raises(SchemaError, match=r"outbox\.key_blocked.*outbox-farm migrate"):
+        asyncio.run(run())
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, NAMES)
+    asyncio.run(run())  # the positive control
+
+
 def test_check_on_a_newer_schema_notes_its_shapes_instead_of_advising_to_undo_them(
     conn: Conn,
 ) -> None:
