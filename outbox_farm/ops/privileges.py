@@ -129,7 +129,10 @@ def check_privileges(conn: Connection, names: TableNames) -> PrivilegeReport:
     # Optional: without it the farms cannot compare their code, and run on (`chores.farm_code`).
     code = PrivilegeReport()
     if _check_table(conn, CODE_TABLE, CODE_NEEDS, False, code) is None:
-        code.problems.append(f"{CODE_TABLE} does not exist; run `outbox-farm migrate`")
+        code.problems.append(
+            f"{CODE_TABLE} does not exist; run `outbox-farm migrate` (with --repair if its "
+            "migration, 0010, was applied and the table dropped since)"
+        )
     report.notes += [
         f"the farms cannot tell when they run different code: {problem}"
         for problem in code.problems
