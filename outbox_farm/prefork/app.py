@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from ..chores.farm_code import remember
 from ..errors import AppImportError
 from ..farm import Farm
 
@@ -56,6 +57,9 @@ def load_farm(path: str) -> Farm:
         raise AppImportError(f"{path!r} is a {type(farm).__name__}, not an outbox_farm.Farm")
     if not farm.handlers:
         raise AppImportError(f"{path!r} has no handlers: register one with @farm.handler(queue)")
+    # Now, not when a worker reports it: a worker forked from a preloaded app runs this code,
+    # whatever the files on disk say by then.
+    remember(farm.handlers.values())
     return farm
 
 

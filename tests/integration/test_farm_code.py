@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from typing import Any
 
 import psycopg
@@ -146,31 +148,75 @@ def test_doctor_warns_of_two_codes_past_the_grace(dsn: str, conn: psycopg.Connec
     assert "finish the deploy" in lasting.hint
 
 
-def test_a_database_without_the_table_costs_the_comparison_only(
+def test_a_database_without_the_table_costs_the_comparison_only_until_it_is_migrated(
     dsn: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Code deployed before its schema: said once, and tried again, so that the `migrate` the
+    line asks for takes effect without a restart."""
     conn.execute("DROP TABLE outbox_farm_code")
+
+    def reports() -> list[tuple[Any, ...]]:
+        return conn.execute("SELECT worker FROM outbox_farm_code").fetchall()
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "outbox_farm.farm_code"]
 
     async def scenario() -> None:
         async with pool_for(dsn) as pool:
             code = watch(farm_with("old"), pool, "host-a pid 1", compare=True)
-            await asyncio.wait_for(code.run(every=0.01), 10)  # ends: it stops reporting
-            assert code.warnings == []
+            task = asyncio.create_task(code.run(every=0.01, retry=0.05))
+            try:
+                await eventually(said, "the line saying the code cannot be compared")
+                assert code.warnings == []
+                (check,) = [c for c in doctor(conn, NAMES) if c.name == "farm code"]
+                assert check.status is Status.WARN
+                assert "migration 0010" in check.hint
+                assert check_privileges(conn, NAMES).notes == [
+                    "the farms cannot tell when they run different code: outbox_farm_code does "
+                    "not exist; run `outbox-farm migrate`"
+                ]
+                migrate(conn, NAMES, repair=True)
+                assert await eventually(reports, "the report made after the migration") == [
+                    ("host-a pid 1",)
+                ]
+            finally:
+                await code.forget(task)
 
-    with caplog.at_level(logging.WARNING, logger="outbox_farm.farm_code"):
+    with caplog.at_level(logging.INFO, logger="outbox_farm.farm_code"):
         asyncio.run(scenario())
-    (record,) = caplog.records
-    assert "the farms' code cannot be compared" in record.getMessage()
-    assert "outbox-farm migrate" in record.getMessage()
-    (check,) = [c for c in doctor(conn, NAMES) if c.name == "farm code"]
-    assert check.status is Status.WARN
-    assert "migration 0010" in check.hint
-    assert check_privileges(conn, NAMES).notes == [
-        "the farms cannot tell when they run different code: outbox_farm_code does not exist; "
-        "run `outbox-farm migrate`"
-    ]
-    migrate(conn, NAMES, repair=True)
+    first, again = said()  # tried many times, said once
+    assert "the farms' code cannot be compared" in first
+    assert "outbox-farm migrate" in first
+    assert again == "the farms' code is compared again"
     assert check_privileges(conn, NAMES).notes == []
+
+
+def test_two_processes_of_one_host_name_and_pid_keep_their_own_reports(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Containers sharing a host name, each with its own pids: here two watches of one process."""
+
+    def workers() -> list[str]:
+        rows = conn.execute("SELECT worker FROM outbox_farm_code").fetchall()
+        return [worker for (worker,) in rows]
+
+    async def scenario() -> None:
+        async with pool_for(dsn) as pool:
+            old, new = (
+                CodeWatch(pool, farm.queries, list(farm.handlers.values()), compare=compare)
+                for farm, compare in ((farm_with("old"), True), (farm_with("new"), False))
+            )
+            assert old.worker.startswith(f"{socket.gethostname()} pid {os.getpid()} #")
+            await new.once()
+            await old.once(grace=0.0)
+            assert sorted(workers()) == sorted([old.worker, new.worker])
+            assert len(old.warnings) == 1, old.warnings
+            assert f"in 1 process(es) ({new.worker})" in old.warnings[0]
+
+            await new.forget(asyncio.create_task(new.run()))  # it stops; the other's stays
+            assert workers() == [old.worker]
+
+    asyncio.run(scenario())
 
 
 def test_a_runtime_reports_its_code_with_its_note_and_withdraws_it_at_the_stop(
