@@ -4,6 +4,8 @@ the file on disk later; constants of code without source; a relay's target and s
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,3 +79,31 @@ def test_a_relay_is_taken_with_its_target_but_not_its_password() -> None:
     assert fingerprint(first) != fingerprint(relayed("amqp://app:first-secret@broker/", "refunds"))
     assert fingerprint(first) != fingerprint(relayed("amqp://app:first-secret@other/", "orders"))
     assert fingerprint(first) == fingerprint(relayed("amqp://app:rotated@broker/", "orders"))
+
+
+SET_LITERAL = """
+import sys
+from outbox_farm import Farm
+from outbox_farm.chores.farm_code import fingerprint
+
+namespace = {"__name__": "generated"}
+text = "async def handle(message):\\n    return message.body.decode() in {'a', 'b', 'c', 'd'}\\n"
+exec(compile(text, "<generated>", "exec"), namespace)
+farm = Farm()
+farm.handler("q")(namespace["handle"])
+sys.stdout.write(fingerprint(farm.handlers["q"]))
+"""
+
+
+def test_code_without_source_is_taken_alike_by_processes_that_hash_strings_differently() -> None:
+    """A set literal is a frozenset constant, whose order follows the process's string hash."""
+
+    def taken(seed: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run(
+            [sys.executable, "-c", SET_LITERAL], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    assert len({taken(str(seed)) for seed in range(1, 7)}) == 1
