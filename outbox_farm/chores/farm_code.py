@@ -246,9 +246,10 @@ class CodeWatch:
                 if not unable:
                     log.warning(
                         "the farms' code cannot be compared (%s): run `outbox-farm migrate` "
-                        "(migration 0010), and grant this role SELECT, INSERT, UPDATE, DELETE "
-                        "on outbox_farm_code; the farm runs on without it, and tries again "
-                        "every %.0f s",
+                        "(migration 0010; with --repair if it was applied and the table dropped "
+                        "since), and grant this role SELECT, INSERT, UPDATE, DELETE on "
+                        "outbox_farm_code; the farm runs on without it, and tries again every "
+                        "%.0f s",
                         exc,
                         retry,
                         extra={"event": "code_not_compared"},

@@ -173,7 +173,8 @@ def test_a_database_without_the_table_costs_the_comparison_only_until_it_is_migr
                 assert "migration 0010" in check.hint
                 assert check_privileges(conn, NAMES).notes == [
                     "the farms cannot tell when they run different code: outbox_farm_code does "
-                    "not exist; run `outbox-farm migrate`"
+                    "not exist; run `outbox-farm migrate` (with --repair if its migration, 0010, "
+                    "was applied and the table dropped since)"
                 ]
                 migrate(conn, NAMES, repair=True)
                 assert await eventually(reports, "the report made after the migration") == [
