@@ -25,7 +25,7 @@ from tests.acceptance import test_arbiter_outage
 from tests.acceptance.test_arbiter_outage import Relay
 from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, scalar, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_server]
 relay = test_arbiter_outage.relay  # the fixture: a relay to the test's database
 
 

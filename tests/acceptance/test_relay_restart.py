@@ -20,7 +20,7 @@ import pytest
 from loadtests.restartable import Broker, Load, broker, publish, row_ids
 from tests.acceptance.test_farm import RunningFarm, farm_process, scalar, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_server]
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST = 200  # rows delivered before the kill

@@ -25,7 +25,7 @@ from tests.acceptance.test_worker_faults import (
     write_app,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_server]
 __all__ = ["fault_dir", "ledger"]  # fixtures, used by name
 
 

@@ -37,6 +37,8 @@ PREVIOUS = "0.1.0"  # the release before this one, as CHANGELOG.md heads its sec
 LOAD = Path(__file__).with_name("upgrade_load.py")
 BOOT = 60.0  # seconds a farm or producer may take to show progress on a busy machine
 
+pytestmark = [pytest.mark.slow, pytest.mark.one_server]
+
 APP = """\
 import os
 
