@@ -27,7 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm import Farm
 from outbox_farm.chores import gauges
-from outbox_farm.worker.problems import Problems
+from outbox_farm.problems import Problems
 
 from .common import add_dsn, scratch, server
 from .stats import LOAD_DLQ

@@ -37,8 +37,8 @@ from ..db.pool import Pool
 from ..errors import DatabaseError
 from ..metrics import metrics
 from ..outcome import Reason
+from ..problems import Problems
 from ..queries import Queries
-from ..worker.problems import Problems
 
 log = logging.getLogger("outbox_farm.gauges")
 

@@ -26,8 +26,8 @@ from ..db.boundary import translate
 from ..dsn import scrub
 from ..errors import ConnectionLost, OutboxFarmError
 from ..farm import Farm
+from ..problems import one_line
 from ..settings import RuntimeSettings
-from ..worker.problems import one_line
 from ..worker.runtime import Runtime
 from .beats import Pulse, problem_path, reload_failure
 

@@ -28,9 +28,9 @@ from ..db.pool import Pool
 from ..errors import ConnectionLost, DatabaseError
 from ..observe import Observer, observers
 from ..outcome import Kind, Outcome
+from ..problems import Problems
 from ..queries import Queries
 from .inflight import Ledger
-from .problems import Problems
 from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.completer")

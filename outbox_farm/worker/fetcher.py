@@ -33,12 +33,12 @@ from ..handler import HandlerSpec
 from ..message import Message, claimed
 from ..metrics import metrics
 from ..observe import Observer
+from ..problems import Problems, Stall
 from ..queries import Queries
 from ..tokens import lease_token
 from .inbox import Inbox
 from .inflight import Ledger
 from .pause import Pause
-from .problems import Problems, Stall
 from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.fetcher")

@@ -17,9 +17,9 @@ from ..db.leases import extend_leases
 from ..db.pool import Pool
 from ..errors import DatabaseError
 from ..handler import HandlerSpec
+from ..problems import Problems
 from ..queries import Queries
 from .inflight import Ledger
-from .problems import Problems
 from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.heartbeat")

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 
-from .problems import Problems
+from ..problems import Problems
 
 PAUSED_PROBE_EVERY = 2.0  # seconds between probes of a paused queue's refused write
 

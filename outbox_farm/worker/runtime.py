@@ -26,6 +26,7 @@ from ..errors import ConfigurationError
 from ..handler import HandlerSpec
 from ..message import Message
 from ..observe import Observer
+from ..problems import Problems
 from ..queries import Queries
 from ..relay.runner import Relay
 from ..settings import RuntimeSettings
@@ -36,7 +37,6 @@ from .heartbeat import Heartbeat
 from .inbox import Inbox
 from .inflight import Ledger
 from .listener import Listener
-from .problems import Problems
 from .supervised import Policy, Supervisor
 from .transactional import Complete
 

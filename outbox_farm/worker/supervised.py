@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from ..backoff import Backoff
-from .problems import one_line
+from ..problems import one_line
 
 log = logging.getLogger("outbox_farm.supervised")
 

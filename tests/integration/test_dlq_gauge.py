@@ -20,7 +20,7 @@ from outbox_farm import Farm
 from outbox_farm.chores import gauges
 from outbox_farm.db.housekeeping import dlq_signature
 from outbox_farm.metrics import metrics
-from outbox_farm.worker.problems import Problems
+from outbox_farm.problems import Problems
 
 metrics()  # register the collectors before the first sample is read
 

@@ -35,7 +35,7 @@ from outbox_farm import (
 )
 from outbox_farm.chores import gauges
 from outbox_farm.outcome import Kind, Outcome, Reason
-from outbox_farm.worker.problems import Problems
+from outbox_farm.problems import Problems
 from tests.integration.delivery_kit import (
     DLQ,
     POLL,

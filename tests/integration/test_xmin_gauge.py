@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from outbox_farm import Farm
 from outbox_farm.chores import gauges
 from outbox_farm.metrics import metrics
-from outbox_farm.worker.problems import Problems
+from outbox_farm.problems import Problems
 
 metrics()  # register the collectors before the first sample is read
 

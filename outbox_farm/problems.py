@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ..errors import DatabaseError, PermanentError, PrivilegeError
+from .errors import DatabaseError, PermanentError, PrivilegeError
 
 LOG_EVERY = 60.0
 READ_ONLY = "25006"  # read_only_sql_transaction: no write of this session can pass either
