@@ -1,0 +1,181 @@
+"""The storage port: everything one process's runtime asks of the outbox table, and nothing of
+how it is stored.
+
+The runtime's loops (fetcher, completer, heartbeat) speak only this: claim due rows under a
+lease, write outcomes in flushes, extend leases, ask when something is next due. Two stores
+implement it with the same semantics: `db.store.PostgresStore` (the product: `FOR UPDATE SKIP
+LOCKED` claims, pipelined token-guarded writes) and `testing.memory.MemoryStore` (a dict and a
+clock, for the runtime's own unit tests and for users' tests). The contract suite
+(`tests/contract/`) runs the same behaviour tests against both, so they cannot drift.
+
+What both keep, row by row: a claim counts a delivery and takes a lease (a token and an expiry);
+every write matches id and token, and a row held under another token is not written; rows of one
+ordering key run one at a time, in id order; a row is due at its `next_attempt_at` (timers,
+retries); a terminal outcome moves the row to the DLQ when there is one, in the same step as its
+deletion.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from .errors import DatabaseError
+from .message import Message
+
+
+@dataclass(slots=True)
+class Claim:
+    """A claim as its fetcher made it.
+
+    `limit` rows of `queue` at most (expired leases first, then due rows), under `token`, for
+    `lease_ttl` seconds on the store's clock, counting a delivery on each; rows held under a
+    token in `held` are never taken, even when their lease ran out; `far`: look for rows due
+    beyond what a client can load as well. A hand-over (`limit` None) instead takes the next row
+    of each key an ack deletes a row of, with that ack (see `Flush.send`).
+
+    `sent` (monotonic) is when it was made, which the lease's deadline is counted from, and
+    `start_by` (monotonic) when too little of that lease is left to start a handler: both are
+    carried into each `Message` the claim builds."""
+
+    queue: str
+    limit: int | None
+    lease_ttl: float
+    token: uuid.UUID
+    sent: float
+    start_by: float
+    held: list[uuid.UUID] = field(default_factory=list)
+    far: bool = True
+
+
+@dataclass(slots=True)
+class Write:
+    """One outcome write over the rows `ids` (parallel to `tokens` and to each of `columns`):
+    `kind` is `ack`, `retry` (columns `delays`, `ran`, `started`), `release`, or `dlq_move`
+    (columns `reasons`, `exceptions`). A description rather than a call: it may be sent more
+    than once, and `resent` is set by the store when it was in flight as its connection broke.
+    """
+
+    kind: str
+    ids: list[int]
+    tokens: list[uuid.UUID]
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    resent: bool = False
+
+    def row(self, index: int) -> Write:
+        """The same write for the one row at `index`."""
+        one = slice(index, index + 1)
+        columns = {name: values[one] for name, values in self.columns.items()}
+        return Write(self.kind, self.ids[one], self.tokens[one], columns)
+
+
+def ack(ids: list[int], tokens: list[uuid.UUID]) -> Write:
+    """Delete the rows: their handlers succeeded (or they failed for good, with no DLQ)."""
+    return Write("ack", ids, tokens)
+
+
+def retry(
+    ids: list[int],
+    tokens: list[uuid.UUID],
+    *,
+    delays: list[float],
+    ran: list[bool],
+    started: list[datetime | None],
+) -> Write:
+    """Free the rows' leases and make them due `delays` seconds after the write (the store's
+    clock); a row whose handler `ran` (from `started`) counts an attempt."""
+    columns: dict[str, list[Any]] = {"delays": delays, "ran": ran, "started": started}
+    return Write("retry", ids, tokens, columns)
+
+
+def release(ids: list[int], tokens: list[uuid.UUID]) -> Write:
+    """Free the rows' leases and take back the delivery their claim counted: never started."""
+    return Write("release", ids, tokens)
+
+
+def dead_letter(
+    ids: list[int],
+    tokens: list[uuid.UUID],
+    *,
+    reasons: list[str],
+    exceptions: list[str | None],
+) -> Write:
+    """Move the rows to the DLQ (needs one): archived and deleted together, or neither."""
+    return Write("dlq_move", ids, tokens, {"reasons": reasons, "exceptions": exceptions})
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What one write did, its rows named by their positions in the write (from 0).
+    `matched`: the rows written. Of the others, `refused` were refused by the store (each tried
+    alone), `unconfirmed` were found gone or free after a resend (the first attempt most likely
+    wrote them), and the rest are held under another token or gone. `claimed`: the messages a
+    hand-over sent with the write took."""
+
+    matched: set[int]
+    unconfirmed: set[int] = field(default_factory=set)
+    refused: dict[int, DatabaseError] = field(default_factory=dict)
+    claimed: list[Message] = field(default_factory=list)
+
+
+class Flush(Protocol):
+    """The writes of one completer flush, sent in order; see `Store.flush`."""
+
+    async def send(self, write: Write, handover: Claim | None = None) -> Written:
+        """Run `write`. Raises `ConnectionLost` when the store could not be reached (the flush
+        is over: open another and send the write again); any other refusal is in the result,
+        row by row. `handover` (an ack only): also claim the next row of each key the ack
+        deletes a row of (`Written.claimed`); refused, the ack's rows are written alone."""
+        ...
+
+
+class Store(Protocol):
+    """The outbox table of one farm, as the runtime uses it. Every method may raise
+    `DatabaseError` (`ConnectionLost` when the store is out of reach)."""
+
+    @property
+    def has_dlq(self) -> bool:
+        """Whether terminal rows are kept (`dlq_move`) or deleted (`ack`)."""
+        ...
+
+    async def claim(self, claim: Claim) -> list[Message]:
+        """Take up to `claim.limit` rows under `claim.token`: the messages, in claim order.
+        A row whose stored values cannot be loaded comes back with `Message.invalid` set."""
+        ...
+
+    async def next_due(self, queue: str) -> float | None:
+        """Seconds until `queue` has a row due or a lease expiring; negative when one is due
+        already; None when the queue holds no rows."""
+        ...
+
+    async def free_stranded(self, queue: str) -> int:
+        """Unmark rows of `queue` left waiting at the head of their ordering key; how many."""
+        ...
+
+    async def set_aside(self, ids: list[int], token: uuid.UUID, seconds: float) -> list[int]:
+        """Park rows claimed under `token` that can be neither loaded nor dead-lettered for
+        `seconds`; the ids parked (the others were lost to a newer lease)."""
+        ...
+
+    async def give_back(self, ids: list[int], token: uuid.UUID) -> None:
+        """Release rows claimed under `token` that will not run, their deliveries taken back."""
+        ...
+
+    async def extend_leases(
+        self, ids: list[int], tokens: list[uuid.UUID], lease_ttl: float
+    ) -> set[int]:
+        """Move these rows' leases to `lease_ttl` seconds from now; the ids still held."""
+        ...
+
+    def flush(self, *, single: bool = False) -> AbstractAsyncContextManager[Flush]:
+        """A flush of outcome writes (`single`: of one write only). Raises `ConnectionLost`
+        when the store cannot be reached."""
+        ...
+
+    async def refusal(self, write: Write) -> DatabaseError | None:
+        """Why a write of this kind is refused for want of a privilege, tried without effect;
+        None when it would be allowed (what the fetcher's pause probes)."""
+        ...
