@@ -18,10 +18,11 @@ deletion.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import DatabaseError
 from .message import Message
@@ -178,4 +179,16 @@ class Store(Protocol):
     async def refusal(self, write: Write) -> DatabaseError | None:
         """Why a write of this kind is refused for want of a privilege, tried without effect;
         None when it would be allowed (what the fetcher's pause probes)."""
+        ...
+
+
+@runtime_checkable
+class Notifier(Protocol):
+    """A store that says when rows are published, as Postgres's NOTIFY does for the listener:
+    a runtime over it wakes the queue's fetcher at once instead of at its next poll. Optional:
+    a store without it is polled."""
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call `callback` with the queue of every row published from now on; the function
+        returned ends that."""
         ...
