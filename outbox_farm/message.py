@@ -57,14 +57,14 @@ class Message:
     decision: Decision | None = field(default=None, repr=False)
     nack_delay: float | None = field(default=None, repr=False)
     error: BaseException | None = field(default=None, repr=False)
-    # Written by the fetcher once per claim: when its result arrived (time.monotonic()), and
-    # the claim's and this row's due time as epoch seconds on the database clock; `start_by`
+    # Written by the store's claim: when its result arrived (time.monotonic()), and the
+    # claim's and this row's due time as epoch seconds on the store's clock; `start_by`
     # (time.monotonic()) is when too little of the lease is left to start the handler.
     received_monotonic: float = field(default=0.0, repr=False)
     start_by: float = field(default=float("inf"), repr=False)
     claimed_epoch: float = field(default=0.0, repr=False)
     due_epoch: float = field(default=0.0, repr=False)
-    # Written by the fetcher for a row it could not load (a timestamp no client can represent,
+    # Written by the store's claim for a row it could not load (a timestamp no client can represent,
     # headers that are not a JSON object): which value and why. Such a row never reaches a
     # handler: the executor dead-letters it as `invalid_row` (`decision.before_run`), and the
     # fields that could not be loaded hold stand-ins (the claim's time, no headers).
@@ -104,59 +104,6 @@ class Message:
         """Give up now: to the DLQ as `rejected` (deleted when there is no DLQ), with `error`
         (else the handler's own exception, if any) as its `last_exception`."""
         self.decision, self.error = Decision.REJECT, _checked(error)
-
-
-_new = object.__new__
-
-
-def claimed(
-    row_id: int,
-    queue: str,
-    body: bytes,
-    headers: dict[str, Any],
-    deliveries_count: int,
-    attempts_count: int,
-    created_at: datetime,
-    next_attempt_at: datetime,
-    first_attempt_at: datetime | None,
-    timer_id: str | None,
-    lease_token: uuid.UUID,
-    claimed_at: datetime,
-    ordering_key: str | None,
-    received_monotonic: float,
-    start_by: float,
-    claimed_epoch: float,
-    invalid: str | None,
-) -> Message:
-    """The `Message` of a row the fetcher just claimed, as `Message(...)` would build it.
-
-    Every claimed row is built here, and the dataclass's keyword `__init__` costs five times
-    what setting its slots costs (a microsecond a row, a tenth of the farm's own time per
-    message). Positional, for the same reason. `tests/unit/test_message.py` holds the two equal.
-    """
-    msg = _new(Message)
-    msg.id = row_id
-    msg.queue = queue
-    msg.body = body
-    msg.headers = headers
-    msg.deliveries_count = deliveries_count
-    msg.attempts_count = attempts_count
-    msg.created_at = created_at
-    msg.next_attempt_at = next_attempt_at
-    msg.first_attempt_at = first_attempt_at
-    msg.timer_id = timer_id
-    msg.lease_token = lease_token
-    msg.claimed_at = claimed_at
-    msg.ordering_key = ordering_key
-    msg.decision = None
-    msg.nack_delay = None
-    msg.error = None
-    msg.received_monotonic = received_monotonic
-    msg.start_by = start_by
-    msg.claimed_epoch = claimed_epoch
-    msg.due_epoch = next_attempt_at.timestamp()
-    msg.invalid = invalid
-    return msg
 
 
 def _checked(error: BaseException | None) -> BaseException | None:

@@ -1,12 +1,13 @@
-"""The fetcher's statements: claim a queue's due rows under a fresh lease, ask when the queue
-next has something to claim, and set aside a row that can be neither loaded nor dead-lettered."""
+"""The claims: a queue's due rows taken under a fresh lease (`claim`, or with an ack, the
+hand-over `ack_next`), and each row of their results made the `Message` its handler receives,
+in one place, by column name."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -14,35 +15,9 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
+from ..message import Message
 from ..queries import Queries
-from .boundary import boundary
-from .pool import Pool
-
-ClaimedRow = tuple[
-    int,  # id
-    bytes,  # payload
-    dict[str, Any] | None,  # headers
-    int,  # deliveries_count
-    int,  # attempts_count
-    datetime | None,  # created_at: None when `unloadable` says it cannot be loaded
-    datetime | None,  # next_attempt_at: idem
-    datetime | None,  # first_attempt_at
-    str | None,  # timer_id
-    datetime,  # acquired_at: the claim's now(), the same for every row of one claim
-    str | None,  # ordering_key
-    str | None,  # unloadable: which values of the row cannot be loaded, and why; None: none
-]
-"""One row as the claim returned it, its lease just taken, in the order of `CLAIMED_COLUMNS`.
-
-A plain tuple rather than a named one: the fetcher turns each row into a `Message` at once, and
-psycopg builds plain tuples on its fast path (a row factory costs about a microsecond a row,
-a few percent of the whole per-message cost). The order is guaranteed by column name here, so a
-reordered `runtime.sql` still works and a missing column is refused at the first claim.
-
-Any row the table admits loads: the statement hands back NULL for a timestamp the client cannot
-represent, and the headers are loaded by `HeadersLoader`, which never fails, so a value another
-writer stored fails its own row (`unloadable` set, for the fetcher to dead-letter) and never the
-claim, whose leases would otherwise stay orphaned and its good rows undelivered."""
+from ..storage import Claim
 
 CLAIMED_COLUMNS = (
     "id",
@@ -50,23 +25,26 @@ CLAIMED_COLUMNS = (
     "headers",
     "deliveries_count",
     "attempts_count",
-    "created_at",
-    "next_attempt_at",
+    "created_at",  # NULL when `unloadable` says it cannot be loaded
+    "next_attempt_at",  # idem
     "first_attempt_at",
     "timer_id",
-    "acquired_at",
+    "acquired_at",  # the claim's now(): the same for every row of one claim
     "ordering_key",
-    "unloadable",
+    "unloadable",  # which values of the row cannot be loaded, and why; NULL: none
 )
-HEADERS = CLAIMED_COLUMNS.index("headers")
-UNLOADABLE = CLAIMED_COLUMNS.index("unloadable")
+"""The columns a claim returns, each row its lease just taken, found by name in its result
+(`message_maker`), so a reordered `runtime.sql` still works and a missing column is refused
+at the first claim.
+
+Any row the table admits loads: the statement hands back NULL for a timestamp the client cannot
+represent, and the headers are loaded by `HeadersLoader`, which never fails, so a value another
+writer stored fails its own row (`Message.invalid` set, for the fetcher to dead-letter) and
+never the claim, whose leases would otherwise stay orphaned and its good rows undelivered."""
 
 SET_ASIDE_TOKEN = uuid.UUID(int=0)
 """The lease token of a row set aside (`set_aside`): no runner ever takes the nil uuid, and it
 is outside every worker's token range, so only the row's lease expiry frees it."""
-SET_ASIDE_SECONDS = 3600.0
-"""How long a row stays set aside before it is claimed (and reported) again: often enough that
-the warning is not forgotten, seldom enough not to flood the log."""
 
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 _JSON_TYPES[type(None)] = "null"
@@ -126,39 +104,90 @@ class HeadersLoader(Loader):
 
 
 _CLAIMED_NAMES = tuple(name.encode() for name in CLAIMED_COLUMNS)
+_new = object.__new__
+
+MessageMaker = Callable[[Sequence[Any]], Message]
 
 
-def _in_order(cursor: AsyncCursor[Any], rows: list[Any], skip: int = 0) -> list[Any]:
-    """`rows` in the order of `CLAIMED_COLUMNS`, whatever order the statement returned, its
-    first `skip` columns left out.
+def message_maker(names: Sequence[str], claim: Claim, received: float) -> MessageMaker:
+    """What turns each row of a result of `claim` (its columns named `names`, the
+    `CLAIMED_COLUMNS` among them in any order) into its `Message`; `received` (monotonic): when
+    the result arrived.
 
-    The names are read off the result itself: `cursor.description` builds a column object,
-    type lookups included, for each of the twelve columns of every claim, which took a tenth
-    of a one-row claim's time in the client."""
-    result = cursor.pgresult
-    if (
-        result is not None
-        and tuple(result.fname(i) for i in range(skip, result.nfields)) == _CLAIMED_NAMES
-    ):
-        return [row[skip:] for row in rows] if skip else rows
-    names = tuple(column.name for column in cursor.description or ())[skip:]
-    missing = set(CLAIMED_COLUMNS) - set(names)
-    if missing:
-        raise RuntimeError(f"the claim statement does not return {sorted(missing)}")
-    positions = [names.index(name) + skip for name in CLAIMED_COLUMNS]
-    return [tuple(row[i] for i in positions) for row in rows]
+    Every claimed row is built here, by setting its slots: the dataclass's keyword `__init__`
+    costs five times as much (a microsecond a row, a tenth of the farm's own time per message).
+    `tests/unit/test_message.py` holds the two equal. A row that cannot be loaded still becomes
+    a message, `invalid` saying why, with the claim's time standing in for its unloadable
+    timestamps and no headers: the fetcher dead-letters it unrun (or sets it aside)."""
+    positions: list[int] | None = None
+    if tuple(names) != CLAIMED_COLUMNS:
+        missing = set(CLAIMED_COLUMNS) - set(names)
+        if missing:
+            raise RuntimeError(f"the claim statement does not return {sorted(missing)}")
+        positions = [list(names).index(name) for name in CLAIMED_COLUMNS]
+    queue, token, start_by = claim.queue, claim.token, claim.start_by
+    claimed_epoch: float | None = None
+
+    def make(values: Sequence[Any]) -> Message:
+        nonlocal claimed_epoch
+        if positions is not None:
+            values = [values[i] for i in positions]
+        (
+            row_id,
+            payload,
+            headers,
+            deliveries,
+            attempts,
+            created,
+            due,
+            first,
+            timer,
+            claimed_at,
+            key,
+            unloadable,
+        ) = values
+        if claimed_epoch is None:  # one statement: one now() for every row
+            claimed_epoch = claimed_at.timestamp()
+        msg = _new(Message)
+        if unloadable is None and headers.__class__ is not Undecodable:
+            msg.invalid = None
+        else:
+            msg.invalid, headers = _unloadable(unloadable, headers)
+            created = created or claimed_at
+            due = due or claimed_at
+        msg.id = row_id
+        msg.queue = queue
+        msg.body = payload
+        msg.headers = headers or {}
+        msg.deliveries_count = deliveries
+        msg.attempts_count = attempts
+        msg.created_at = created
+        msg.next_attempt_at = due
+        msg.first_attempt_at = first
+        msg.timer_id = timer
+        msg.lease_token = token
+        msg.claimed_at = claimed_at
+        msg.ordering_key = key
+        msg.decision = None
+        msg.nack_delay = None
+        msg.error = None
+        msg.received_monotonic = received
+        msg.start_by = start_by
+        msg.claimed_epoch = claimed_epoch
+        msg.due_epoch = due.timestamp()
+        return msg
+
+    return make
 
 
-def _loaded(row: Any) -> ClaimedRow:
-    """`row` with its unloadable values worded as reasons, and headers that are not an object
-    (`Undecodable`) replaced by None, their reason joining the others. Called only for such
-    rows: any other row is used as psycopg returned it."""
-    headers, unloadable = row[HEADERS], row[UNLOADABLE]
+def _unloadable(unloadable: str | None, headers: Any) -> tuple[str, dict[str, Any] | None]:
+    """Why a row cannot be loaded, its unloadable values worded as reasons (headers that are
+    not an object, an `Undecodable`, among them), and the headers it can keep."""
     reasons = [_reason(value) for value in unloadable.split("; ")] if unloadable else []
     if isinstance(headers, Undecodable):
         reasons.append(headers.why)
         headers = None
-    return (*row[:HEADERS], headers, *row[HEADERS + 1 : UNLOADABLE], "; ".join(reasons))
+    return "; ".join(reasons), headers
 
 
 def _reason(value: str) -> str:
@@ -169,127 +198,70 @@ def _reason(value: str) -> str:
     return f"{field}: {stored} is outside the years 1 to 9999"
 
 
-@dataclass(slots=True)
-class Request:
-    """A claim as its fetcher made it: the statement (`claim`, or the hand-over `ack_next`), its
-    arguments, its lease token, and when it was made (monotonic), which the lease's deadline is
-    counted from."""
+def _names(cursor: AsyncCursor[Any]) -> tuple[str, ...]:
+    """The result's column names, read off the result itself: `cursor.description` builds a
+    column object, type lookups included, for each column of every claim, which took a tenth
+    of a one-row claim's time in the client."""
+    result = cursor.pgresult
+    if result is None:
+        return ()
+    names = tuple(result.fname(i) for i in range(result.nfields))
+    if names == _CLAIMED_NAMES:
+        return CLAIMED_COLUMNS
+    return tuple((name or b"").decode() for name in names)
 
-    statement: str
-    params: dict[str, Any]
-    token: uuid.UUID
-    sent: float
 
-
-def claim_request(
-    *,
-    queue: str,
-    limit: int,
-    lease_ttl: float,
-    token: uuid.UUID,
-    held: list[uuid.UUID],
-    far: bool = True,
-    sent: float = 0.0,
-) -> Request:
-    """A claim of up to `limit` claimable rows of `queue` (expired leases first, then due rows)
-    under `token`, for `lease_ttl` seconds on the database clock, counting a delivery on each.
-    Rows claimed under a token in `held` are never taken, even when their lease ran out. `far`:
-    look for rows due beyond what a client can load as well (see the statement). `sent`: when
-    it was made (monotonic)."""
-    params = {
-        "queue": queue,
-        "limit": limit,
-        "lease_ttl": lease_ttl,
-        "token": token,
-        "held": held,
-        "far": far,
+def claim_params(claim: Claim) -> tuple[str, dict[str, Any]]:
+    """The statement of `claim` and its arguments: `claim`, or a hand-over's `ack_next`."""
+    params: dict[str, Any] = {
+        "queue": claim.queue,
+        "lease_ttl": claim.lease_ttl,
+        "token": claim.token,
     }
-    return Request("claim", params, token, sent)
-
-
-def next_request(*, queue: str, lease_ttl: float, token: uuid.UUID, sent: float) -> Request:
-    """A hand-over's request: the next row of each key of `queue` an ack deletes a row of,
-    taken by that ack (`ack_next`, see `outcomes.Flush.send`)."""
-    params = {"queue": queue, "lease_ttl": lease_ttl, "token": token}
-    return Request("ack_next", params, token, sent)
+    if claim.limit is None:
+        return "ack_next", params
+    params.update(limit=claim.limit, held=claim.held, far=claim.far)
+    return "claim", params
 
 
 async def send_claim(
-    conn: AsyncConnection[Any],
-    queries: Queries,
-    request: Request,
-    more: dict[str, Any] | None = None,
-) -> AsyncCursor[Any]:
-    """Run a claiming statement on `conn` (in pipeline mode, only queue it), with the
-    arguments `more` besides its own; the rows are read by `claimed_rows` (`handed_over`)."""
-    cursor = conn.cursor()
+    conn: AsyncConnection[Any], queries: Queries, claim: Claim
+) -> AsyncCursor[Message]:
+    """Run `claim` (not a hand-over) on `conn`; its cursor's rows are the messages it took."""
+
+    def messages(cursor: AsyncCursor[Any]) -> MessageMaker:
+        return message_maker(_names(cursor), claim, time.monotonic())
+
+    cursor = conn.cursor(row_factory=messages)
     cursor.adapters.register_loader("jsonb", HeadersLoader)
-    params = request.params if more is None else {**more, **request.params}
-    await cursor.execute(queries[request.statement], params, binary=True)
+    statement, params = claim_params(claim)
+    await cursor.execute(queries[statement], params, binary=True)
     return cursor
 
 
-async def claimed_rows(cursor: AsyncCursor[Any]) -> list[ClaimedRow]:
-    """The rows a claim sent by `send_claim` took, each loadable (see `ClaimedRow`)."""
-    return _loadable(_in_order(cursor, await cursor.fetchall()))
+Handed = tuple[Any, Message | None]
+"""A row of `ack_next`: the positions the ack matched (on the first row; None when none), and
+the message of the row it took beside it (None when it took none)."""
 
 
-def handed_over(cursor: AsyncCursor[Any], rows: list[Any]) -> list[ClaimedRow]:
-    """The rows an `ack_next` took (sent by `send_claim`): each row of its result past the
-    first column (the positions acked), none when those columns are NULL."""
-    return _loadable([row for row in _in_order(cursor, rows, skip=1) if row[0] is not None])
+async def send_handover(
+    conn: AsyncConnection[Any], queries: Queries, claim: Claim, ack: dict[str, Any]
+) -> AsyncCursor[Handed]:
+    """Run the ack with the arguments `ack` as the hand-over `claim` (`ack_next`) on `conn` (in
+    pipeline mode, only queue it); its cursor's rows are `Handed`."""
 
+    def handed(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], Handed]:
+        names = _names(cursor)[1:]
+        make = message_maker(names, claim, time.monotonic())
+        taken = names.index("id") + 1
 
-def _loadable(rows: list[Any]) -> list[ClaimedRow]:
-    """Claimed rows in the order of `CLAIMED_COLUMNS`, each made loadable (see `ClaimedRow`)."""
-    return [
-        row
-        if row[UNLOADABLE] is None and not isinstance(row[HEADERS], Undecodable)
-        else _loaded(row)
-        for row in rows
-    ]
+        def row(values: Sequence[Any]) -> Handed:
+            return values[0], make(values[1:]) if values[taken] is not None else None
 
+        return row
 
-async def take(pool: Pool, queries: Queries, request: Request) -> list[ClaimedRow]:
-    """Send the claim `request` on a pooled connection; the rows it took."""
-    with boundary():
-        async with pool.connection() as conn:
-            return await claimed_rows(await send_claim(conn, queries, request))
-
-
-async def next_due(pool: Pool, queries: Queries, queue: str) -> float | None:
-    """Seconds (database clock) until `queue` has a pending row due or a lease expiring;
-    negative when one is already due; None when the queue holds no rows."""
-    with boundary():
-        async with pool.connection() as conn:
-            cursor = await conn.execute(queries["next_due"], {"queue": queue})
-            row = await cursor.fetchone()
-    return None if row is None or row[0] is None else float(row[0])
-
-
-async def free_stranded(pool: Pool, queries: Queries, queue: str) -> int:
-    """Unmark the rows of `queue` left marked `key_blocked` at the head of their key (see the
-    statement); how many. Rare, so it is looked for every few seconds, not on every claim."""
-    with boundary():
-        async with pool.connection() as conn:
-            cursor = await conn.execute(queries["free_stranded"], {"queue": queue})
-            row = await cursor.fetchone()
-    return 0 if row is None else int(row[0])
-
-
-async def set_aside(
-    pool: Pool,
-    queries: Queries,
-    *,
-    ids: list[int],
-    token: uuid.UUID,
-    seconds: float = SET_ASIDE_SECONDS,
-) -> list[int]:
-    """Park the rows `ids`, claimed under `token`, under `SET_ASIDE_TOKEN` for `seconds`: rows
-    the farm can neither load nor dead-letter. The ids written; the others were lost to a newer
-    lease."""
-    params = {"ids": ids, "token": token, "aside": SET_ASIDE_TOKEN, "seconds": seconds}
-    with boundary():
-        async with pool.connection() as conn:
-            cursor = await conn.execute(queries["set_aside"], params)
-            return [row[0] for row in await cursor.fetchall()]
+    cursor = conn.cursor(row_factory=handed)
+    cursor.adapters.register_loader("jsonb", HeadersLoader)
+    statement, params = claim_params(claim)
+    await cursor.execute(queries[statement], {**ack, **params}, binary=True)
+    return cursor

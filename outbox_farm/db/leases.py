@@ -1,9 +1,8 @@
-"""Lease statements outside the claim and the outcome writes: the heartbeat's extension, and
-the release of a dead worker's leases by its supervisor."""
+"""The release of a dead worker's leases by its supervisor (the runtime's own lease statements
+are `store.PostgresStore`'s)."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import psycopg
@@ -11,20 +10,6 @@ import psycopg
 from ..queries import Queries
 from ..tokens import token_range
 from .boundary import boundary
-from .pool import Pool
-
-
-async def extend_leases(
-    pool: Pool, queries: Queries, ids: list[int], tokens: list[uuid.UUID], lease_ttl: float
-) -> set[int]:
-    """Move the leases of these rows (each under its token) to `lease_ttl` seconds past the
-    database's now(); the ids of the rows still held under their tokens. The others were
-    taken over, or are gone."""
-    params = {"ids": ids, "tokens": tokens, "lease_ttl": lease_ttl}
-    with boundary():
-        async with pool.connection() as conn:
-            cursor = await conn.execute(queries["extend_leases"], params)
-            return {row[0] for row in await cursor.fetchall()}
 
 
 def release_worker(conn: psycopg.Connection[Any], queries: Queries, worker_id: int) -> int:

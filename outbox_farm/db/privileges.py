@@ -1,6 +1,6 @@
 """What the current role may do with one of the farm's tables, read from the catalogs and tried
 in transactions that are rolled back; the GRANT statements an owner runs to give what is missing
-(printed, never run by the farm); and the runtime's probe of an outcome write it was refused.
+(printed, never run by the farm).
 
 The GRANTs are rendered here because they are SQL: identifiers are quoted by
 `psycopg.sql.Identifier`, never pasted into the text.
@@ -14,13 +14,10 @@ from dataclasses import dataclass, replace
 import psycopg
 from psycopg import sql
 
-from ..errors import DatabaseError
 from ..names import QualifiedName, TableNames
 from ..queries import Queries, load_blocks
-from .boundary import INSUFFICIENT_PRIVILEGE, boundary, translate
+from .boundary import INSUFFICIENT_PRIVILEGE, translate
 from .connect import Connection
-from .outcomes import Write
-from .pool import Pool
 
 READ_ONLY = "25006"  # read_only_sql_transaction
 # How long a tried write waits for a table's lock: a migration, or a manual LOCK, holding one
@@ -184,19 +181,3 @@ def role_read_write(role: str) -> str:
 
 def grant_sequence(sequence: QualifiedName, role: str) -> str:
     return _grant("grant_sequence", sequence=sequence.identifier(), role=sql.Identifier(role))
-
-
-async def refusal(pool: Pool, queries: Queries, write: Write) -> DatabaseError | None:
-    """The error the database gives `write`, an outcome write over no rows; None when it runs.
-
-    Over no rows it changes nothing and locks nothing, yet the server checks the privileges of
-    every table it names and refuses it in a read-only transaction, as for any row: the probe
-    that tells a queue paused for a refused write when to resume.
-    """
-    try:
-        with boundary():
-            async with pool.connection() as conn:
-                await conn.execute(queries[write.statement], write.params())
-    except DatabaseError as exc:
-        return exc
-    return None

@@ -2,13 +2,14 @@
 
 Executors hand outcomes over with `put()`; one task flushes them when `flush_size` are
 waiting or `flush_interval` after the first one arrived, whichever comes first. A flush is one
-set-based write per kind of outcome (ack, retry, release, expire, terminal), which
-`db.outcomes` sends through one pipeline with a sync after each, so that a refused DLQ move
-cannot roll back the acks beside it. Every write matches id and lease token. Here each row's
-result is counted and logged: written; refused (`write_failed`); taken over by another lease
-(`lease_lost`); or, when a lost connection made the write go out again, found gone or free
-(`outcome_unconfirmed`: its first attempt most likely wrote it). Once written (or given up
-on), a row is settled in its queue's in-flight ledger, which frees its slot."""
+set-based write per kind of outcome (ack, retry, release, expire, terminal), which the store
+sends as one flush (on Postgres, one pipeline with a sync after each write, so that a refused
+DLQ move cannot roll back the acks beside it). Every write matches id and lease token. Here
+each row's result is counted and logged: written; refused (`write_failed`); taken over by
+another lease (`lease_lost`); or, when a lost connection made the write go out again, found
+gone or free (`outcome_unconfirmed`: its first attempt most likely wrote it). Once written (or
+given up on), a row is settled in its queue's in-flight ledger, which frees its slot; that and
+the other signals back to the fetchers are drawn in `channels`."""
 
 from __future__ import annotations
 
@@ -16,21 +17,17 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
 
+from .. import storage
 from ..backoff import Backoff
-from ..db import claims, privileges
-from ..db import outcomes as writes
-from ..db.pool import Pool
 from ..errors import ConnectionLost, DatabaseError
 from ..observe import Observer, observers
 from ..outcome import Kind, Outcome
 from ..problems import Problems
-from ..queries import Queries
-from .inflight import Ledger
+from .channels import Fetching
 from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.completer")
@@ -45,25 +42,15 @@ class _Statement:
 
     phase: str
     outcomes: list[Outcome]
-    write: writes.Write
-
-
-class Claimer(Protocol):
-    """What hands a claim to the completer to be sent with a write (the queue's fetcher)."""
-
-    def handover(self) -> claims.Request: ...
-
-    async def handed(
-        self, request: claims.Request, rows: list[claims.ClaimedRow], seconds: float
-    ) -> None: ...
+    write: storage.Write
 
 
 @dataclass(slots=True)
 class _Handover:
     """A claim sent with the ack of a flush, and the fetcher that takes its rows."""
 
-    fetcher: Claimer
-    request: claims.Request
+    fetcher: Fetching
+    claim: storage.Claim
 
 
 class Completer:
@@ -75,27 +62,20 @@ class Completer:
 
     def __init__(
         self,
-        pool: Pool,
-        queries: Queries,
+        store: storage.Store,
         *,
         flush_interval: float = 0.01,
         flush_size: int = 1000,
         high_water: int = 20_000,
-        on_retry: Callable[[str, float], None] = lambda queue, delay: None,
-        ledgers: Mapping[str, Ledger] | None = None,
-        handovers: Mapping[str, Claimer] | None = None,
         problems: Problems | None = None,
         observer: Observer | None = None,
     ) -> None:
-        self.pool = pool
-        self.queries = queries
+        self.store = store
         self.flush_interval = flush_interval
         self.flush_size = flush_size
         self.high_water = high_water
         self._quick = min(flush_size - 1, high_water)  # `offer` appends below this
-        self.on_retry = on_retry
-        self.ledgers: Mapping[str, Ledger] = ledgers if ledgers is not None else {}
-        self.handovers: Mapping[str, Claimer] = handovers if handovers is not None else {}
+        self.fetchers: Mapping[str, Fetching] = {}  # see `connect`
         self.problems = problems or Problems()
         self._pending: list[Outcome] = []
         self._wake = asyncio.Event()  # set when the first outcome of a batch arrives
@@ -159,6 +139,11 @@ class Completer:
             self._full.set()
 
     # -- lifecycle -----------------------------------------------------------------------
+
+    def connect(self, fetchers: Mapping[str, Fetching]) -> None:
+        """The back-channels to each queue's fetcher (see `channels`), once, before the start;
+        a queue without one has its outcomes written, and nothing told of them."""
+        self.fetchers = dict(fetchers)
 
     def start(self, supervisor: Supervisor) -> None:
         self._task = supervisor.spawn("completer", self._run)
@@ -254,7 +239,8 @@ class Completer:
         writes, each waking every fetcher of the queue)."""
         held = 0
         keyed = False
-        for ledger in self.ledgers.values():
+        for fetcher in self.fetchers.values():
+            ledger = fetcher.ledger
             if ledger.rows:
                 held += len(ledger.rows)
                 keyed = keyed or ledger.keyed
@@ -290,11 +276,11 @@ class Completer:
             if (rows := by_kind[kind])
         ]
 
-    def _write_for(self, phase: str, rows: list[Outcome]) -> writes.Write:
+    def _write_for(self, phase: str, rows: list[Outcome]) -> storage.Write:
         ids = [o.row_id for o in rows]
         tokens = [o.token for o in rows]
         if phase == "retry":
-            return writes.retry(
+            return storage.retry(
                 ids,
                 tokens,
                 delays=[o.delay for o in rows],
@@ -302,15 +288,15 @@ class Completer:
                 started=[o.started_at for o in rows],
             )
         if phase in ("release", "expire"):
-            return writes.release(ids, tokens)
-        if phase == "terminal" and self.queries.names.dlq is not None:
-            return writes.dead_letter(
+            return storage.release(ids, tokens)
+        if phase == "terminal" and self.store.has_dlq:
+            return storage.dead_letter(
                 ids,
                 tokens,
                 reasons=[str(o.reason) for o in rows],
                 exceptions=[o.last_exception for o in rows],
             )
-        return writes.ack(ids, tokens)  # an ack, or a terminal failure with no DLQ to keep it
+        return storage.ack(ids, tokens)  # an ack, or a terminal failure with no DLQ to keep it
 
     async def write(self, batch: list[Outcome]) -> None:
         """Write `batch` as one flush, now; only then do its rows stop counting against their
@@ -331,9 +317,9 @@ class Completer:
                 for outcome in batch:
                     by_queue[outcome.queue].append(outcome)
             for queue, outcomes in by_queue.items():
-                ledger = self.ledgers.get(queue)
-                if ledger is not None:
-                    ledger.settle_all((o.row_id, o.token) for o in outcomes)
+                fetcher = self.fetchers.get(queue)
+                if fetcher is not None:
+                    fetcher.ledger.settle_all((o.row_id, o.token) for o in outcomes)
 
     def _handover(self, batch: list[Outcome], ack: _Statement) -> _Handover | None:
         """The claim to send with `ack`, the first write of a batch the process holds almost
@@ -345,8 +331,8 @@ class Completer:
         if self._closing or not self.awaited(len(batch)):
             return None
         for queue in {outcome.queue for outcome in ack.outcomes}:
-            ledger, fetcher = self.ledgers.get(queue), self.handovers.get(queue)
-            if ledger is not None and ledger.keyed and fetcher is not None:
+            fetcher = self.fetchers.get(queue)
+            if fetcher is not None and fetcher.ledger.keyed:
                 return _Handover(fetcher, fetcher.handover())
         return None
 
@@ -361,17 +347,17 @@ class Completer:
             # flushes keep it: measured, their per-message cost came out lower with it.
             single = len(todo) == 1 and taking is not None
             try:
-                async with writes.pipeline(self.pool, self.queries, single=single) as flush:
+                async with self.store.flush(single=single) as flush:
                     while todo:
                         sent = time.perf_counter()
                         handing, taking = taking, None  # the first write only, never sent again
-                        request = handing.request if handing is not None else None
-                        written = await flush.send(todo[0].write, request)
+                        claim = handing.claim if handing is not None else None
+                        written = await flush.send(todo[0].write, claim)
                         self._progress = time.monotonic()
                         self._account(todo.pop(0), written)
                         if handing is not None and written.claimed:
                             await handing.fetcher.handed(
-                                handing.request, written.claimed, time.perf_counter() - sent
+                                handing.claim, written.claimed, time.perf_counter() - sent
                             )
             except ConnectionLost as exc:
                 if not todo:
@@ -398,12 +384,12 @@ class Completer:
         queue = outcome.queue
         self.observer.write_failed(phase, queue, 1)
         fields = {"event": "write_failed", "phase": phase, "row_id": outcome.row_id, "queue": queue}
-        probe = partial(privileges.refusal, self.pool, self.queries, self._write_for(phase, []))
+        probe = partial(self.store.refusal, self._write_for(phase, []))
         if self.problems.write_refused(phase, queue, exc, probe, log, fields):
             return  # logged, at most once a minute, as the problem it is
         hint = (
             " The DLQ table is missing or does not match: run `outbox-farm check`."
-            if phase == "terminal" and self.queries.names.dlq is not None
+            if phase == "terminal" and self.store.has_dlq
             else ""
         )
         log.error(
@@ -417,13 +403,13 @@ class Completer:
             extra=fields,
         )
 
-    def _account(self, stmt: _Statement, written: writes.Written) -> None:
+    def _account(self, stmt: _Statement, written: storage.Written) -> None:
         observer = self.observer
         phase = stmt.phase
         matched, refused = written.matched, written.refused
         if len(refused) < len(stmt.outcomes):
             self.problems.solved(f"{phase} write")
-        dead_letters = phase == "terminal" and self.queries.names.dlq is not None
+        dead_letters = phase == "terminal" and self.store.has_dlq
         outcomes = stmt.outcomes
         if phase == "ack" and len(matched) == len(outcomes):  # the common case, in one go
             queues = {outcome.queue for outcome in outcomes}
@@ -437,7 +423,7 @@ class Completer:
                 if n in matched:
                     done[outcome.queue] += 1
                     if phase == "retry":
-                        self.on_retry(outcome.queue, outcome.delay)
+                        self._retry_due(outcome.queue, outcome.delay)
                     elif dead_letters:
                         observer.dead_lettered(outcome)
                     continue
@@ -454,3 +440,8 @@ class Completer:
                     )
         for queue, count in done.items():
             observer.written(phase, queue, count)
+
+    def _retry_due(self, queue: str, delay: float) -> None:
+        fetcher = self.fetchers.get(queue)
+        if fetcher is not None:
+            fetcher.note_due(delay)

@@ -23,19 +23,17 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
 
 from ..backoff import Backoff
-from ..db import claims, outcomes
-from ..db.pool import Pool
 from ..errors import ConnectionLost, DatabaseError, PermanentError
 from ..handler import HandlerSpec
-from ..message import Message, claimed
+from ..message import Message
 from ..metrics import metrics
 from ..observe import Observer
 from ..problems import Problems, Stall
-from ..queries import Queries
+from ..storage import Claim, Store
 from ..tokens import lease_token
+from .channels import Flushing
 from .inbox import Inbox
 from .inflight import Ledger
 from .pause import Pause
@@ -48,6 +46,9 @@ STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
 STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
 FAR_EVERY = 2.0  # seconds between looks for rows due beyond what a client can load
 STRANDED_EVERY = 2.0  # seconds between looks for rows left marked at the head of their key
+SET_ASIDE_SECONDS = 3600.0
+"""How long a row set aside stays so before it is claimed (and reported) again: often enough
+that the warning is not forgotten, seldom enough not to flood the log."""
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -66,26 +67,24 @@ class Fetcher:
     def __init__(
         self,
         spec: HandlerSpec,
-        pool: Pool,
-        queries: Queries,
+        store: Store,
         inbox: Inbox[Message | None],
         observer: Observer,
+        completer: Flushing,
         *,
         poll_interval: float = 0.5,
         worker_id: int | None = None,
         problems: Problems | None = None,
-        on_starved: Callable[[], None] = lambda: None,
     ) -> None:
         self.spec = spec
-        self.pool = pool
-        self.queries = queries
+        self.store = store
         self.inbox = inbox
         self.observer = observer
         self.poll_interval = poll_interval
         self.worker_id = worker_id
         self.problems = problems or Problems()
         self.pause = Pause(spec.queue, self.problems, log)
-        self.on_starved = on_starved
+        self.completer = completer
         self.operation = f"claim for queue {spec.queue}"
         self._far_at = 0.0  # monotonic time of the next claim that also looks for far rows
         self._stranded_at = 0.0  # monotonic time of the next look for stranded keyed rows
@@ -147,7 +146,7 @@ class Fetcher:
             free = ledger.free
             if free < self.batch and len(ledger):
                 ledger.slots.clear()
-                self.on_starved()  # slots free up when outcomes are written: write them now
+                self.completer.flush_now()  # outcomes written free slots: write them now
                 await ledger.slots.wait()
                 continue
             self._wake.clear()
@@ -193,14 +192,14 @@ class Fetcher:
     async def _free_stranded(self) -> int:
         """At most every `STRANDED_EVERY` seconds, when a claim came back short: unmark the
         queue's rows left marked `key_blocked` at the head of their key (see
-        `claims.free_stranded`), which no claim would otherwise take; how many. A queue whose
+        `Store.free_stranded`), which no claim would otherwise take; how many. A queue whose
         claims all come back full has rows enough to run meanwhile. Its failure is the
         claim's: the same connection problems."""
         now = time.monotonic()
         if now < self._stranded_at:
             return 0
         self._stranded_at = now + STRANDED_EVERY
-        freed = await claims.free_stranded(self.pool, self.queries, self.spec.queue)
+        freed = await self.store.free_stranded(self.spec.queue)
         if freed:
             log.info(
                 "unmarked %d row(s) of queue %s left waiting at the head of their ordering key",
@@ -227,50 +226,43 @@ class Fetcher:
 
     async def _claim(self, limit: int) -> int:
         started = time.perf_counter()
-        spec = self.spec
-        # The lease runs from the claim's now() on the database, which is after this moment:
-        # a deadline counted from here errs on the early side.
-        sent = time.monotonic()
-        far = sent >= self._far_at
-        request = claims.claim_request(
-            queue=spec.queue,
-            limit=limit,
-            lease_ttl=spec.lease_ttl,
-            token=lease_token(self.worker_id),
-            held=self.ledger.held(),
-            far=far,
-            sent=sent,
-        )
-        rows = await claims.take(self.pool, self.queries, request)
-        if far and len(rows) < limit:  # a full claim may have left the far rows out
+        claim = self._new_claim(limit)
+        far = claim.far
+        msgs = await self.store.claim(claim)
+        if far and len(msgs) < limit:  # a full claim may have left the far rows out
             self._far_at = time.monotonic() + FAR_EVERY
-        self.observer.claimed(spec.queue, len(rows), time.perf_counter() - started)
-        return await self._take(request, rows)
+        self.observer.claimed(self.spec.queue, len(msgs), time.perf_counter() - started)
+        return await self._take(claim, msgs)
 
-    def handover(self) -> claims.Request:
+    def _new_claim(self, limit: int | None) -> Claim:
+        """A claim of up to `limit` rows (None: a hand-over), made now. Its lease runs from the
+        claim's time in the store, which is after this moment: a deadline counted from here
+        errs on the early side."""
+        spec = self.spec
+        sent = time.monotonic()
+        far = limit is not None and sent >= self._far_at
+        held = self.ledger.held() if limit is not None else []
+        start_by = sent + spec.lease_ttl - spec.start_margin
+        token = lease_token(self.worker_id)
+        return Claim(spec.queue, limit, spec.lease_ttl, token, sent, start_by, held, far)
+
+    def handover(self) -> Claim:
         """The claim of the next rows of the keys an ack deletes rows of, for the completer to
         send with that ack (see `Completer._handover`). At most one row per row acked: the
         queue stays within its capacity even beside a claim of the loop's."""
-        return claims.next_request(
-            queue=self.spec.queue,
-            lease_ttl=self.spec.lease_ttl,
-            token=lease_token(self.worker_id),
-            sent=time.monotonic(),
-        )
+        return self._new_claim(None)
 
-    async def handed(
-        self, request: claims.Request, rows: list[claims.ClaimedRow], seconds: float
-    ) -> None:
-        """The rows a claim sent with a write took (`handover`): counted, and in the inbox;
+    async def handed(self, claim: Claim, messages: list[Message], seconds: float) -> None:
+        """The messages a claim sent with a write took (`handover`): counted, and in the inbox;
         or, when the stop began meanwhile (the executors may have swept their inbox already),
         released at once."""
-        self.observer.claimed(self.spec.queue, len(rows), seconds)
+        self.observer.claimed(self.spec.queue, len(messages), seconds)
         if not self._stopping:
-            await self._take(request, rows)
+            await self._take(claim, messages)
             return
-        ids = [row[0] for row in rows]
+        ids = [msg.id for msg in messages]
         try:
-            await outcomes.give_back(self.pool, self.queries, ids, request.token)
+            await self.store.give_back(ids, claim.token)
         except DatabaseError as exc:
             log.warning(
                 "could not release rows %s of queue %s, claimed as the stop began (%s); they "
@@ -281,81 +273,43 @@ class Fetcher:
                 extra={"event": "release_failed", "queue": self.spec.queue},
             )
 
-    async def _take(self, request: claims.Request, rows: list[claims.ClaimedRow]) -> int:
-        """Hold `rows`, claimed by `request`, and hand them to the executors; how many."""
-        if not rows:
-            return 0
-        spec = self.spec
-        token, sent = request.token, request.sent
-        received = time.monotonic()
-        start_by = sent + spec.lease_ttl - spec.start_margin
-        queue = spec.queue
-        claimed_at = rows[0][9]  # one statement: one now() for every row
-        claimed_epoch = claimed_at.timestamp()
-        # A row the claim could not load (`invalid`) still becomes a message, with the claim's
-        # time standing in for its unloadable timestamps: the executor dead-letters it unrun as
-        # `invalid_row`, through the completer's token-guarded DLQ move like any terminal row.
-        # With no DLQ to keep it, it is set aside instead (until `max_deliveries`, which holds
-        # for it as for any row): deleting a row nobody could read is not the farm's call.
-        keep = self.queries.names.dlq is not None
-        most = spec.max_deliveries
-        aside: list[tuple[int, str]] = []
-        msgs: list[Message] = []
-        ids: list[int] = []
-        for (
-            row_id,
-            payload,
-            headers,
-            deliveries,
-            attempts,
-            created,
-            due,
-            first,
-            timer,
-            _,
-            key,
-            invalid,
-        ) in rows:
-            if invalid is not None and not keep and (most is None or deliveries <= most):
-                aside.append((row_id, invalid))
-                continue
-            ids.append(row_id)
-            msgs.append(
-                claimed(
-                    row_id,
-                    queue,
-                    payload,
-                    headers or {},
-                    deliveries,
-                    attempts,
-                    created or claimed_at,
-                    due or claimed_at,
-                    first,
-                    timer,
-                    token,
-                    claimed_at,
-                    key,
-                    received,
-                    start_by,
-                    claimed_epoch,
-                    invalid,
-                )
-            )
-        self.ledger.hold(ids, token)
-        self.ledger.keyed = key is not None  # the last row's: a hint, not worth a test per row
-        self.inbox.put_all(msgs)
-        if aside:
-            await self._set_aside(aside, token)
-        return len(rows)
+    async def _take(self, claim: Claim, msgs: list[Message]) -> int:
+        """Hold the messages `claim` took and hand them to the executors; how many.
 
-    async def _set_aside(self, rows: list[tuple[int, str]], token: uuid.UUID) -> None:
-        """Park rows that can be neither loaded nor dead-lettered (see `claims.set_aside`),
+        A row the claim could not load (`invalid`) is handed over too: the executor
+        dead-letters it unrun as `invalid_row`, through the completer's token-guarded DLQ move
+        like any terminal row. With no DLQ to keep it, it is set aside instead (until
+        `max_deliveries`, which holds for it as for any row): deleting a row nobody could read
+        is not the farm's call."""
+        if not msgs:
+            return 0
+        taken = len(msgs)
+        aside: list[Message] = []
+        if not self.store.has_dlq:
+            most = self.spec.max_deliveries
+            aside = [
+                msg
+                for msg in msgs
+                if msg.invalid is not None and (most is None or msg.deliveries_count <= most)
+            ]
+            if aside:
+                msgs = [msg for msg in msgs if msg not in aside]
+        if msgs:
+            self.ledger.hold([msg.id for msg in msgs], claim.token)
+            # The last row's: a hint, not worth a test per row.
+            self.ledger.keyed = msgs[-1].ordering_key is not None
+            self.inbox.put_all(msgs)
+        if aside:
+            await self._set_aside(aside, claim.token)
+        return taken
+
+    async def _set_aside(self, msgs: list[Message], token: uuid.UUID) -> None:
+        """Park rows that can be neither loaded nor dead-lettered (see `Store.set_aside`),
         each reported by id: a WARNING `row_set_aside` and `outbox_farm_set_aside_total`."""
         queue = self.spec.queue
-        parked = set(
-            await claims.set_aside(self.pool, self.queries, ids=[r for r, _ in rows], token=token)
-        )
-        for row_id, why in rows:
+        ids = [msg.id for msg in msgs]
+        parked = set(await self.store.set_aside(ids, token, SET_ASIDE_SECONDS))
+        for row_id, why in ((msg.id, msg.invalid) for msg in msgs):
             if row_id not in parked:
                 continue  # taken over by another lease meanwhile: that runner reports it
             log.warning(
@@ -364,7 +318,7 @@ class Fetcher:
                 row_id,
                 queue,
                 why,
-                claims.SET_ASIDE_SECONDS,
+                SET_ASIDE_SECONDS,
                 extra={"event": "row_set_aside", "row_id": row_id, "queue": queue, "why": why},
             )
         if parked:
@@ -378,7 +332,7 @@ class Fetcher:
         wait = self.poll_interval * random.uniform(0.9, 1.1)
         if await self._free_stranded():
             return 0.0
-        due = await claims.next_due(self.pool, self.queries, self.spec.queue)
+        due = await self.store.next_due(self.spec.queue)
         if idle and self.stall.idle(-due if due is not None else 0.0):
             self.observer.stalled(self.spec.queue, self.stall.reason)
         if due is not None:

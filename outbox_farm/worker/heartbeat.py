@@ -1,11 +1,11 @@
 """The lease heartbeat: one per queue, extends the leases of the rows whose handlers run.
 
-Every `lease_ttl / 3` it sends one token-guarded UPDATE for all of the queue's running rows (and
-rows whose outcome is still being written), moving their `lease_expires_at` to a full
-`lease_ttl` past the database's now(). A handler may therefore run far longer than its lease,
-and only a worker that stopped beating (killed, hung, cut off) lets its rows expire. One missed
-beat is harmless; a row the UPDATE no longer matches was taken over, and the ledger marks it
-lost so its outcome is not written.
+Every `lease_ttl / 3` it sends one token-guarded extension for all of the queue's running rows
+(and rows whose outcome is still being written), moving their leases to expire a full
+`lease_ttl` past the store's now. A handler may therefore run far longer than its lease, and
+only a worker that stopped beating (killed, hung, cut off) lets its rows expire. One missed
+beat is harmless; a row the extension no longer matches was taken over, and the ledger marks
+it lost so its outcome is not written.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..db.leases import extend_leases
-from ..db.pool import Pool
 from ..errors import DatabaseError
 from ..handler import HandlerSpec
 from ..problems import Problems
-from ..queries import Queries
+from ..storage import Store
 from .inflight import Ledger
 from .supervised import Supervisor
 
@@ -30,14 +28,12 @@ class Heartbeat:
         self,
         spec: HandlerSpec,
         ledger: Ledger,
-        pool: Pool,
-        queries: Queries,
+        store: Store,
         problems: Problems,
     ) -> None:
         self.spec = spec
         self.ledger = ledger
-        self.pool = pool
-        self.queries = queries
+        self.store = store
         self.problems = problems
         self.operation = f"lease heartbeat of queue {spec.queue}"
         self._task: asyncio.Task[None] | None = None
@@ -62,9 +58,7 @@ class Heartbeat:
             if not ids:
                 continue
             try:
-                matched = await extend_leases(
-                    self.pool, self.queries, ids, tokens, self.spec.lease_ttl
-                )
+                matched = await self.store.extend_leases(ids, tokens, self.spec.lease_ttl)
             except DatabaseError as exc:
                 if not self.problems.report(self.operation, exc, log):
                     log.warning(

@@ -6,6 +6,10 @@ A runtime that also refreshes the gauges (one per farm) gets one more, so a long
 makes a claim or a flush wait for a connection. Transactional handlers are the exception, by
 their nature: each one running holds a connection for its transaction, from a second pool of
 (the sum of those queues' `concurrency`) connections.
+
+The data path (fetchers, executors, completer, heartbeats) speaks only the storage port
+(`outbox_farm.storage`): given a store of its own (an in-memory one, say), the runtime runs
+that path over it, with no pool, listener or chores.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..chores import gauges, retention, vacuum
 from ..chores.farm_code import CodeWatch
 from ..db import transactions
 from ..db.pool import Pool, open_pool, probe
+from ..db.store import PostgresStore
 from ..dsn import redact
 from ..errors import ConfigurationError
 from ..handler import HandlerSpec
@@ -30,12 +35,12 @@ from ..problems import Problems
 from ..queries import Queries
 from ..relay.runner import Relay
 from ..settings import RuntimeSettings
+from ..storage import Notifier, Store
 from .completer import Completer
 from .executor import Executors
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
 from .inbox import Inbox
-from .inflight import Ledger
 from .listener import Listener
 from .supervised import Policy, Supervisor
 from .transactional import Complete
@@ -61,6 +66,11 @@ class Runtime:
     `code_note` says, when asked, what is wrong with the code this process runs (its arbiter's
     last reload failed), for the report of its code (see `chores.farm_code`).
 
+    `store`: the rows are claimed from and written to it rather than through a pool opened on
+    `dsn`; then no listener, chore or code report runs (a `storage.Notifier` store wakes the
+    fetchers instead of NOTIFY), and a transactional handler, which needs Postgres
+    transactions, is refused.
+
     Every long-running task runs under `supervisor` (see `outbox_farm.worker.supervised`). When one
     of them keeps failing the runtime is broken: `fatal` is set and `fatal_reason` says why;
     whoever runs the runtime then stops it (a worker process exits non-zero so the arbiter
@@ -75,6 +85,7 @@ class Runtime:
         settings: RuntimeSettings | None = None,
         observers: Iterable[Observer] = (),
         code_note: Callable[[], str | None] = lambda: None,
+        store: Store | None = None,
     ) -> None:
         settings = settings or RuntimeSettings()
         if not specs:
@@ -83,6 +94,12 @@ class Runtime:
         unknown = sorted(set(settings.queues or ()) - set(by_queue))
         if unknown:
             raise ConfigurationError(f"no handler registered for queues {unknown}")
+        transactional = sorted(s.queue for s in specs if s.transactional)
+        if store is not None and transactional:
+            raise ConfigurationError(
+                f"queues {transactional} have transactional handlers, which run in a Postgres "
+                "transaction: they cannot run over a store other than Postgres"
+            )
         self.queries = queries
         self.names = queries.names
         self.dsn = dsn
@@ -94,7 +111,7 @@ class Runtime:
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
         self.completer: Completer | None = None
-        self.ledgers: dict[str, Ledger] = {}
+        self.store = store
         self.heartbeats: list[Heartbeat] = []
         self.relays: list[Relay] = []
         self.problems = Problems()
@@ -109,11 +126,75 @@ class Runtime:
         self._pools: list[Pool] = []  # closed last, all of them
         self._chores: list[asyncio.Task[None]] = []
         self._code_task: asyncio.Task[None] | None = None  # the code watch's loop
+        self._unsubscribe: Callable[[], None] | None = None  # from a Notifier store
         self._stopping = False
 
     async def start(self) -> None:
         """Open the pools and start every component; the stop undoes whatever of this ran
         (see `stop`), so a start that failed midway is cleaned up by `stop` too."""
+        complete: Complete | None = None
+        if self.store is None:
+            self.store, complete = await self._open()
+        store = self.store
+        if not store.has_dlq:
+            log.warning(
+                "this farm has no DLQ (dlq_table=None): messages that fail for good will be "
+                "deleted, with nothing kept of them",
+                extra={"event": "no_dlq"},
+            )
+        completer = self.completer = Completer(
+            store,
+            flush_interval=self.settings.flush_interval,
+            flush_size=self.settings.flush_size,
+            problems=self.problems,
+            observer=self.observer,
+        )
+        for spec in self.specs:
+            inbox: Inbox[Message | None] = Inbox()
+            fetcher = Fetcher(
+                spec,
+                store,
+                inbox,
+                self.observer,
+                completer,
+                poll_interval=self.settings.poll_interval,
+                worker_id=self.worker_id,
+                problems=self.problems,
+            )
+            self.fetchers[spec.queue] = fetcher
+            self.executors[spec.queue] = Executors(
+                spec, inbox, fetcher.ledger, completer, self.observer, complete=complete
+            )
+            if isinstance(spec.func, Relay):
+                spec.func.observer = self.observer
+                self.relays.append(spec.func)
+            if spec.heartbeat:
+                self.heartbeats.append(Heartbeat(spec, fetcher.ledger, store, self.problems))
+        completer.connect(self.fetchers)
+
+        completer.start(self.supervisor)
+        self.observer.serving([spec.queue for spec in self.specs])
+        for executors in self.executors.values():
+            executors.start(self.supervisor)
+        for heartbeat in self.heartbeats:
+            heartbeat.start(self.supervisor)
+        if self.pool is not None and self.settings.listen:
+            self.listener = Listener(self.dsn, self.names.channel, self._on_notify, self._wake_all)
+            self.listener.start(self.supervisor)
+        if isinstance(store, Notifier):
+            self._unsubscribe = store.subscribe(self._on_notify)
+        for fetcher in self.fetchers.values():
+            fetcher.start(self.supervisor)
+        log.info(
+            "outbox_farm running queues %s on %s",
+            ", ".join(s.queue for s in self.specs),
+            redact(self.dsn) if self.pool is not None else type(store).__name__,
+            extra={"event": "started"},
+        )
+
+    async def _open(self) -> tuple[PostgresStore, Complete | None]:
+        """The pools on `dsn`, the store over them, the chores: what a runtime given no store
+        of its own runs on; and how its transactional handlers complete, if it has any."""
         await probe(self.dsn)
         chores = (
             bool(self.settings.gauges_interval)
@@ -125,68 +206,8 @@ class Runtime:
         )
         self._pools.append(self.pool)
         complete = await self._transactions_pool()
-
-        if self.names.dlq is None:
-            log.warning(
-                "this farm has no DLQ (dlq_table=None): messages that fail for good will be "
-                "deleted, with nothing kept of them",
-                extra={"event": "no_dlq"},
-            )
         self._start_chores(self.pool)
-
-        self.completer = Completer(
-            self.pool,
-            self.queries,
-            flush_interval=self.settings.flush_interval,
-            flush_size=self.settings.flush_size,
-            on_retry=self._on_retry,
-            ledgers=self.ledgers,
-            handovers=self.fetchers,
-            problems=self.problems,
-            observer=self.observer,
-        )
-        self.completer.start(self.supervisor)
-
-        self.observer.serving([spec.queue for spec in self.specs])
-        for spec in self.specs:
-            inbox: Inbox[Message | None] = Inbox()
-            fetcher = Fetcher(
-                spec,
-                self.pool,
-                self.queries,
-                inbox,
-                self.observer,
-                poll_interval=self.settings.poll_interval,
-                worker_id=self.worker_id,
-                problems=self.problems,
-                on_starved=self.completer.flush_now,
-            )
-            self.ledgers[spec.queue] = fetcher.ledger
-            executors = Executors(
-                spec, inbox, fetcher.ledger, self.completer, self.observer, complete=complete
-            )
-            self.fetchers[spec.queue], self.executors[spec.queue] = fetcher, executors
-            if isinstance(spec.func, Relay):
-                spec.func.observer = self.observer
-                self.relays.append(spec.func)
-            executors.start(self.supervisor)
-            if spec.heartbeat:
-                heartbeat = Heartbeat(spec, fetcher.ledger, self.pool, self.queries, self.problems)
-                self.heartbeats.append(heartbeat)
-                heartbeat.start(self.supervisor)
-
-        if self.settings.listen:
-            self.listener = Listener(self.dsn, self.names.channel, self._on_notify, self._wake_all)
-            self.listener.start(self.supervisor)
-
-        for fetcher in self.fetchers.values():
-            fetcher.start(self.supervisor)
-        log.info(
-            "outbox_farm running queues %s on %s",
-            ", ".join(s.queue for s in self.specs),
-            redact(self.dsn),
-            extra={"event": "started"},
-        )
+        return PostgresStore(self.pool, self.queries), complete
 
     def _start_chores(self, pool: Pool) -> None:
         """The housekeeping loops; restarted for ever if they fail (see `supervised`)."""
@@ -264,6 +285,8 @@ class Runtime:
             await self._step("final flush", None, flush)
         # Cancelled, these loops end at once, unless a statement or connection attempt of
         # theirs waits on a database that does not answer: the second cancellation ends that.
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         loops: list[Awaitable[None]] = [h.stop() for h in self.heartbeats]
         if self.listener is not None:
             loops.append(self.listener.close())
@@ -354,11 +377,6 @@ class Runtime:
     def _wake_all(self) -> None:
         for fetcher in self.fetchers.values():
             fetcher.wake()
-
-    def _on_retry(self, queue: str, delay: float) -> None:
-        fetcher = self.fetchers.get(queue)
-        if fetcher is not None:
-            fetcher.note_due(delay)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -1,0 +1,108 @@
+"""The storage port on PostgreSQL: what one process's runtime asks of the outbox table, each
+request a statement of `runtime.sql` on a pooled connection.
+
+Claims take rows `FOR UPDATE SKIP LOCKED`, so processes claiming at once never wait on each
+other nor take the same row; every outcome write and lease extension matches id and token;
+time is the database's clock (`now()`), the same for every process. The statements' own
+comments say what each does row by row; `storage` says what the runtime may rely on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from ..errors import DatabaseError
+from ..message import Message
+from ..queries import Queries
+from ..storage import Claim, Write, release
+from .boundary import boundary
+from .claims import SET_ASIDE_TOKEN, send_claim
+from .outcomes import PipelineFlush, params, statement
+from .pool import Pool
+
+
+class PostgresStore:
+    """The outbox table of `queries` through `pool` (a `storage.Store`)."""
+
+    def __init__(self, pool: Pool, queries: Queries) -> None:
+        self.pool = pool
+        self.queries = queries
+
+    @property
+    def has_dlq(self) -> bool:
+        return self.queries.names.dlq is not None
+
+    async def claim(self, claim: Claim) -> list[Message]:
+        with boundary():
+            async with self.pool.connection() as conn:
+                return await (await send_claim(conn, self.queries, claim)).fetchall()
+
+    async def next_due(self, queue: str) -> float | None:
+        """On the database clock."""
+        with boundary():
+            async with self.pool.connection() as conn:
+                cursor = await conn.execute(self.queries["next_due"], {"queue": queue})
+                row = await cursor.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    async def free_stranded(self, queue: str) -> int:
+        """The rows marked `key_blocked` with nothing left before them in their key (see the
+        statement): rare, so the fetcher looks every few seconds, not on every claim."""
+        with boundary():
+            async with self.pool.connection() as conn:
+                cursor = await conn.execute(self.queries["free_stranded"], {"queue": queue})
+                row = await cursor.fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def set_aside(self, ids: list[int], token: uuid.UUID, seconds: float) -> list[int]:
+        """Under `SET_ASIDE_TOKEN`, which only the lease's expiry frees."""
+        args = {"ids": ids, "token": token, "aside": SET_ASIDE_TOKEN, "seconds": seconds}
+        with boundary():
+            async with self.pool.connection() as conn:
+                cursor = await conn.execute(self.queries["set_aside"], args)
+                return [row[0] for row in await cursor.fetchall()]
+
+    async def give_back(self, ids: list[int], token: uuid.UUID) -> None:
+        await self._execute(release(ids, [token] * len(ids)))
+
+    async def extend_leases(
+        self, ids: list[int], tokens: list[uuid.UUID], lease_ttl: float
+    ) -> set[int]:
+        """To `lease_ttl` seconds past the database's now()."""
+        args = {"ids": ids, "tokens": tokens, "lease_ttl": lease_ttl}
+        with boundary():
+            async with self.pool.connection() as conn:
+                cursor = await conn.execute(self.queries["extend_leases"], args)
+                return {row[0] for row in await cursor.fetchall()}
+
+    @asynccontextmanager
+    async def flush(self, *, single: bool = False) -> AsyncIterator[PipelineFlush]:
+        """A pooled connection in pipeline mode for one flush (see `outcomes`); `single`: the
+        flush is one write, sent without pipeline mode, whose entry and closing sync would
+        cost it another round trip. `ConnectionLost` also when the last sync fails as the
+        block ends."""
+        with boundary():
+            async with self.pool.connection() as conn:
+                if single:
+                    yield PipelineFlush(self.pool, self.queries, conn, None)
+                    return
+                async with conn.pipeline() as pipe:
+                    yield PipelineFlush(self.pool, self.queries, conn, pipe)
+
+    async def refusal(self, write: Write) -> DatabaseError | None:
+        """`write` run over no rows: it changes nothing and locks nothing, yet the server checks
+        the privileges of every table it names and refuses it in a read-only transaction, as
+        for any row."""
+        try:
+            await self._execute(write)
+        except DatabaseError as exc:
+            return exc
+        return None
+
+    async def _execute(self, write: Write) -> None:
+        """`write` alone, on a pooled connection, its result unread."""
+        with boundary():
+            async with self.pool.connection() as conn:
+                await conn.execute(self.queries[statement(write)], params(write))

@@ -1,0 +1,62 @@
+"""The back-channels between each queue's fetcher and the completer, declared in one place.
+
+Rows flow one way: the fetcher claims them into the inbox, the executors run them and hand
+their outcomes to the completer, which writes them to the store. Four signals run against that
+flow, and the runtime wires them once, every fetcher built, before anything starts
+(`Completer.connect`; each fetcher is built with the completer as its `Flushing`):
+
+                claim                        run                   outcomes
+    store ───────────▶ Fetcher ──▶ inbox ──▶ Executors ───────────────────▶ Completer
+      ▲                ▲ ▲ ▲ │                                              │ │ │ │
+      │                │ │ │ └─ starved ── flush_now() ──────────────────▶ │ │ │ │
+      │                │ │ └─── settled ── ledger.settle_all() ───────────┘ │ │ │
+      │                │ └───── retry due ── note_due(delay) ──────────────┘ │ │
+      │                └─────── hand-over ── handover() / handed(...) ──────┘ │
+      └──────────────────────────────────────────── flush (ack, retry, ...) ──┘
+
+- starved (fetcher to completer): the queue is out of slots, which only written outcomes
+  free: `flush_now` writes what waits without waiting for the flush interval.
+- settled (completer to fetcher): a row whose outcome is written (or given up on) leaves the
+  fetcher's in-flight `ledger`, which frees its slot and wakes a starved fetcher.
+- retry due (completer to fetcher): a retry was written; `note_due` wakes the fetcher when it
+  becomes due rather than at its next poll.
+- hand-over (both ways): for an ack of keyed rows, the completer asks the fetcher for a claim
+  to send with it (`handover`) and gives it the messages that claim took (`handed`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..message import Message
+from ..storage import Claim
+from .inflight import Ledger
+
+
+class Fetching(Protocol):
+    """One queue's fetcher, as the completer sees it."""
+
+    @property
+    def ledger(self) -> Ledger:
+        """The queue's rows in flight: the completer settles each row once it is written."""
+        ...
+
+    def note_due(self, delay: float) -> None:
+        """A row of the queue becomes due in `delay` seconds (a retry just written)."""
+        ...
+
+    def handover(self) -> Claim:
+        """A claim of the next row of each key an ack deletes a row of, to send with it."""
+        ...
+
+    async def handed(self, claim: Claim, messages: list[Message], seconds: float) -> None:
+        """What the hand-over `claim` took, `seconds` after the write it went with was sent."""
+        ...
+
+
+class Flushing(Protocol):
+    """The completer, as a starved fetcher sees it."""
+
+    def flush_now(self) -> None:
+        """Write the outcomes waiting now, without waiting for the flush interval."""
+        ...
