@@ -25,24 +25,16 @@ from .. import storage
 from ..backoff import Backoff
 from ..errors import ConnectionLost, DatabaseError
 from ..observe import Observer, observers
-from ..outcome import Kind, Outcome
+from ..outcome import Outcome
 from ..problems import Problems
 from .channels import Fetching
 from .supervised import Supervisor
+from .writes import Statement, statements, write_for
 
 log = logging.getLogger("outbox_farm.completer")
 KEYED_AT_ONCE = 4  # rows held, at most, for a keyed batch to be written without waiting
 # Past the stop deadline, a final flush whose database sent nothing for this long is given up.
 STALL = 1.0
-
-
-@dataclass(slots=True)
-class _Statement:
-    """One write of a flush, and the outcomes it carries (in the order of its rows)."""
-
-    phase: str
-    outcomes: list[Outcome]
-    write: storage.Write
 
 
 @dataclass(slots=True)
@@ -86,7 +78,7 @@ class Completer:
         self._task: asyncio.Task[None] | None = None
         # The statements of the write under way not yet answered, and when the database last
         # showed it answers (a reply, or the start of a write): what `close` judges by.
-        self._todo: list[_Statement] = []
+        self._todo: list[Statement] = []
         self._progress = 0.0
         self.observer = observer or observers()
 
@@ -254,50 +246,6 @@ class Completer:
 
     # -- writing -------------------------------------------------------------------------
 
-    def _statements(self, batch: list[Outcome]) -> list[_Statement]:
-        # Grouped by identity tests: an Enum member hashes in Python, once per outcome.
-        by_kind: dict[Kind, list[Outcome]] = {kind: [] for kind in Kind}
-        acks, ack = by_kind[Kind.ACK], Kind.ACK
-        for outcome in batch:
-            if outcome.kind is ack:
-                acks.append(outcome)
-            else:
-                by_kind[outcome.kind].append(outcome)
-        phases = (
-            ("ack", Kind.ACK),
-            ("retry", Kind.RETRY),
-            ("release", Kind.RELEASE),
-            ("expire", Kind.EXPIRE),
-            ("terminal", Kind.TERMINAL),
-        )
-        return [
-            _Statement(phase, rows, self._write_for(phase, rows))
-            for phase, kind in phases
-            if (rows := by_kind[kind])
-        ]
-
-    def _write_for(self, phase: str, rows: list[Outcome]) -> storage.Write:
-        ids = [o.row_id for o in rows]
-        tokens = [o.token for o in rows]
-        if phase == "retry":
-            return storage.retry(
-                ids,
-                tokens,
-                delays=[o.delay for o in rows],
-                ran=[o.ran for o in rows],
-                started=[o.started_at for o in rows],
-            )
-        if phase in ("release", "expire"):
-            return storage.release(ids, tokens)
-        if phase == "terminal" and self.store.has_dlq:
-            return storage.dead_letter(
-                ids,
-                tokens,
-                reasons=[str(o.reason) for o in rows],
-                exceptions=[o.last_exception for o in rows],
-            )
-        return storage.ack(ids, tokens)  # an ack, or a terminal failure with no DLQ to keep it
-
     async def write(self, batch: list[Outcome]) -> None:
         """Write `batch` as one flush, now; only then do its rows stop counting against their
         queue's capacity. The flush task calls this for every batch it collects.
@@ -321,7 +269,7 @@ class Completer:
                 if fetcher is not None:
                     fetcher.ledger.settle_all((o.row_id, o.token) for o in outcomes)
 
-    def _handover(self, batch: list[Outcome], ack: _Statement) -> _Handover | None:
+    def _handover(self, batch: list[Outcome], ack: Statement) -> _Handover | None:
         """The claim to send with `ack`, the first write of a batch the process holds almost
         nothing but (`awaited`): the next row of every key of one keyed queue it deletes a
         row of. That row becomes claimable only with this deletion; taken by the ack itself
@@ -338,7 +286,7 @@ class Completer:
 
     async def _write(self, batch: list[Outcome]) -> None:
         started = time.perf_counter()
-        todo = self._todo = self._statements(batch)
+        todo = self._todo = statements(batch, dlq=self.store.has_dlq)
         self._progress = time.monotonic()
         taking = self._handover(batch, todo[0]) if todo and todo[0].phase == "ack" else None
         backoff = Backoff()
@@ -384,7 +332,7 @@ class Completer:
         queue = outcome.queue
         self.observer.write_failed(phase, queue, 1)
         fields = {"event": "write_failed", "phase": phase, "row_id": outcome.row_id, "queue": queue}
-        probe = partial(self.store.refusal, self._write_for(phase, []))
+        probe = partial(self.store.refusal, write_for(phase, [], dlq=self.store.has_dlq))
         if self.problems.write_refused(phase, queue, exc, probe, log, fields):
             return  # logged, at most once a minute, as the problem it is
         hint = (
@@ -403,7 +351,7 @@ class Completer:
             extra=fields,
         )
 
-    def _account(self, stmt: _Statement, written: storage.Written) -> None:
+    def _account(self, stmt: Statement, written: storage.Written) -> None:
         observer = self.observer
         phase = stmt.phase
         matched, refused = written.matched, written.refused
