@@ -1,7 +1,8 @@
 """The `outbox-farm` command line.
 
 Each command lives in the module of its kind (`schema`, `start`, `ops`, `dlq`) and only reads
-options and prints; what it runs lives outside this package. The group below is the one
+options and prints; what it runs lives outside this package, all but the log set-up
+(`log_setup`), which only the commands that run a process need. The group below is the one
 place where the library's errors become the command line's: one line, exit status 1, with
 every fragment of the DSN's secret masked (whatever libpq or a client library quoted).
 """

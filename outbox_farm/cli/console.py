@@ -15,9 +15,9 @@ import click
 from ..admin.rates import DEFAULT_METRICS_URL
 from ..errors import ConfigurationError
 from ..names import TableNames
-from ..ops.log_setup import configure
 from ..ops.server import located
 from ..settings import parse_bind
+from .log_setup import configure
 from .options import EPILOG, dsn_options, log_format_option, table_options
 from .output import notice
 

@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from ..ops.log_setup import configure
 from ..prefork.metrics_dir import prepare_metrics_dir
 from ..settings import DEFAULT_BIND, RuntimeSettings, SupervisorSettings, parse_bind
+from .log_setup import configure
 from .options import (
     EPILOG,
     dsn_options,

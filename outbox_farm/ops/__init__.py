@@ -1,3 +1,3 @@
 """Schema and operations: the server a command works on (`server`, `embedded`), the
 migrations and the checks of the schema and the role (`migrate`, `schema_check`, `privileges`,
-`readiness`), and the CLI's log set-up (`log_setup`)."""
+`readiness`)."""

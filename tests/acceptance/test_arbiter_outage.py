@@ -36,9 +36,9 @@ from tests.acceptance.test_farm import (
     free_port,
     preload,
     scalar,
-    wait_for,
 )
 from tests.acceptance.test_worker_faults import FAULTAPP, publish
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ DRIVER = """\
 import sys
 from pathlib import Path
 
-from outbox_farm.ops.log_setup import configure
+from outbox_farm.cli.log_setup import configure
 from outbox_farm.prefork.metrics_dir import prepare_metrics_dir
 
 configure("text", "INFO")
@@ -122,7 +122,7 @@ def kill_workers_again_and_again(farm: RunningFarm, procs: int, *texts: str) -> 
         def replaced(victims: set[int] = victims) -> bool:
             return not victims & farm.children() and unreachable(farm, procs, *texts)
 
-        wait_for(replaced, 30, "replacements waiting for the database", farm)
+        wait_for(replaced, "replacements waiting for the database", 30, farm)
 
 
 def test_a_worker_that_cannot_reach_its_database_waits_unready_instead_of_failing_to_boot(
@@ -131,8 +131,8 @@ def test_a_worker_that_cannot_reach_its_database_waits_unready_instead_of_failin
     with arbiter_on(tmp_path, CLOSED, procs=2) as farm:
         wait_for(
             lambda: unreachable(farm, 2, "Connection refused"),
-            30,
             "/healthz 503 naming the unreachable database",
+            30,
             farm,
         )
         kill_workers_again_and_again(farm, 2, "Connection refused")
@@ -226,16 +226,16 @@ def test_a_database_restart_while_workers_die_is_waited_out_and_everything_is_de
     (tmp_path / "farmapp.py").write_text(FARMAPP)
     relayed = make_conninfo(dsn, host="127.0.0.1", port=relay.port, connect_timeout=5)
     with farm_process(tmp_path, relayed, graceful=GRACEFUL) as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         relay.cut()
         kill_workers_again_and_again(farm, 2)
         preload(conn, 500)  # published during the outage, straight to the database
         relay.restore()
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers after the outage", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers after the outage", 60, farm)
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
-            60,
             "every row delivered",
+            60,
             farm,
         )
         assert "giving up" not in farm.log()
@@ -250,13 +250,13 @@ def test_a_worker_with_a_blocked_event_loop_leaves_its_stacks_in_the_log(
     with farm_process(
         tmp_path, dsn, "--heartbeat-timeout", "2", app="faultapp:farm", procs=1
     ) as farm:
-        wait_for(lambda: farm.healthy(1), 30, "a healthy worker", farm)
+        wait_for(lambda: farm.healthy(1), "a healthy worker", 30, farm)
         (stuck,) = farm.children()
         publish(conn, "block")
         wait_for(
             lambda: stuck not in farm.children() and farm.healthy(1),
-            60,
             "the stuck worker replaced",
+            60,
             farm,
         )
         log = farm.log()

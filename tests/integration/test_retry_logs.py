@@ -12,11 +12,11 @@ import psycopg
 import pytest
 
 from outbox_farm import ConstantBackoff, Farm, Message
+from outbox_farm.cli.log_setup import TextFormatter
 from outbox_farm.observe import logs
-from outbox_farm.ops.log_setup import TextFormatter
 from outbox_farm.outcome import FRAMES_HEADER
 from tests.integration.delivery_kit import DLQ, POLL, database, publish, qname, records
-from tests.waits import eventually
+from tests.steps import eventually
 
 ROWS, ATTEMPTS = 30, 3
 

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from outbox_farm import ConfigurationError, ConstantBackoff, DeadLetter, Farm, Message
+from outbox_farm.cli.log_setup import JsonFormatter
 from outbox_farm.observe import tracing
-from outbox_farm.ops.log_setup import JsonFormatter
 from outbox_farm.relay import CONFIRMED, Delivery, Envelope
 from outbox_farm.testing import drain
 

@@ -11,6 +11,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox_farm import dsn as dsn_module
+from outbox_farm.cli.log_setup import JsonFormatter, TextFormatter
 from outbox_farm.dsn import (
     MASK,
     check_dsn,
@@ -21,7 +22,6 @@ from outbox_farm.dsn import (
     secret_fragments,
 )
 from outbox_farm.errors import ConfigurationError
-from outbox_farm.ops.log_setup import JsonFormatter, TextFormatter
 
 FRAGMENTS = ("Sup3r", "S3cretPW", "ssS3cretPW")
 

@@ -10,15 +10,15 @@ import logging
 import orjson
 import pytest
 
+from outbox_farm.cli.log_setup import JsonFormatter, TextFormatter
 from outbox_farm.decision import Notes
 from outbox_farm.message import Message
 from outbox_farm.observe.logs import LogObserver
 from outbox_farm.observe.repeats import Kind, RepeatLimit
-from outbox_farm.ops.log_setup import JsonFormatter, TextFormatter
 from outbox_farm.outcome import FRAMES_HEADER, LINE_MAX, exception_line
 from outbox_farm.retry import ConstantBackoff, NoRetry
+from tests.steps import eventually
 from tests.unit.test_decision import decide, message, spec
-from tests.waits import eventually
 
 RETRY = spec(retry=ConstantBackoff(1.0))
 
