@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from tests.acceptance import test_farm
-from tests.acceptance.test_farm import FARMAPP, farm_process, wait_for
+from tests.acceptance.test_farm import FARMAPP, farm_process
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +72,7 @@ def test_an_error_in_the_arbiters_loop_stops_every_worker_and_exits_4(
 ) -> None:
     with farm_process(launcher.parent, dsn, FAULT_AT=str(launcher)) as farm:
         # Positive control: the patched loop supervises as usual until the fault.
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
         workers = farm.children()
         assert len(workers) == 2
         family = {p.pid for p in psutil.Process(farm.pid).children(recursive=True)}
@@ -83,5 +84,5 @@ def test_an_error_in_the_arbiters_loop_stops_every_worker_and_exits_4(
         assert "event=arbiter_failed" in log
         assert "RuntimeError: injected fault in the arbiter's loop" in log  # the traceback
         assert "event=arbiter_stopped" in log
-        assert wait_for(lambda: not alive(family), 10, "no process of the farm left") is True
+        assert wait_for(lambda: not alive(family), "no process of the farm left", 10) is True
         assert farm.get("/healthz") is None

@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.acceptance.test_farm import farm_process, json_entries, wait_for
+from tests.acceptance.test_farm import farm_process, json_entries
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,23 +59,23 @@ def test_a_worker_whose_fetcher_keeps_failing_exits_1_and_is_replaced(
         def events(name: str) -> list[dict[str, Any]]:
             return [e for e in json_entries(farm.log()) if e.get("event") == name]
 
-        failed = wait_for(lambda: events("worker_failed"), 90, "worker_failed event", farm)
+        failed = wait_for(lambda: events("worker_failed"), "worker_failed event", 90, farm)
         assert "fetcher" in failed[0]["message"], failed[0]
-        died = wait_for(lambda: events("worker_died"), 60, "worker_died event", farm)
+        died = wait_for(lambda: events("worker_died"), "worker_died event", 60, farm)
         assert died[0].get("exit") == "status 1", died[0]
         assert died[0].get("reason") == "crash", died[0]
         # The traceback of every failure was logged, not swallowed.
         assert "RuntimeError: injected: the claim code has a bug" in farm.log()
         # A replacement was forked, and it runs the healthy queue's rows.
-        wait_for(lambda: len(events("worker_failed")) >= 2, 90, "second broken worker", farm)
+        wait_for(lambda: len(events("worker_failed")) >= 2, "second broken worker", 90, farm)
         conn.execute("INSERT INTO outbox (queue, payload) VALUES ('ok', 'x')")
         conn.execute("SELECT pg_notify('outbox_outbox', 'ok')")
         wait_for(
             lambda: (
                 conn.execute("SELECT count(*) FROM outbox WHERE queue = 'ok'").fetchone() == (0,)
             ),
-            60,
             "the ok queue's row delivered by a replacement",
+            60,
             farm,
         )
         assert farm.proc.poll() is None, "the farm stopped"

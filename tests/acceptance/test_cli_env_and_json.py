@@ -23,8 +23,8 @@ import psycopg
 from outbox_farm.cli import main
 from outbox_farm.names import TableNames
 from tests.acceptance.test_cli import CLI, migration_labels, run
-from tests.acceptance.test_farm import wait_for
 from tests.acceptance.test_ops_cli import NO_FARM, fail
+from tests.steps import wait_for
 
 Conn = psycopg.Connection[Any]
 
@@ -181,7 +181,7 @@ def test_outbox_farm_watch_makes_stats_redraw(dsn: str, tmp_path: Path) -> None:
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
-            wait_for(lambda: len(output.read_text().splitlines()) >= 3, 20, "3 frames")
+            wait_for(lambda: len(output.read_text().splitlines()) >= 3, "3 frames", 20)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=10) == 0
         finally:

@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.acceptance.test_farm import farm_process, wait_for
+from tests.acceptance.test_farm import farm_process
+from tests.steps import wait_for
 from tests.tools import missing_tool
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -179,21 +180,21 @@ def farm_metrics(tmp_path: Path, dsn: str, conn: psycopg.Connection[Any]) -> dic
     )
     wanted = named_metrics()
     with farm_process(tmp_path, dsn, "--dlq-retention", "1d", app="dashapp:farm", procs=2) as farm:
-        wait_for(lambda: farm.healthy(2), 30, "a healthy farm", farm)
+        wait_for(lambda: farm.healthy(2), "a healthy farm", 30, farm)
         # The housekeeper purges the 2-day-old DLQ row in its first retention pass, at boot;
         # the next pass is a minute later. Killed between that DELETE's commit and the counter
         # it feeds (a window a loaded machine widens), the row would be gone and the counter
         # never written. So the victim dies only once the purge is counted (a dead process's
         # counters stay in /metrics).
-        wait_for(lambda: "outbox_farm_dlq_purged_total" in scrape(farm), 30, "the DLQ purge", farm)
+        wait_for(lambda: "outbox_farm_dlq_purged_total" in scrape(farm), "the DLQ purge", 30, farm)
         # Killed before any row exists: killed later, it could take unwritten outcomes (a
         # retry, a DLQ move) with it, and the counters they feed would never be written.
         victim = sorted(farm.children())[0]
         os.kill(victim, signal.SIGKILL)
         wait_for(
             lambda: len(kids := farm.children()) == 2 and victim not in kids and farm.healthy(2),
-            30,
             "a replaced worker",
+            30,
             farm,
         )
         for queue in ("ok", "flaky", "bad", "broken", "slow"):
@@ -206,8 +207,8 @@ def farm_metrics(tmp_path: Path, dsn: str, conn: psycopg.Connection[Any]) -> dic
                 "UPDATE outbox SET acquired_token = gen_random_uuid() "
                 "WHERE queue = 'slow' AND acquired_token IS NOT NULL RETURNING id"
             ).fetchall(),
-            20,
             "a leased row of queue slow",
+            20,
             farm,
         )
         assert taken
@@ -220,7 +221,7 @@ def farm_metrics(tmp_path: Path, dsn: str, conn: psycopg.Connection[Any]) -> dic
             return {} if missing else found
 
         try:
-            return wait_for(complete, 60, "every metric the dashboards name", farm)
+            return wait_for(complete, "every metric the dashboards name", 60, farm)
         except pytest.fail.Exception as exc:
             raise pytest.fail.Exception(f"still missing {sorted(missing)}: {exc}") from None
 

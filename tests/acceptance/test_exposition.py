@@ -27,7 +27,8 @@ import pytest
 from loadtests.chaos.outage import FakeClock, faketime_missing
 from outbox_farm.prefork import exposition as exposition_module
 from outbox_farm.prefork.exposition import REQUEST_DEADLINE, Exposition
-from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, preload, wait_for
+from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, preload
+from tests.steps import wait_for
 
 T = TypeVar("T")
 IDLE_CLIENTS = 50
@@ -320,25 +321,25 @@ def test_a_killed_server_process_is_replaced_and_serves_the_same_counters(
         clock = FakeClock(tmp_path / "clock")
         clock_env = clock.env()
     with farm_process(tmp_path, dsn, **clock_env) as farm:
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
         preload(conn, 100)
-        wait_for(lambda: acked(farm) >= 100, 30, "100 rows acked", farm)
+        wait_for(lambda: acked(farm) >= 100, "100 rows acked", 30, farm)
         if step is not None:
             clock.set(step)
         for kill in range(1, KILLS + 1):
             server = wait_for(
-                lambda: metrics_server(farm), 30, f"server process before kill {kill}", farm
+                lambda: metrics_server(farm), f"server process before kill {kill}", 30, farm
             )
             os.kill(server, signal.SIGKILL)
             wait_for(
                 lambda server=server: metrics_server(farm) not in (None, server),
-                30,
                 f"new server process after kill {kill}",
+                30,
                 farm,
             )
-        wait_for(lambda: farm.healthy(2), 30, "/healthz 200 after the kills", farm)
+        wait_for(lambda: farm.healthy(2), "/healthz 200 after the kills", 30, farm)
         assert acked(farm) >= 100, farm.get("/metrics")
         preload(conn, 100)
-        wait_for(lambda: acked(farm) >= 200, 30, "200 rows acked after the kills", farm)
+        wait_for(lambda: acked(farm) >= 200, "200 rows acked after the kills", 30, farm)
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()

@@ -18,9 +18,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import psutil
@@ -31,12 +31,12 @@ from prometheus_client.samples import Sample
 
 from loadtests.farmproc import get
 from outbox_farm.prefork.child import WORKER_NAME
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
 CLI = Path(sys.executable).parent / "outbox-farm"
 GRACEFUL = 10.0  # --graceful-timeout of every farm started here
-T = TypeVar("T")
 
 FARMAPP = '''\
 """Acceptance-test app: one queue "q"; behaviour from FARMAPP_* environment variables."""
@@ -181,30 +181,6 @@ class RunningFarm:
         return code, time.monotonic() - began
 
 
-def wait_for(
-    condition: Callable[[], T],
-    timeout: float,
-    what: str,
-    farm: RunningFarm | None = None,
-    every: float = 0.1,
-) -> T:
-    """Poll `condition` until it returns something truthy (returned); fail at the deadline, or
-    at once when `farm` exited meanwhile."""
-    deadline = time.monotonic() + timeout
-    while True:
-        last = condition()
-        if last:
-            return last
-        if farm is not None and farm.proc.poll() is not None:
-            pytest.fail(
-                f"farm exited ({farm.proc.returncode}) while waiting for {what}\n{farm.log_tail()}"
-            )
-        if time.monotonic() > deadline:
-            tail = farm.log_tail() if farm is not None else ""
-            pytest.fail(f"no {what} within {timeout}s (last: {last!r})\n{tail}")
-        time.sleep(every)
-
-
 @contextlib.contextmanager
 def farm_process(
     tmp_path: Path,
@@ -326,7 +302,7 @@ def test_two_processes_drain_10000_rows_and_report_it(
                 backlog_seen.append(backlog)
             return (value(samples, "outbox_farm_acked_total") or 0) >= 10_000
 
-        wait_for(drained, 45, "10,000 acks in /metrics", farm)
+        wait_for(drained, "10,000 acks in /metrics", 45, farm)
         drain_seconds = time.monotonic() - began
         samples = farm.samples()
         assert value(samples, "outbox_farm_acked_total") == 10_000
@@ -335,7 +311,7 @@ def test_two_processes_drain_10000_rows_and_report_it(
         assert scalar(conn, "SELECT count(*) FROM outbox") == 0
         assert scalar(conn, "SELECT count(*) FROM outbox_dlq") == 0
         # The gauges are refreshed every 5 s by one process: the backlog must fall to 0.
-        wait_for(lambda: farm.metric("outbox_farm_backlog", queue="q") == 0, 15, "backlog 0", farm)
+        wait_for(lambda: farm.metric("outbox_farm_backlog", queue="q") == 0, "backlog 0", 15, farm)
         assert max(backlog_seen, default=0) > 0, "the backlog gauge never showed the rows"
         assert farm.healthy(2)
         code, took = farm.stop()
@@ -362,10 +338,10 @@ def test_a_killed_child_is_replaced_and_no_row_is_lost(
         FARMAPP_PREFETCH=str(prefetch),
         FARMAPP_LEASE_TTL="2",
     ) as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         original = farm.children()
         assert len(original) == 2
-        wait_for(lambda: ledger_stats(conn)[0] >= 150, 30, "150 handled rows", farm, every=0.02)
+        wait_for(lambda: ledger_stats(conn)[0] >= 150, "150 handled rows", 30, farm, every=0.02)
         by_pid = dict(conn.execute("SELECT pid, count(*) FROM ledger GROUP BY pid").fetchall())
         victim = max(original, key=lambda pid: by_pid.get(pid, 0))
         assert by_pid.get(victim, 0) > 0, "the victim never handled a row"
@@ -376,15 +352,15 @@ def test_a_killed_child_is_replaced_and_no_row_is_lost(
             kids = farm.children()
             return kids if len(kids) == 2 and victim not in kids and kids - original else set()
 
-        kids = wait_for(replaced, 30, "a replacement child", farm)
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers again", farm)
+        kids = wait_for(replaced, "a replacement child", 30, farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers again", 30, farm)
         samples = farm.samples()
         assert value(samples, "outbox_farm_processes") == 2
         assert (value(samples, "outbox_farm_worker_restarts_total", reason="crash") or 0) >= 1
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
-            40,
             "an empty outbox",
+            40,
             farm,
             every=0.25,
         )
@@ -438,11 +414,11 @@ def test_a_worker_never_holds_more_leased_rows_than_its_capacity(
         FARMAPP_CONCURRENCY=str(concurrency),
         FARMAPP_PREFETCH=str(prefetch),
     ) as farm:
-        wait_for(lambda: farm.healthy(1), 30, "1 healthy worker", farm)
+        wait_for(lambda: farm.healthy(1), "1 healthy worker", 30, farm)
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL"),
-            30,
             "a first claim",
+            30,
             farm,
         )
         end = time.monotonic() + 6
@@ -467,8 +443,8 @@ def test_sigterm_drains_gracefully_and_releases_unstarted_rows(
     with farm_process(
         app_dir, dsn, FARMAPP_LEDGER="1", FARMAPP_SLEEP="1", FARMAPP_CONCURRENCY="4"
     ) as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
-        wait_for(lambda: ledger_stats(conn)[0] >= 8, 30, "8 handled rows", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
+        wait_for(lambda: ledger_stats(conn)[0] >= 8, "8 handled rows", 30, farm)
         # Both workers now hold claimed rows, some running, some waiting in the prefetch.
         assert scalar(conn, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL") > 0
         code, took = farm.stop()
@@ -488,8 +464,8 @@ def test_sigterm_drains_gracefully_and_releases_unstarted_rows(
     with farm_process(app_dir, dsn, name="farm2", FARMAPP_LEDGER="1") as second:
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
-            30,
             "the second farm to drain the rest",
+            30,
             second,
             every=0.25,
         )
@@ -514,15 +490,15 @@ def test_sigterm_cancels_handlers_still_running_at_the_graceful_deadline(
         FARMAPP_SLEEP="30",
         FARMAPP_CONCURRENCY=str(concurrency),
     ) as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         # Each worker claims its capacity (concurrency + prefetch) and runs `concurrency`.
         wait_for(
             lambda: (
                 scalar(conn, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL")
                 == 2 * 2 * concurrency
             ),
-            30,
             "both workers holding a full claim",
+            30,
             farm,
         )
         # Every executor has started its row (a handler start is a delivery-lag sample).
@@ -530,8 +506,8 @@ def test_sigterm_cancels_handlers_still_running_at_the_graceful_deadline(
             lambda: (
                 farm.metric("outbox_farm_delivery_lag_seconds_count", queue="q") == 2 * concurrency
             ),
-            30,
             "a handler running on every executor",
+            30,
             farm,
         )
         code, took = farm.stop()
@@ -580,11 +556,11 @@ def test_ttin_ttou_resize_and_hup_replaces_every_child_without_loss(
                 and len(farm.children()) == procs
             )
 
-        wait_for(lambda: settled(2), 30, "2 workers", farm)
+        wait_for(lambda: settled(2), "2 workers", 30, farm)
         farm.proc.send_signal(signal.SIGTTIN)
-        wait_for(lambda: settled(3), 30, "3 workers after TTIN", farm)
+        wait_for(lambda: settled(3), "3 workers after TTIN", 30, farm)
         farm.proc.send_signal(signal.SIGTTOU)
-        wait_for(lambda: settled(2), 30, "2 workers after TTOU", farm)
+        wait_for(lambda: settled(2), "2 workers after TTOU", 30, farm)
 
         old = farm.children()
         farm.proc.send_signal(signal.SIGHUP)
@@ -605,8 +581,8 @@ def test_ttin_ttou_resize_and_hup_replaces_every_child_without_loss(
             time.sleep(0.02)
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
-            20,
             "every published row handled",
+            20,
             farm,
             every=0.25,
         )
@@ -624,7 +600,7 @@ def test_ttin_ttou_resize_and_hup_replaces_every_child_without_loss(
 
 def test_workers_stop_when_the_arbiter_dies(app_dir: Path, dsn: str) -> None:
     with farm_process(app_dir, dsn) as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         workers = farm.children()
         os.kill(farm.pid, signal.SIGKILL)
         farm.proc.wait(timeout=10)
@@ -696,8 +672,8 @@ def test_startup_failures_exit_nonzero_with_a_clear_message(
 
 def test_log_format_json_writes_one_json_object_per_line(app_dir: Path, dsn: str) -> None:
     with farm_process(app_dir, dsn, "--log-format", "json") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
-        wait_for(lambda: farm.log().count('"started"') >= 2, 10, "2 started events", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
+        wait_for(lambda: farm.log().count('"started"') >= 2, "2 started events", 10, farm)
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()
     entries = json_entries(farm.log())
@@ -713,7 +689,7 @@ def test_log_format_json_writes_one_json_object_per_line(app_dir: Path, dsn: str
 
 def test_log_format_json_stays_json_with_migrate(app_dir: Path, empty_dsn: str) -> None:
     with farm_process(app_dir, empty_dsn, "--log-format", "json", "--migrate") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         code, _ = farm.stop()
     if code != 0:
         pytest.fail(f"exit {code}\n{farm.log_tail()}")
@@ -722,17 +698,17 @@ def test_log_format_json_stays_json_with_migrate(app_dir: Path, empty_dsn: str) 
 
 def test_log_format_json_gives_signal_handling_lines_an_event(app_dir: Path, dsn: str) -> None:
     with farm_process(app_dir, dsn, "--log-format", "json", procs=1) as farm:
-        wait_for(lambda: farm.healthy(1), 30, "1 healthy worker", farm)
+        wait_for(lambda: farm.healthy(1), "1 healthy worker", 30, farm)
         farm.proc.send_signal(signal.SIGTTIN)
-        wait_for(lambda: farm.healthy(2), 30, "2 workers after TTIN", farm)
+        wait_for(lambda: farm.healthy(2), "2 workers after TTIN", 30, farm)
         farm.proc.send_signal(signal.SIGTTOU)
-        wait_for(lambda: len(farm.children()) == 1, 30, "1 worker after TTOU", farm)
+        wait_for(lambda: len(farm.children()) == 1, "1 worker after TTOU", 30, farm)
         old = farm.children()
         farm.proc.send_signal(signal.SIGHUP)
         wait_for(
             lambda: len(kids := farm.children()) == 1 and not kids & old,
-            30,
             "a new worker after HUP",
+            30,
             farm,
         )
         code, _ = farm.stop()

@@ -8,7 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.acceptance.test_farm import FARMAPP, farm_process, scalar, wait_for
+from tests.acceptance.test_farm import FARMAPP, farm_process, scalar
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,15 +27,15 @@ def test_dlq_retention_deletes_only_rows_older_than_it_and_counts_them(
     with farm_process(tmp_path, dsn, "--dlq-retention", "2h") as farm:
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox_dlq") == 300,
-            30,
             "the 1,200 old DLQ rows deleted",
+            30,
             farm,
             every=0.2,
         )
         wait_for(
             lambda: farm.metric("outbox_farm_dlq_purged_total", queue="q") == 1200,
-            15,
             "dlq_purged_total 1200",
+            15,
             farm,
         )
         assert scalar(conn, "SELECT max(original_id) - min(original_id) FROM outbox_dlq") == 299

@@ -23,7 +23,8 @@ from psycopg.conninfo import make_conninfo
 from outbox_farm.prefork.exposition import STALE_AFTER
 from tests.acceptance import test_arbiter_outage
 from tests.acceptance.test_arbiter_outage import Relay
-from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, scalar, wait_for
+from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, scalar
+from tests.steps import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_server]
 relay = test_arbiter_outage.relay  # the fixture: a relay to the test's database
@@ -48,7 +49,7 @@ def test_livez_stays_200_through_a_database_outage_and_fails_only_with_the_arbit
     (tmp_path / "farmapp.py").write_text(FARMAPP)
     relayed = make_conninfo(dsn, host="127.0.0.1", port=relay.port, connect_timeout=5)
     with farm_process(tmp_path, relayed, procs=1) as farm:
-        wait_for(lambda: farm.healthy(1), 30, "a healthy worker", farm)
+        wait_for(lambda: farm.healthy(1), "a healthy worker", 30, farm)
         assert livez(farm) == (200, {"arbiter": farm.pid})
 
         relay.cut()
@@ -59,7 +60,7 @@ def test_livez_stays_200_through_a_database_outage_and_fails_only_with_the_arbit
             got = farm.health()
             return got is not None and got[0] == 503
 
-        wait_for(unready, 90, "/healthz 503 without the database", farm)
+        wait_for(unready, "/healthz 503 without the database", 90, farm)
         # Longer than a stale snapshot takes to show: the arbiter kept publishing all along.
         until = time.monotonic() + STALE_AFTER + 2
         while time.monotonic() < until:
@@ -77,18 +78,18 @@ def test_livez_stays_200_through_a_database_outage_and_fails_only_with_the_arbit
         try:
             stopped = wait_for(
                 lambda: (got := livez(farm)) is not None and got[0] == 503 and got[1],
-                STALE_AFTER + 30,
                 "/livez 503 for a stopped arbiter",
+                STALE_AFTER + 30,
                 farm,
             )
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(farm.pid, signal.SIGCONT)
         assert any(p.startswith("arbiter not responding for ") for p in stopped["problems"])
-        wait_for(lambda: live(farm), 30, "/livez 200 once the arbiter goes on", farm)
+        wait_for(lambda: live(farm), "/livez 200 once the arbiter goes on", 30, farm)
 
         relay.restore()
-        wait_for(lambda: farm.healthy(1), 60, "a healthy worker after the outage", farm)
+        wait_for(lambda: farm.healthy(1), "a healthy worker after the outage", 60, farm)
         assert scalar(conn, "SELECT count(*) FROM outbox") == 0
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()

@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from tests.acceptance.test_cli import CLI, run
-from tests.acceptance.test_farm import FARMAPP, farm_process, wait_for
+from tests.acceptance.test_farm import FARMAPP, farm_process
+from tests.steps import wait_for
 
 Conn = psycopg.Connection[Any]
 NO_FARM = ("--metrics-url", "")
@@ -100,7 +101,7 @@ def test_stats_watch_redraws_until_ctrl_c(dsn: str, conn: Conn, tmp_path: Path) 
             preexec_fn=_default_sigint,
         )
         try:
-            wait_for(lambda: output.read_text().count("oldest ready") >= 3, 20, "3 frames")
+            wait_for(lambda: output.read_text().count("oldest ready") >= 3, "3 frames", 20)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=10) == 0
         finally:
@@ -126,7 +127,7 @@ def _ctrl_c_after_first_frame(dsn: str, output: Path, delay: float) -> int:
             preexec_fn=_default_sigint,  # as in the test above
         )
         try:
-            wait_for(lambda: "oldest ready" in output.read_text(), 20, "a first frame")
+            wait_for(lambda: "oldest ready" in output.read_text(), "a first frame", 20)
             time.sleep(delay)
             proc.send_signal(signal.SIGINT)
             return proc.wait(timeout=10)
@@ -161,7 +162,7 @@ def test_stats_reads_the_rates_of_a_running_farm(tmp_path: Path, dsn: str, conn:
     # on a busy machine. (At full speed it drained 5,000 rows in about two seconds, before a
     # slow start's first scrape: a rate of 0.)
     with farm_process(tmp_path, dsn, FARMAPP_SLEEP="0.1", FARMAPP_CONCURRENCY="8") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "a healthy farm", farm)
+        wait_for(lambda: farm.healthy(2), "a healthy farm", 30, farm)
         url = f"http://127.0.0.1:{farm.port}/metrics"
         frames: list[Any] = []
 
@@ -178,7 +179,7 @@ def test_stats_reads_the_rates_of_a_running_farm(tmp_path: Path, dsn: str, conn:
             return q if q and q["acked"] > 0 else None
 
         try:
-            q = wait_for(rates, 60, "an acked rate", farm)
+            q = wait_for(rates, "an acked rate", 60, farm)
         except pytest.fail.Exception as exc:
             raise pytest.fail.Exception(f"last farm frame {frames[-1:]}: {exc}") from None
         assert q["lag_p99"] is None or q["lag_p99"] >= 0
@@ -306,7 +307,7 @@ def test_a_replay_killed_in_the_middle_loses_and_repeats_nothing(dsn: str, conn:
     command = [CLI, "dlq", "replay", "--dsn", dsn, "--all", "--yes", "--batch", "500"]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        wait_for(lambda: counts(conn)[0] >= total // 4, 60, "a quarter replayed", every=0.02)
+        wait_for(lambda: counts(conn)[0] >= total // 4, "a quarter replayed", 60, every=0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:

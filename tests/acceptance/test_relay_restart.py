@@ -18,7 +18,8 @@ import psycopg
 import pytest
 
 from loadtests.restartable import Broker, Load, broker, publish, row_ids
-from tests.acceptance.test_farm import RunningFarm, farm_process, scalar, wait_for
+from tests.acceptance.test_farm import RunningFarm, farm_process, scalar
+from tests.steps import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_server]
 
@@ -68,7 +69,7 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
     first = set(publish(dsn, FIRST))
     with farm_process(tmp_path, dsn, procs=procs, app="loadtests.restartapp:farm", **env) as farm:
         arrive(private, first, farm, within=120)
-        wait_for(lambda: up(farm), 60, "relay_up 1 and /healthz 200", farm)
+        wait_for(lambda: up(farm), "relay_up 1 and /healthz 200", 60, farm)
 
         private.restart()
         restarted = time.monotonic()
@@ -79,7 +80,7 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
 
         with Load(dsn) as load:
             private.kill()
-            wait_for(lambda: down(farm), 60, "relay_up 0 and /healthz 503", farm)
+            wait_for(lambda: down(farm), "relay_up 0 and /healthz 503", 60, farm)
             private.start()
             restarted = time.monotonic()
             private.prepare()
@@ -87,11 +88,11 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
         assert load.ids  # rows were published while the broker was down
         arrive(private, after | set(load.ids), farm, since=restarted)
 
-        wait_for(lambda: up(farm), 60, "relay_up 1 and /healthz 200 again", farm)
+        wait_for(lambda: up(farm), "relay_up 1 and /healthz 200 again", 60, farm)
         dead = scalar(conn, "SELECT count(*) FROM outbox_dlq")
         conn.commit()
         assert dead == 0, farm.log_tail()
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0, 60, "empty outbox")
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0, "empty outbox", 60)
         code, _ = farm.stop()
         assert code == 0
 
@@ -108,6 +109,6 @@ def arrive(
     restart), though the wait goes on longer, to tell how long it took."""
     began = time.monotonic() if since is None else since
     missing = lambda: ids - row_ids(private.arrived())  # noqa: E731
-    wait_for(lambda: not missing(), 120, "every row at the broker", farm, every=0.5)
+    wait_for(lambda: not missing(), "every row at the broker", 120, farm, every=0.5)
     took = time.monotonic() - began
     assert took <= within, f"every row arrived {took:.1f}s after the restart, not {within:g}"

@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, scalar, wait_for
+from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, scalar
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -59,19 +60,19 @@ def test_a_queue_whose_claims_keep_failing_turns_healthz_503_until_it_flows_agai
     (tmp_path / "farmapp.py").write_text(FARMAPP)
     conn.execute("CREATE TABLE ledger (id bigint NOT NULL, pid int NOT NULL)")
     with farm_process(tmp_path, dsn, procs=1, FARMAPP_LEDGER="1") as farm:
-        wait_for(lambda: farm.healthy(1), 30, "a healthy farm", farm)
+        wait_for(lambda: farm.healthy(1), "a healthy farm", 30, farm)
         first = publish(conn, 1)
-        wait_for(lambda: handled(conn) >= first, 30, "the first row delivered", farm)
+        wait_for(lambda: handled(conn) >= first, "the first row delivered", 30, farm)
         assert farm.metric("outbox_farm_queue_stalled", queue="q") in (None, 0)
 
         conn.execute(REFUSE)
         waiting = publish(conn, 5)
-        found = wait_for(lambda: problems(farm), 60, "/healthz 503 with a problem", farm)
+        found = wait_for(lambda: problems(farm), "/healthz 503 with a problem", 60, farm)
         assert any("queue q" in p and REFUSAL in p for p in found), found
         wait_for(
             lambda: farm.metric("outbox_farm_queue_stalled", queue="q") == 1,
-            30,
             "outbox_farm_queue_stalled{queue=q} 1",
+            30,
             farm,
         )
         assert (farm.metric("outbox_farm_claim_errors_total", queue="q") or 0) > 0
@@ -79,16 +80,16 @@ def test_a_queue_whose_claims_keep_failing_turns_healthz_503_until_it_flows_agai
         assert scalar(conn, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL") == 0
 
         conn.execute("DROP TRIGGER refuse ON outbox")
-        wait_for(lambda: handled(conn) >= waiting, 60, "the waiting rows delivered", farm)
-        wait_for(lambda: farm.healthy(1), 30, "/healthz 200 again", farm)
+        wait_for(lambda: handled(conn) >= waiting, "the waiting rows delivered", 60, farm)
+        wait_for(lambda: farm.healthy(1), "/healthz 200 again", 30, farm)
         wait_for(
             lambda: farm.metric("outbox_farm_queue_stalled", queue="q") == 0,
-            30,
             "outbox_farm_queue_stalled{queue=q} 0",
+            30,
             farm,
         )
         wait_for(
-            lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0, 30, "an empty outbox", farm
+            lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0, "an empty outbox", 30, farm
         )
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()

@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 from tests.acceptance.test_cli import run
-from tests.acceptance.test_farm import CLI, FARMAPP, clean_env, farm_process, wait_for
+from tests.acceptance.test_farm import CLI, FARMAPP, clean_env, farm_process
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +87,7 @@ def wait_for_a_worker(proc: subprocess.Popen[bytes], log_path: Path) -> psutil.P
                     return True
         return False
 
-    wait_for(worker, 30, "a worker")
+    wait_for(worker, "a worker", 30)
     return arbiter
 
 

@@ -49,7 +49,8 @@ from loadtests.chaos.outage import (
 )
 from loadtests.harness import scratch_database
 from outbox_farm.names import TableNames
-from tests.acceptance.test_farm import RunningFarm, farm_process, wait_for
+from tests.acceptance.test_farm import RunningFarm, farm_process
+from tests.steps import wait_for
 from tests.tools import missing_tool
 
 pytestmark = pytest.mark.slow
@@ -380,10 +381,10 @@ def test_a_forward_wall_clock_step_kills_no_worker(
     make_ledger(dsn)
     problems: list[str] = []
     with clocked_farm(app_dir, dsn, clock) as farm:
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
         before = workers(farm)
         with Publisher(dsn) as load, HealthWatch(farm) as health:
-            wait_for(lambda: len(load.ids) >= 20, 30, "rows published", farm)
+            wait_for(lambda: len(load.ids) >= 20, "rows published", 30, farm)
             assert wait_delivered(farm, dsn, list(load.ids), 30) is None
             clock.set("+1h")
             stepped = time.monotonic()
@@ -430,16 +431,16 @@ def test_after_a_backward_wall_clock_step_crashes_stay_crashes(
     make_ledger(dsn)
     problems: list[str] = []
     with clocked_farm(app_dir, dsn, clock) as farm:
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
         with Publisher(dsn) as load, HealthWatch(farm) as health:
-            wait_for(lambda: len(load.ids) >= 20, 30, "rows published", farm)
+            wait_for(lambda: len(load.ids) >= 20, "rows published", 30, farm)
             clock.set(offset)
             stepped = time.monotonic()
             seen = wall_clock_offset(clock.env())
             want = -3600 if offset == "-1h" else -600
             assert abs(seen - want) < 60, f"the step did not happen: offset {seen:.0f}s"
             # Three heartbeats after the step, before anything is killed: /healthz says 200.
-            wait_for(lambda: time.monotonic() - stepped > 3.5, 10, "3 heartbeats", farm)
+            wait_for(lambda: time.monotonic() - stepped > 3.5, "3 heartbeats", 10, farm)
             bad = [s for s in health.since(stepped) if s[1] != 200]
             if bad:
                 problems.append(
@@ -520,9 +521,9 @@ def test_a_database_restart_while_workers_die_is_waited_out(
     server, dsn = private_db
     problems: list[str] = []
     with farm_process(app_dir, dsn, "--log-format", "json", app=APP, SUPAPP_DSN=dsn) as farm:
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
         with Publisher(dsn) as load, HealthWatch(farm) as health:
-            wait_for(lambda: len(load.ids) >= 50, 30, "rows published", farm)
+            wait_for(lambda: len(load.ids) >= 50, "rows published", 30, farm)
             server.stop("fast")
             down = time.monotonic()
             for round_ in range(1, 4):
@@ -581,9 +582,9 @@ def test_a_blackholed_database_never_blocks_the_arbiter(
     server, dsn = private_db
     problems: list[str] = []
     with proxied_farm(app_dir, server, dsn, graceful=5) as (proxy, farm):
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
         with Publisher(dsn) as load, HealthWatch(farm, every=0.05) as health:
-            wait_for(lambda: len(load.ids) >= 50, 30, "rows published", farm)
+            wait_for(lambda: len(load.ids) >= 50, "rows published", 30, farm)
             proxy.blackhole()
             began = time.monotonic()
             latencies: dict[str, float] = {}
@@ -648,11 +649,11 @@ def test_sigterm_during_a_blackhole_exits_within_the_graceful_timeout(
     server, dsn = private_db
     graceful = 5.0
     with proxied_farm(app_dir, server, dsn, graceful=graceful) as (proxy, farm):
-        wait_for(lambda: farm.healthy(2), 60, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
         with Publisher(dsn) as load:
-            wait_for(lambda: len(load.ids) >= 50, 30, "rows published", farm)
+            wait_for(lambda: len(load.ids) >= 50, "rows published", 30, farm)
             proxy.blackhole()
-            wait_for(lambda: len(load.ids) >= 100, 30, "rows published while blackholed", farm)
+            wait_for(lambda: len(load.ids) >= 100, "rows published while blackholed", 30, farm)
             code, took = farm.stop(timeout=graceful + 60)
         print(f"SIGTERM during the blackhole: exit {code} after {took:.1f}s")
         ok = took <= graceful + 2.0 and code == 0
@@ -681,15 +682,15 @@ def test_a_worker_killed_for_a_blocked_loop_leaves_its_stack_in_the_log(
         SUPAPP_DSN=dsn,
         SUPAPP_BLOCK="60",
     ) as farm:
-        wait_for(lambda: farm.healthy(1), 60, "a healthy worker", farm)
+        wait_for(lambda: farm.healthy(1), "a healthy worker", 60, farm)
         (worker,) = workers(farm)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO outbox (queue, payload) VALUES ('block', 'x')")
             conn.execute("SELECT pg_notify('outbox_outbox', 'block')")
         wait_for(
             lambda: [e for e in named(farm, "worker_died") if f"worker {worker} " in e["message"]],
-            30,
             f"worker {worker} killed and reaped",
+            30,
             farm,
         )
         log = farm.log()
@@ -703,6 +704,6 @@ def test_a_worker_killed_for_a_blocked_loop_leaves_its_stack_in_the_log(
             "blocks_the_event_loop) in the farm's output before it was killed:\n"
             + "\n".join(log[:died].splitlines()[-15:])
         )
-        wait_for(lambda: farm.healthy(1), 30, "a healthy replacement", farm)
+        wait_for(lambda: farm.healthy(1), "a healthy replacement", 30, farm)
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()

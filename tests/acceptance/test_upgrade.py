@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.waits import eventually
+from tests.steps import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = "0.1.0"  # the release before this one, as CHANGELOG.md heads its section

@@ -28,13 +28,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.acceptance.test_farm import (
-    farm_process,
-    ledger_stats,
-    scalar,
-    value,
-    wait_for,
-)
+from tests.acceptance.test_farm import farm_process, ledger_stats, scalar, value
+from tests.steps import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +138,7 @@ def test_twenty_crashes_of_every_kind_never_stop_the_farm(
     with farm_process(
         fault_dir, dsn, "--heartbeat-timeout", "2", app="faultapp:farm", FAULTAPP_POISON_MAX="1"
     ) as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         began = time.monotonic()
         with SteadyLoad(dsn, 100) as load:
             plan = ["kill"] * 12 + ["exit"] * 4 + ["block"] * 4
@@ -156,18 +151,18 @@ def test_twenty_crashes_of_every_kind_never_stop_the_farm(
                     publish(conn, cause)
                 wait_for(
                     lambda before=before: sum(restarts(farm).values()) > before,
-                    30,
                     f"restart #{step} ({cause})",
+                    30,
                     farm,
                     every=0.2,
                 )
-                wait_for(lambda: farm.healthy(2), 30, f"2 healthy workers after #{step}", farm)
+                wait_for(lambda: farm.healthy(2), f"2 healthy workers after #{step}", 30, farm)
                 time.sleep(rng.uniform(1.5, 3.0))  # 20 deaths over about a minute
         took = time.monotonic() - began
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
-            60,
             "an empty outbox",
+            60,
             farm,
             every=0.5,
         )
@@ -201,7 +196,7 @@ def test_a_poison_message_that_kills_its_worker_reaches_the_dlq_in_seconds(
     row that kills its worker three times to the DLQ in seconds."""
     conn = ledger
     with farm_process(fault_dir, dsn, app="faultapp:farm", FAULTAPP_POISON_MAX="3") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         began = time.monotonic()
         (row,) = publish(conn, "exit")
         found = wait_for(
@@ -209,17 +204,17 @@ def test_a_poison_message_that_kills_its_worker_reaches_the_dlq_in_seconds(
                 "SELECT failure_reason, deliveries_count FROM outbox_dlq WHERE original_id = %s",
                 [row],
             ).fetchone(),
-            30,
             "the poison row in the DLQ",
+            30,
             farm,
             every=0.2,
         )
         took = time.monotonic() - began
         assert found == ("max_deliveries", 4)
         assert restarts(farm)["crash"] == 3
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         ids = publish(conn, "q", 50)
-        wait_for(lambda: ledger_stats(conn)[1] == 50, 30, "50 rows handled after", farm)
+        wait_for(lambda: ledger_stats(conn)[1] == 50, "50 rows handled after", 30, farm)
         assert {int(r[0]) for r in conn.execute("SELECT id FROM ledger")} == set(ids)
         assert "leases_released" in farm.log()
     print(f"poison row dead-lettered after 3 worker deaths in {took:.1f}s")
@@ -242,16 +237,16 @@ def test_hup_rolls_out_the_code_on_disk_unless_preloaded(
     conn = ledger
     args = ["--preload"] if preload else []
     with farm_process(fault_dir, dsn, *args, app="faultapp:farm") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         first = publish(conn, "q", 20)
-        wait_for(lambda: ledger_stats(conn)[1] == 20, 30, "20 rows handled", farm)
+        wait_for(lambda: ledger_stats(conn)[1] == 20, "20 rows handled", 30, farm)
         assert _versions(conn, first) == {"v1"}
         write_app(fault_dir, "version-two")
         old = farm.children()
         farm.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: _new_workers(farm, old), 30, "2 new workers after HUP", farm)
+        wait_for(lambda: _new_workers(farm, old), "2 new workers after HUP", 30, farm)
         second = publish(conn, "q", 20)
-        wait_for(lambda: ledger_stats(conn)[1] == 40, 30, "40 rows handled", farm)
+        wait_for(lambda: ledger_stats(conn)[1] == 40, "40 rows handled", 30, farm)
         assert _versions(conn, second) == ({"v1"} if preload else {"version-two"})
         assert restarts(farm) == {"crash": 0, "heartbeat": 0, "boot": 0}
         code, _ = farm.stop()
@@ -263,14 +258,14 @@ def test_a_broken_deploy_keeps_the_running_workers(
 ) -> None:
     conn = ledger
     with farm_process(fault_dir, dsn, app="faultapp:farm") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         old = farm.children()
         (fault_dir / "faultapp.py").write_text("raise RuntimeError('half-deployed')\n")
         farm.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "rolling_restart_failed" in farm.log(), 30, "the roll abandoned", farm)
+        wait_for(lambda: "rolling_restart_failed" in farm.log(), "the roll abandoned", 30, farm)
         assert farm.children() == old
         ids = publish(conn, "q", 20)
-        wait_for(lambda: ledger_stats(conn)[1] == 20, 30, "rows handled by old workers", farm)
+        wait_for(lambda: ledger_stats(conn)[1] == 20, "rows handled by old workers", 30, farm)
         assert _versions(conn, ids) == {"v1"}
         assert "half-deployed" in farm.log()
         code, _ = farm.stop()
@@ -282,13 +277,13 @@ def test_reload_replaces_the_workers_when_a_source_file_changes(
 ) -> None:
     conn = ledger
     with farm_process(fault_dir, dsn, "--reload", app="faultapp:farm") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         old = farm.children()
         time.sleep(1.1)  # a new mtime, whatever the file system's resolution
         write_app(fault_dir, "reloaded")
-        wait_for(lambda: _new_workers(farm, old), 30, "2 new workers after the edit", farm)
+        wait_for(lambda: _new_workers(farm, old), "2 new workers after the edit", 30, farm)
         ids = publish(conn, "q", 10)
-        wait_for(lambda: ledger_stats(conn)[1] == 10, 30, "10 rows handled", farm)
+        wait_for(lambda: ledger_stats(conn)[1] == 10, "10 rows handled", 30, farm)
         assert _versions(conn, ids) == {"reloaded"}
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()
@@ -300,21 +295,21 @@ def test_healthz_is_503_with_the_reason_while_a_permanent_error_lasts(
     """A renamed outbox table is not a passing fault: /healthz says so until it is back."""
     conn = ledger
     with farm_process(fault_dir, dsn, "--poll-interval", "0.1", app="faultapp:farm") as farm:
-        wait_for(lambda: farm.healthy(2), 30, "2 healthy workers", farm)
+        wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         conn.execute("ALTER TABLE outbox RENAME TO outbox_elsewhere")
 
         def unhealthy() -> dict[str, Any] | None:
             got = farm.health()
             return got[1] if got is not None and got[0] == 503 else None
 
-        detail = wait_for(unhealthy, 30, "/healthz 503", farm)
+        detail = wait_for(unhealthy, "/healthz 503", 30, farm)
         assert any("outbox" in p and "does not exist" in p for p in detail["problems"]), detail
         assert detail["alive"] == 2
         assert "event=permanent_error" in farm.log()
         conn.execute("ALTER TABLE outbox_elsewhere RENAME TO outbox")
-        wait_for(lambda: farm.healthy(2), 30, "/healthz 200 again", farm)
+        wait_for(lambda: farm.healthy(2), "/healthz 200 again", 30, farm)
         ids = publish(conn, "q", 10)
-        wait_for(lambda: ledger_stats(conn)[1] == 10, 30, "10 rows handled after", farm)
+        wait_for(lambda: ledger_stats(conn)[1] == 10, "10 rows handled after", 30, farm)
         assert {int(r[0]) for r in conn.execute("SELECT id FROM ledger")} == set(ids)
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()
@@ -327,8 +322,8 @@ def test_metrics_bind_port_zero_logs_the_port_actually_bound(fault_dir: Path, ds
         found = wait_for(
             # The port and what follows it: a line half written would give half a port.
             lambda: re.search(r"metrics on 127\.0\.0\.1:(\d+)[ ,]", farm.log()),
-            30,
             "the bound port in the log",
+            30,
             farm,
         )
         port = int(found.group(1))

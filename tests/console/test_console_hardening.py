@@ -25,10 +25,10 @@ from outbox_farm.console.security import Tokens, check_transport
 from outbox_farm.console.serve import listen
 from outbox_farm.db.operator import AdminSql
 from outbox_farm.errors import ConfigurationError, DatabaseError
-from tests.acceptance.test_farm import wait_for
 from tests.console.console_kit import NAMES, TOKEN, Conn, client, csrf_of, dlq_ids, fail, tokens
 from tests.console.slow_farm import body, fake_farm, raw, trickle
 from tests.console.test_console_http import HTML, confirm, preview
+from tests.steps import wait_for
 
 HEALTHY = json.dumps({"status": "ok", "problems": []}).encode()
 LATE = "TimeoutError('late')"
@@ -67,8 +67,8 @@ def test_a_farm_that_trickles_delays_neither_the_sampler_nor_any_page(dsn: str) 
                 assert time.monotonic() - began < 5.0
             page = wait_for(
                 lambda: "did not answer within 1s" in (got := http.get("/farm").text) and got,
-                30,
                 "the sampler's failed reading shown",
+                30,
             )
     assert "Farm unreachable" in page
     assert "tried" in page  # and how long ago
@@ -102,7 +102,7 @@ def test_a_farm_answer_too_big_or_not_http_is_an_error_line_not_a_traceback(
 def test_credentials_in_the_metrics_url_are_never_shown(dsn: str) -> None:
     url = "http://scraper:hunter2-secret@127.0.0.1:1/metrics"
     with client(dsn, metrics_url=url, farm_timeout=1.0) as http:
-        wait_for(lambda: "Farm metrics unavailable" in http.get("/").text, 30, "a failed reading")
+        wait_for(lambda: "Farm metrics unavailable" in http.get("/").text, "a failed reading", 30)
         for path in ("/", "/overview/live", "/farm", "/farm/live"):
             text = http.get(path).text
             assert "hunter2" not in text, path
@@ -217,8 +217,8 @@ def test_a_row_committed_late_below_the_bound_is_counted_or_left_alone(
                 "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s",
                 ["%pg_snapshot_xmin(pg_current_snapshot())%"],
             ).fetchone()[0],  # type: ignore[index]
-            30,
             "the dry run waiting for the open writer",
+            30,
         )
         writer.commit()
         counting.join(timeout=30)

@@ -18,7 +18,6 @@ from outbox_farm.console.farm import Point, Sampler, parse_metrics
 from outbox_farm.console.render import Chart, StoredException
 from outbox_farm.console.security import COOKIE, Tokens
 from tests.acceptance.test_cli import run
-from tests.acceptance.test_farm import wait_for
 from tests.console.console_kit import (
     EXCEPTION,
     TOKEN,
@@ -29,6 +28,7 @@ from tests.console.console_kit import (
     fail,
     tokens,
 )
+from tests.steps import wait_for
 
 HTML = {"accept": "text/html"}
 
@@ -338,8 +338,8 @@ def test_overview_and_farm_say_when_the_farm_is_unreachable(dsn: str, conn: Conn
                 and "Farm metrics unavailable" in got.text
                 and got
             ),
-            30,
             "the sampler's first (failed) reading",
+            30,
         )
         farm = http.get("/farm").text
     assert 'data-queue="mail"' in overview.text

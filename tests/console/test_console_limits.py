@@ -14,7 +14,6 @@ from pathlib import Path
 
 from outbox_farm.console.farm import Sampler
 from outbox_farm.console.views import SEEN_FOR, Recent
-from tests.acceptance.test_farm import wait_for
 from tests.console.console_kit import (
     TOKEN,
     Conn,
@@ -27,6 +26,7 @@ from tests.console.console_kit import (
 )
 from tests.console.slow_farm import body, fake_farm
 from tests.console.test_console_http import HTML, confirm, preview
+from tests.steps import wait_for
 
 HEALTHY = b'{"status": "ok", "problems": []}'
 
@@ -164,8 +164,8 @@ def test_thousands_of_queue_names_cost_a_bounded_page_and_two_readings(
         with client(dsn, metrics_url=url, sample_every=0.2, farm_timeout=10.0) as http:
             wait_for(
                 lambda: "Farm metrics from" in http.get("/overview/live").text,
-                60,
                 "two readings of the farm",
+                60,
             )
             began = time.monotonic()
             page = http.get("/").text

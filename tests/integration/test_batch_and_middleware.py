@@ -35,7 +35,7 @@ from outbox_farm import (
 )
 from outbox_farm.middleware import chain
 from tests.integration.delivery_kit import DLQ, POLL, Db, database, publish, qname, records
-from tests.waits import eventually
+from tests.steps import eventually
 
 
 async def empty(db: Db, queue: str) -> bool:

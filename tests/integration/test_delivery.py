@@ -38,7 +38,7 @@ from tests.integration.delivery_kit import (
     sample,
     zero,
 )
-from tests.waits import eventually
+from tests.steps import eventually
 
 # -- invariant 1: a row is deleted only after its handler returned ------------------------
 

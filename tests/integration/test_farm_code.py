@@ -23,7 +23,7 @@ from outbox_farm.ops.privileges import check_privileges
 from outbox_farm.settings import RuntimeSettings
 from outbox_farm.worker.runtime import Runtime
 from tests.integration.test_vacuum import pool_for
-from tests.waits import eventually
+from tests.steps import eventually
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
 

@@ -46,7 +46,7 @@ from tests.integration.timing_kit import (
     outbox_count,
 )
 from tests.samples import sample
-from tests.waits import eventually
+from tests.steps import eventually
 
 # -- invariant 9: faults -------------------------------------------------------------------
 

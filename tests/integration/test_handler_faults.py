@@ -48,7 +48,7 @@ from tests.integration.delivery_kit import (
     zero,
 )
 from tests.samples import claims
-from tests.waits import eventually
+from tests.steps import eventually
 
 # -- §6: bad input and faults ----------------------------------------------------------------
 

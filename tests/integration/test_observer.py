@@ -17,7 +17,7 @@ import pytest
 
 from outbox_farm import ConstantBackoff, DeadLetter, Farm, Message, Observer, Outcome
 from tests.integration.delivery_kit import DLQ, POLL, Db, database, publish, qname
-from tests.waits import eventually
+from tests.steps import eventually
 
 
 class Recorder(Observer):

@@ -24,6 +24,7 @@ from psycopg import sql
 
 from outbox_farm import DeadLetter, Farm, Message
 from outbox_farm.db import privileges
+from outbox_farm.db.store import PostgresStore
 from outbox_farm.names import TableNames
 from outbox_farm.ops.privileges import check_privileges
 from outbox_farm.ops.readiness import check_ready
@@ -33,7 +34,7 @@ from outbox_farm.worker.runtime import Runtime
 from tests.acceptance.test_cli import run
 from tests.acceptance.test_farm import FARMAPP
 from tests.integration.test_privileges import as_role, role
-from tests.waits import eventually
+from tests.steps import eventually
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
 __all__ = ["role"]  # a fixture, used by name
@@ -192,14 +193,14 @@ def test_refused_acks_pause_the_queue_instead_of_running_handlers_every_lease(
     async def handle(message: Message) -> None:
         runs.append(message.id)
 
-    real = privileges.refusal
+    real = PostgresStore.refusal
 
     async def counted(*args: Any) -> Any:
         error = await real(*args)
         probes.append(error is None)
         return error
 
-    monkeypatch.setattr(privileges, "refusal", counted, raising=False)
+    monkeypatch.setattr(PostgresStore, "refusal", counted, raising=False)
 
     def leases_expired() -> bool:
         row = conn.execute(
@@ -257,13 +258,13 @@ def test_a_paused_queue_probes_on_its_clock_whatever_the_notifies(
         pass
 
     probed: list[float] = []  # when each probe of the refused ack began (monotonic)
-    real = privileges.refusal
+    real = PostgresStore.refusal
 
     async def timed(*args: Any) -> Any:
         probed.append(time.monotonic())
         return await real(*args)
 
-    monkeypatch.setattr(privileges, "refusal", timed, raising=False)
+    monkeypatch.setattr(PostgresStore, "refusal", timed, raising=False)
 
     async def scenario() -> None:
         runtime = Runtime(list(farm.handlers.values()), farm.queries, granted, RuntimeSettings())

@@ -17,7 +17,7 @@ from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import CONFIRMED, BrokerReply, Delivery, Envelope
 from outbox_farm.testing import adrain, drain
 from tests import samples
-from tests.waits import eventually
+from tests.steps import eventually
 
 NO_ANSWER = Delivery(BrokerReply.UNCONFIRMED, "no delivery report")
 

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from outbox_farm import Farm, Message
-from tests.waits import eventually
+from tests.steps import eventually
 
 DURATION = 2.5  # each handler's run time
 PER_QUEUE = 3  # rows per queue: one running, two prefetched

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from outbox_farm import Farm, Message
 from outbox_farm.metrics import metrics
 from outbox_farm.worker import fetcher
-from tests.waits import eventually
+from tests.steps import eventually
 
 metrics()  # the collectors exist before the first sample is read
 

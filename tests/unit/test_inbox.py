@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from outbox_farm.worker.inbox import EMPTY, Inbox
-from tests.waits import eventually
+from tests.steps import eventually
 
 
 def on_a_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:

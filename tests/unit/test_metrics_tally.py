@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from outbox_farm.metrics import LATENCY_BUCKETS, metrics
 from outbox_farm.observe.prometheus import FLUSH_EVERY, PrometheusObserver, Tally
-from tests.waits import eventually
+from tests.steps import eventually
 
 VALUES = [
     0.0,
