@@ -31,7 +31,7 @@ from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
 from outbox_farm.relay import CONFIRMED, Delivery, Envelope
 from outbox_farm.relay.runner import MAX_HEADER_BYTES
-from tests.waits import eventually
+from tests.steps import eventually
 
 DLQ = "outbox_dlq"
 NAMES = TableNames.build("outbox", DLQ)

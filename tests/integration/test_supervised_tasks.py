@@ -30,7 +30,7 @@ from outbox_farm.worker.executor import Executors
 from outbox_farm.worker.fetcher import Fetcher
 from outbox_farm.worker.inflight import Ledger
 from outbox_farm.worker.runtime import Runtime
-from tests.waits import Claims, eventually
+from tests.steps import Claims, eventually
 
 POLL = 0.05
 

@@ -37,7 +37,7 @@ from tests.integration.timing_kit import (
     outbox_count,
 )
 from tests.samples import sample
-from tests.waits import Claims, eventually
+from tests.steps import Claims, eventually
 
 # -- invariant 5: lease expiry on the database clock ---------------------------------------
 
