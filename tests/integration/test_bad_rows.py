@@ -24,13 +24,15 @@ from outbox_farm.admin import queue_stats
 from outbox_farm.admin.dlq import dlq_show
 from outbox_farm.admin.doctor import doctor
 from outbox_farm.cli import main as cli
-from outbox_farm.db import claims
+from outbox_farm.db.claims import SET_ASIDE_TOKEN
 from outbox_farm.db.pool import open_pool
+from outbox_farm.db.store import PostgresStore
 from outbox_farm.errors import IdentifierError
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
 from outbox_farm.relay import CONFIRMED, Delivery, Envelope
 from outbox_farm.relay.runner import MAX_HEADER_BYTES
+from outbox_farm.storage import Claim
 from tests.steps import eventually
 
 DLQ = "outbox_dlq"
@@ -268,7 +270,7 @@ def test_without_a_dlq_an_unloadable_row_is_set_aside_and_reported_by_id(
     def parked() -> bool:
         lease = conn.execute("SELECT acquired_token FROM outbox WHERE id = %s", [bad]).fetchone()
         conn.commit()
-        return lease is not None and lease[0] == claims.SET_ASIDE_TOKEN
+        return lease is not None and lease[0] == SET_ASIDE_TOKEN
 
     with caplog.at_level(logging.WARNING, logger="outbox_farm.fetcher"):
         run_farm(
@@ -297,11 +299,9 @@ def test_a_row_due_beyond_year_9999_is_claimed_only_by_a_claim_that_looks_far(
         try:
             took = []
             for far in (False, True):
-                request = claims.claim_request(
-                    queue="q", limit=10, lease_ttl=60.0, token=uuid.uuid4(), held=[], far=far
-                )
-                rows = await claims.take(pool, Queries(NAMES), request)
-                took.append([row[0] for row in rows])
+                claim = Claim("q", 10, 60.0, uuid.uuid4(), sent=0.0, start_by=60.0, far=far)
+                msgs = await PostgresStore(pool, Queries(NAMES)).claim(claim)
+                took.append([msg.id for msg in msgs])
             return took[0], took[1]
         finally:
             await pool.close()
@@ -326,7 +326,7 @@ def test_next_due_stats_and_doctor_survive_an_infinite_due_time(
     async def probe() -> float | None:
         pool = await open_pool(dsn, 1)
         try:
-            return await claims.next_due(pool, Queries(NAMES), "q")
+            return await PostgresStore(pool, Queries(NAMES)).next_due("q")
         finally:
             await pool.close()
 

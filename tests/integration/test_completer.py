@@ -12,12 +12,14 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
-from outbox_farm.db.claims import ClaimedRow, Request, next_request
+from outbox_farm.db.store import PostgresStore
+from outbox_farm.message import Message
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
 from outbox_farm.observe import observers
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.queries import Queries
+from outbox_farm.storage import Claim
 from outbox_farm.worker.completer import KEYED_AT_ONCE, Completer
 from outbox_farm.worker.inflight import Ledger
 
@@ -58,7 +60,7 @@ def test_a_stale_and_a_current_outcome_of_one_row_in_one_flush(
         queries = Queries(TableNames.build("outbox", "outbox_dlq"))
         async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
             terminal = {"reason": Reason.RETRY_TERMINAL, "last_exception": "x"}
-            await Completer(pool, queries).write(
+            await Completer(PostgresStore(pool, queries)).write(
                 [
                     Outcome(Kind.ACK, ids[0], stale, "stale_ack", 1),
                     Outcome(Kind.ACK, ids[0], current, "stale_ack", 2),
@@ -115,7 +117,7 @@ def test_a_resent_ack_that_finds_its_row_gone_is_unconfirmed_not_lease_lost(
                 assert pid is not None
                 # Waits until the backend is gone, so that the ack meets a dead connection.
                 conn.execute("SELECT pg_terminate_backend(%s, 5000)", [pid[0]])
-            await Completer(pool, queries).write(
+            await Completer(PostgresStore(pool, queries)).write(
                 [Outcome(Kind.ACK, i, token, queue, 1) for i in (gone, taken)]
             )
 
@@ -154,7 +156,7 @@ def test_put_and_put_all_wait_while_the_completer_is_high_water_behind(dsn: str)
     async def scenario() -> None:
         queries = Queries(TableNames.build("outbox", "outbox_dlq"))
         async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
-            completer = Completer(pool, queries, flush_size=5, high_water=5)
+            completer = Completer(PostgresStore(pool, queries), flush_size=5, high_water=5)
             await completer.put_all(acks(0, 5))  # under the mark when it came: taken at once
             batch = asyncio.create_task(completer.put_all(acks(5, 6)))
             single = asyncio.create_task(completer.put(acks(11, 1)[0]))
@@ -195,7 +197,8 @@ def test_a_keyed_outcome_goes_at_once_when_the_process_holds_only_a_handful(
         ledger.hold([row[0]], token)
         ledger.keyed = True
         async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
-            completer = Completer(pool, queries, flush_interval=3600, ledgers={"q": ledger})
+            completer = Completer(PostgresStore(pool, queries), flush_interval=3600)
+            completer.connect({"q": _Fetcher("q", ledger)})
             await completer.put(Outcome(Kind.ACK, row[0], token, "q", 1))
             assert completer.awaited(len(completer._pending))
             batch = await asyncio.wait_for(completer._collect(), 30)
@@ -215,20 +218,25 @@ def test_a_keyed_outcome_goes_at_once_when_the_process_holds_only_a_handful(
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
 
 
-class _Claimer:
-    """The fetcher's side of a hand-over: the claim it asks for, and what it was handed."""
+class _Fetcher:
+    """A queue's fetcher as the completer sees it (`channels.Fetching`): its ledger, the
+    hand-over claim it asks for, and what it was handed."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, ledger: Ledger) -> None:
         self.queue = queue
+        self.ledger = ledger
         self.token = uuid.uuid4()
-        self.taken: list[list[ClaimedRow]] = []
+        self.taken: list[list[Message]] = []
 
-    def handover(self) -> Request:
-        return next_request(queue=self.queue, lease_ttl=30.0, token=self.token, sent=0.0)
+    def note_due(self, delay: float) -> None:
+        pass
 
-    async def handed(self, request: Request, rows: list[ClaimedRow], seconds: float) -> None:
-        assert request.token == self.token
-        self.taken.append(rows)
+    def handover(self) -> Claim:
+        return Claim(self.queue, None, 30.0, self.token, sent=0.0, start_by=30.0)
+
+    async def handed(self, claim: Claim, messages: list[Message], seconds: float) -> None:
+        assert claim.token == self.token
+        self.taken.append(messages)
 
 
 def _keyed(conn: psycopg.Connection[Any], queue: str, token: uuid.UUID, due: str) -> list[int]:
@@ -247,15 +255,16 @@ def _keyed(conn: psycopg.Connection[Any], queue: str, token: uuid.UUID, due: str
     return ids
 
 
-async def _handover(dsn: str, queue: str, head: int, token: uuid.UUID) -> _Claimer:
+async def _handover(dsn: str, queue: str, head: int, token: uuid.UUID) -> _Fetcher:
     """The ack of `head` by a completer whose process holds nothing else of the keyed `queue`."""
     queries = Queries(TableNames.build("outbox", "outbox_dlq"))
     ledger = Ledger(queue, 16, observers())
     ledger.hold([head], token)
     ledger.keyed = True
-    claimer = _Claimer(queue)
+    claimer = _Fetcher(queue, ledger)
     async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
-        completer = Completer(pool, queries, ledgers={queue: ledger}, handovers={queue: claimer})
+        completer = Completer(PostgresStore(pool, queries))
+        completer.connect({queue: claimer})
         await completer.write([Outcome(Kind.ACK, head, token, queue, 1)])
     assert len(ledger) == 0
     return claimer
@@ -290,7 +299,7 @@ def test_the_ack_of_a_hot_keys_row_claims_the_next_row_of_the_key(
     listener = _listening(dsn)
     try:
         claimer = asyncio.run(_handover(dsn, "handover", head, token))
-        assert [[row[0] for row in rows] for rows in claimer.taken] == [[after]]
+        assert [[msg.id for msg in msgs] for msgs in claimer.taken] == [[after]]
         assert _woken(dsn, listener) == []
     finally:
         listener.close()

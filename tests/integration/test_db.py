@@ -16,11 +16,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from outbox_farm.db import claims, housekeeping
-from outbox_farm.db import outcomes as writes
-from outbox_farm.db.leases import extend_leases
+from outbox_farm import storage
+from outbox_farm.db import housekeeping, outcomes
 from outbox_farm.db.listen import listen
 from outbox_farm.db.pool import Pool
+from outbox_farm.db.store import PostgresStore
 from outbox_farm.errors import (
     ConnectionLost,
     DatabaseError,
@@ -28,6 +28,7 @@ from outbox_farm.errors import (
     PrivilegeError,
     SchemaError,
 )
+from outbox_farm.message import Message
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
 
@@ -73,19 +74,15 @@ def insert(
     return [row[0] for row in rows]
 
 
-async def claim(pool: Pool, queue: str = "q", limit: int = 10, **overrides: Any) -> Any:
-    params: dict[str, Any] = {"lease_ttl": 60.0, "token": uuid.uuid4(), "held": []}
-    params |= overrides
-    return await claims.take(
-        pool, QUERIES, claims.claim_request(queue=queue, limit=limit, **params)
-    )
+async def claim(
+    pool: Pool, queue: str = "q", limit: int = 10, queries: Queries = QUERIES, **overrides: Any
+) -> list[Message]:
+    fields: dict[str, Any] = {"lease_ttl": 60.0, "token": uuid.uuid4(), "sent": 0.0}
+    fields |= {"start_by": 60.0, "held": []} | overrides
+    return await PostgresStore(pool, queries).claim(storage.Claim(queue, limit, **fields))
 
 
 # -- claims --------------------------------------------------------------------------------
-
-
-def named(row: claims.ClaimedRow) -> dict[str, Any]:
-    return dict(zip(claims.CLAIMED_COLUMNS, row, strict=True))
 
 
 def test_claim_returns_typed_rows_under_the_new_lease(
@@ -103,20 +100,21 @@ def test_claim_returns_typed_rows_under_the_new_lease(
     insert(conn, "q", 1, due="1 hour")
     token = uuid.uuid4()
 
-    async def scenario(pool: Pool) -> tuple[list[claims.ClaimedRow], list[claims.ClaimedRow]]:
+    async def scenario(pool: Pool) -> tuple[list[Message], list[Message]]:
         return await claim(pool, limit=1, held=[held]), await claim(pool, token=token, held=[held])
 
     expired, rows = run(dsn, scenario)
-    assert [row[0] for row in expired] == [theirs]
-    assert sorted(row[0] for row in rows) == ids
-    first = named(min(rows))
-    assert first["payload"] == b"body-1"
-    assert first["headers"] == {"n": 1}
-    assert (first["deliveries_count"], first["attempts_count"]) == (1, 0)
-    assert isinstance(first["created_at"], datetime)
-    assert first["first_attempt_at"] is None
-    assert first["timer_id"] is None
-    assert {named(row)["acquired_at"] for row in rows} == {first["acquired_at"]}  # one now()
+    assert [msg.id for msg in expired] == [theirs]
+    assert sorted(msg.id for msg in rows) == ids
+    first = min(rows, key=lambda msg: msg.id)
+    assert first.body == b"body-1"
+    assert first.headers == {"n": 1}
+    assert (first.deliveries_count, first.attempts_count) == (1, 0)
+    assert isinstance(first.created_at, datetime)
+    assert first.first_attempt_at is None
+    assert first.timer_id is None
+    assert {msg.claimed_at for msg in rows} == {first.claimed_at}  # one now()
+    assert {msg.lease_token for msg in rows} == {token}
     leased = conn.execute(
         "SELECT id FROM outbox WHERE acquired_token = %s ORDER BY id", [token]
     ).fetchall()
@@ -144,18 +142,12 @@ def test_claim_reads_columns_by_name_whatever_order_the_statement_returns(
     ids = insert(conn, "q", 2)
     queries = Reordered(QUERIES.names)
 
-    async def scenario(pool: Pool) -> list[claims.ClaimedRow]:
-        request = claims.claim_request(
-            queue="q", limit=5, lease_ttl=60.0, token=uuid.uuid4(), held=[]
-        )
-        return await claims.take(pool, queries, request)
-
-    rows = [named(row) for row in run(dsn, scenario)]
-    assert [(row["id"], row["payload"], row["deliveries_count"]) for row in rows] == [
+    rows = run(dsn, lambda pool: claim(pool, limit=5, queries=queries))
+    assert [(msg.id, msg.body, msg.deliveries_count) for msg in rows] == [
         (ids[0], b"body-1", 1),
         (ids[1], b"body-2", 1),
     ]
-    assert isinstance(rows[0]["acquired_at"], datetime)
+    assert isinstance(rows[0].claimed_at, datetime)
 
 
 def test_a_claim_waits_for_its_wal_flush_only_when_it_takes_a_keyed_row(
@@ -196,13 +188,13 @@ def test_a_claim_waits_for_its_wal_flush_only_when_it_takes_a_keyed_row(
 def test_next_due_is_seconds_on_the_database_clock_or_none(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    assert run(dsn, lambda pool: claims.next_due(pool, QUERIES, "q")) is None
+    assert run(dsn, lambda pool: PostgresStore(pool, QUERIES).next_due("q")) is None
     insert(conn, "q", 1, due="30 s")
-    due = run(dsn, lambda pool: claims.next_due(pool, QUERIES, "q"))
+    due = run(dsn, lambda pool: PostgresStore(pool, QUERIES).next_due("q"))
     assert due is not None
     assert 25 < due <= 30
     insert(conn, "q", 1, due="-5 s")
-    due = run(dsn, lambda pool: claims.next_due(pool, QUERIES, "q"))
+    due = run(dsn, lambda pool: PostgresStore(pool, QUERIES).next_due("q"))
     assert due is not None
     assert due < 0
 
@@ -210,8 +202,8 @@ def test_next_due_is_seconds_on_the_database_clock_or_none(
 # -- outcome writes ------------------------------------------------------------------------
 
 
-async def send_all(pool: Pool, *batch: writes.Write) -> list[writes.Written]:
-    async with writes.pipeline(pool, QUERIES) as flush:
+async def send_all(pool: Pool, *batch: storage.Write) -> list[storage.Written]:
+    async with PostgresStore(pool, QUERIES).flush() as flush:
         return [await flush.send(write) for write in batch]
 
 
@@ -222,10 +214,10 @@ def test_writes_return_the_rows_they_matched_and_ignore_other_tokens(
     acked, retried, released, moved = (insert(conn, kind, 2, token) for kind in "arld")
     wrong = [token, other]  # the second row of each write names a lease nobody holds
     batch = [
-        writes.ack(acked, wrong),
-        writes.retry(retried, wrong, delays=[5.0, 5.0], ran=[True, True], started=[None, None]),
-        writes.release(released, wrong),
-        writes.dead_letter(moved, wrong, reasons=["rejected"] * 2, exceptions=["boom", None]),
+        storage.ack(acked, wrong),
+        storage.retry(retried, wrong, delays=[5.0, 5.0], ran=[True, True], started=[None, None]),
+        storage.release(released, wrong),
+        storage.dead_letter(moved, wrong, reasons=["rejected"] * 2, exceptions=["boom", None]),
     ]
     results = run(dsn, lambda pool: send_all(pool, *batch))
     assert len(results) == 4
@@ -259,9 +251,9 @@ def test_a_write_over_several_claims_checks_each_row_against_its_own_token(
     copy = uuid.UUID(str(first))  # equal to `first`, another object
     ids = [a[0], b[0], a[1], b[1]]
     tokens = [first, second, copy, first]  # the last names the wrong lease
-    write = writes.ack(ids, tokens)
-    assert write.params()["tokens"] == [first, second, copy]
-    assert write.params()["slots"] == "{1,2,3,1}"
+    write = storage.ack(ids, tokens)
+    assert outcomes.params(write)["tokens"] == [first, second, copy]
+    assert outcomes.params(write)["slots"] == "{1,2,3,1}"
     (written,) = run(dsn, lambda pool: send_all(pool, write))
     assert written.matched == {0, 1, 2}
     left = conn.execute("SELECT id, acquired_token FROM outbox").fetchall()
@@ -279,8 +271,8 @@ def test_a_refused_row_is_isolated_and_the_rest_of_its_write_goes_through(
             sql.Literal(ids[1])
         )
     )
-    move = writes.dead_letter(ids, [token] * 3, reasons=["rejected"] * 3, exceptions=["x"] * 3)
-    dead, ack = run(dsn, lambda pool: send_all(pool, move, writes.ack(acked, [token])))
+    move = storage.dead_letter(ids, [token] * 3, reasons=["rejected"] * 3, exceptions=["x"] * 3)
+    dead, ack = run(dsn, lambda pool: send_all(pool, move, storage.ack(acked, [token])))
     assert dead.matched == {0, 2}
     assert list(dead.refused) == [1]
     error = dead.refused[1]
@@ -300,9 +292,9 @@ def test_a_write_resent_after_a_lost_connection_tells_unconfirmed_from_lost(
     another token is not."""
     token, other = uuid.uuid4(), uuid.uuid4()
     gone, taken = insert(conn, "q", 2, token)
-    ack = writes.ack([gone, taken], [token, token])
+    ack = storage.ack([gone, taken], [token, token])
 
-    async def scenario(pool: Pool) -> writes.Written:
+    async def scenario(pool: Pool) -> storage.Written:
         async with pool.connection() as pooled:
             pid = await (await pooled.execute("SELECT pg_backend_pid()")).fetchone()
         assert pid is not None
@@ -331,7 +323,8 @@ def test_extend_leases_moves_only_the_leases_still_held(
     token = uuid.uuid4()
     ids = insert(conn, "q", 2, token)
     matched = run(
-        dsn, lambda pool: extend_leases(pool, QUERIES, ids, [token, uuid.uuid4()], 3600.0)
+        dsn,
+        lambda pool: PostgresStore(pool, QUERIES).extend_leases(ids, [token, uuid.uuid4()], 3600.0),
     )
     assert matched == {ids[0]}
     expiry = conn.execute(
@@ -407,7 +400,7 @@ def test_a_dropped_connection_is_connection_lost_and_the_next_call_reconnects(
 ) -> None:
     ids = insert(conn, "q", 1)
 
-    async def scenario(pool: Pool) -> list[claims.ClaimedRow]:
+    async def scenario(pool: Pool) -> list[Message]:
         async with pool.connection() as pooled:
             pid = await (await pooled.execute("SELECT pg_backend_pid()")).fetchone()
         assert pid is not None
@@ -418,7 +411,7 @@ def test_a_dropped_connection_is_connection_lost_and_the_next_call_reconnects(
         return await claim(pool)  # the pool dropped the broken connection
 
     rows = run(dsn, scenario, max_size=1)
-    assert [row[0] for row in rows] == ids
+    assert [msg.id for msg in rows] == ids
 
 
 def test_a_server_that_cannot_be_reached_is_connection_lost(dsn: str) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 from outbox_farm import DeadLetter, Farm, Message
 from outbox_farm.admin import queue_stats
-from outbox_farm.db import claims
 from outbox_farm.db.pool import open_pool
+from outbox_farm.db.store import PostgresStore
 from outbox_farm.names import TableNames
 from outbox_farm.ops.migrate import migrate
 from outbox_farm.ops.schema_check import check_schema
@@ -45,7 +45,7 @@ def free_stranded(dsn: str, queue: str) -> int:
     async def run() -> int:
         pool = await open_pool(dsn, 1)
         try:
-            return await claims.free_stranded(pool, Queries(NAMES), queue)
+            return await PostgresStore(pool, Queries(NAMES)).free_stranded(queue)
         finally:
             await pool.close()
 

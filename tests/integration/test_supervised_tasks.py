@@ -22,8 +22,8 @@ import pytest
 
 from outbox_farm import Farm, Message
 from outbox_farm.chores import gauges, retention, vacuum
+from outbox_farm.db.store import PostgresStore
 from outbox_farm.observe.prometheus import Tally
-from outbox_farm.worker import heartbeat as heartbeat_module
 from outbox_farm.worker import listener
 from outbox_farm.worker.completer import Completer
 from outbox_farm.worker.executor import Executors
@@ -190,9 +190,7 @@ def test_a_lease_heartbeat_that_fails_once_is_restarted_and_keeps_the_lease(
     """A handler runs for three leases; the heartbeat's first beat fails, the restarted one
     keeps extending: the row is acked on its first delivery, never taken over."""
     caplog.set_level(logging.INFO)
-    fault = Fault(heartbeat_module.extend_leases).patch(  # type: ignore[attr-defined]
-        monkeypatch, heartbeat_module, "extend_leases"
-    )
+    fault = Fault(PostgresStore.extend_leases).patch(monkeypatch, PostgresStore, "extend_leases")
     queue = qname("beat")
     farm = Farm(dlq_table="outbox_dlq")
     deliveries: list[int] = []

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from outbox_farm import ConstantBackoff, Farm, Message, Observer
-from outbox_farm.db import claims as statements
+from outbox_farm.db.store import PostgresStore
 from tests.integration.timing_kit import (
     LEASED,
     LISTENER_PIDS,
@@ -366,7 +366,7 @@ def test_an_idle_farm_starts_the_handler_before_it_looks_for_the_next_due_row(
     async def handle(msg: Message) -> None:
         started.append(msg.id)
 
-    take, next_due = statements.take, statements.next_due
+    take, next_due = PostgresStore.claim, PostgresStore.next_due
 
     async def noted_take(*args: Any) -> list[Any]:
         rows = await take(*args)
@@ -377,8 +377,8 @@ def test_an_idle_farm_starts_the_handler_before_it_looks_for_the_next_due_row(
         events.append(("next_due", len(started)))
         return await next_due(*args)
 
-    monkeypatch.setattr(statements, "take", noted_take)
-    monkeypatch.setattr(statements, "next_due", noted_next_due)
+    monkeypatch.setattr(PostgresStore, "claim", noted_take)
+    monkeypatch.setattr(PostgresStore, "next_due", noted_next_due)
 
     async def scenario() -> None:
         aconn = await aconnect(dsn)
