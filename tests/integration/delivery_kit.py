@@ -12,9 +12,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox_farm import (
-    Farm,
-)
 from outbox_farm.metrics import metrics
 from tests import samples
 
@@ -29,12 +26,6 @@ Row = tuple[Any, ...]
 def qname(prefix: str) -> str:
     """A queue name of this test's own, so process-global metric deltas are this test's."""
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
-
-
-def publish(farm: Farm, conn: psycopg.Connection, body: object, **options: Any) -> int:
-    row_id = farm.publish(conn, body, **options)
-    assert row_id is not None
-    return row_id
 
 
 def sample(name: str, **labels: str) -> float:

@@ -34,8 +34,8 @@ from outbox_farm import (
     Retry,
 )
 from outbox_farm.middleware import chain
-from tests.integration.delivery_kit import DLQ, POLL, Db, database, publish, qname, records
-from tests.steps import eventually
+from tests.integration.delivery_kit import DLQ, POLL, Db, database, qname, records
+from tests.steps import eventually, publish
 
 
 async def empty(db: Db, queue: str) -> bool:
@@ -77,7 +77,7 @@ def test_middleware_runs_outermost_first_on_the_loop_around_async_and_sync_handl
 
     async def scenario(queue: str) -> None:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL, queues=[queue]):
-            publish(farm, conn, queue, queue=queue)
+            publish(conn, [queue], queue=queue)
             await eventually(lambda: empty(db, queue), "the ack")
 
     for queue, on_loop in ((aq, True), (sq, False)):
@@ -125,7 +125,8 @@ def test_middleware_may_short_circuit_and_its_exceptions_are_handler_failures(
         if msg.body == b"sku":
             raise KeyError("X-1")
 
-    ids = {body: publish(farm, conn, body, queue=q) for body in ("skip", "broken", "sku", "ok")}
+    bodies = ["skip", "broken", "sku", "ok"]
+    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
 
     async def scenario() -> None:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
@@ -157,7 +158,7 @@ def test_the_timeout_covers_the_middleware_too(dsn: str, conn: psycopg.Connectio
     async def handle(msg: Message) -> None:
         ran.append(msg.id)
 
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
 
     async def scenario() -> None:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
@@ -202,7 +203,7 @@ def test_batches_hold_at_most_batch_rows_taking_what_is_waiting(
 ) -> None:
     q = qname("b_size")
     farm = Farm(dlq_table=DLQ)
-    ids = [publish(farm, conn, n, queue=q) for n in range(25)]
+    ids = publish(conn, [n for n in range(25)], queue=q)
     calls: list[list[int]] = []
 
     @farm.handler(q, batch=10, concurrency=1)
@@ -234,11 +235,11 @@ def test_a_trickle_lingers_into_one_batch_and_a_lone_row_waits_no_longer_than_li
     async def scenario() -> float:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
             for n in range(3):
-                publish(farm, conn, f"t{n}", queue=q)
+                publish(conn, [f"t{n}"], queue=q)
                 await asyncio.sleep(0.05)
             await eventually(lambda: empty(db, q), "the trickle's acks")
             published = time.monotonic()
-            publish(farm, conn, "alone", queue=q)
+            publish(conn, ["alone"], queue=q)
             await eventually(lambda: empty(db, q), "the lone row's ack")
             return published
 
@@ -252,7 +253,8 @@ def test_each_row_of_a_batch_gets_the_handlers_own_decision_the_rest_are_acked(
 ) -> None:
     q = qname("b_mixed")
     farm = Farm(dlq_table=DLQ)
-    ids = {body: publish(farm, conn, body, queue=q) for body in ("ack", "nack", "reject", "a", "b")}
+    bodies = ["ack", "nack", "reject", "a", "b"]
+    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
     calls: list[list[tuple[bytes, int]]] = []
 
     @farm.handler(q, batch=10, concurrency=1, retry=ConstantBackoff(60.0))
@@ -285,7 +287,8 @@ def test_manual_batch_rows_left_undecided_are_retried(
 ) -> None:
     q = qname("b_manual")
     farm = Farm(dlq_table=DLQ)
-    ids = {body: publish(farm, conn, body, queue=q) for body in ("acked", "forgotten")}
+    bodies = ["acked", "forgotten"]
+    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
     calls: list[list[tuple[bytes, int]]] = []
 
     @farm.handler(q, batch=10, concurrency=1, ack="manual", retry=ConstantBackoff(0.05))
@@ -333,7 +336,8 @@ def test_a_batch_that_raises_decides_every_undecided_row_by_the_policy(
         hooked.append((msg.body, outcome.kind))
 
     farm = Farm(dlq_table=DLQ, on_failure=hook)
-    ids = {body: publish(farm, conn, body, queue=q) for body in ("done", "x", "y")}
+    bodies = ["done", "x", "y"]
+    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
     calls: list[list[bytes]] = []
 
     @farm.handler(q, batch=10, concurrency=1, ack=ack, retry=NoRetry())
@@ -362,7 +366,8 @@ def test_rows_over_max_deliveries_go_to_the_dlq_without_joining_the_batch(
 ) -> None:
     q = qname("b_maxd")
     farm = Farm(dlq_table=DLQ)
-    ids = {body: publish(farm, conn, body, queue=q) for body in ("a", "over-1", "b", "over-2")}
+    bodies = ["a", "over-1", "b", "over-2"]
+    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
     over = [ids["over-1"], ids["over-2"]]
     conn.execute("UPDATE outbox SET deliveries_count = 3 WHERE id = ANY(%s)", (over,))
     calls: list[list[bytes]] = []
@@ -385,7 +390,8 @@ def test_rows_over_max_deliveries_go_to_the_dlq_without_joining_the_batch(
 def test_the_timeout_bounds_the_whole_batch_call(dsn: str, conn: psycopg.Connection) -> None:
     q = qname("b_hang")
     farm = Farm(dlq_table=DLQ)
-    ids = {body: publish(farm, conn, body, queue=q) for body in ("confirmed", "x", "y")}
+    bodies = ["confirmed", "x", "y"]
+    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
 
     @farm.handler(q, batch=10, concurrency=1, timeout=0.3, retry=NoRetry())
     async def handle(batch: list[Message]) -> None:
@@ -411,7 +417,8 @@ def test_a_stop_past_its_deadline_keeps_what_the_batch_decided_and_retries_the_r
 ) -> None:
     q = qname("b_stop")
     farm = Farm(dlq_table=DLQ)
-    ids = {body: publish(farm, conn, body, queue=q) for body in ("confirmed", "x", "y")}
+    bodies = ["confirmed", "x", "y"]
+    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
     started = threading.Event()
 
     @farm.handler(q, batch=10, concurrency=1, retry=ConstantBackoff(60.0))
@@ -444,7 +451,7 @@ def test_a_sync_batch_handler_runs_in_a_thread_and_middleware_sees_the_batch(
         return await call_next(batch)
 
     farm = Farm(dlq_table=DLQ, middleware=[middleware])
-    ids = [publish(farm, conn, f"m{n}", queue=q) for n in range(4)]
+    ids = publish(conn, [f"m{n}" for n in range(4)], queue=q)
 
     @farm.handler(q, batch=4, concurrency=1)
     def handle(batch: list[Message]) -> None:

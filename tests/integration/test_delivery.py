@@ -32,13 +32,12 @@ from tests.integration.delivery_kit import (
     count_is,
     database,
     falsy,
-    publish,
     qname,
     records,
     sample,
     zero,
 )
-from tests.steps import eventually
+from tests.steps import eventually, publish
 
 # -- invariant 1: a row is deleted only after its handler returned ------------------------
 
@@ -49,7 +48,7 @@ def test_row_exists_under_its_lease_while_the_handler_runs_and_goes_after_succes
     q, control = qname("inv1"), qname("inv1c")
     farm = Farm(dlq_table=DLQ)
     seen: list[tuple[Row | None, Row | None, Message]] = []
-    ids = [publish(farm, conn, {"n": n}, queue=q) for n in range(3)]
+    ids = publish(conn, [{"n": n} for n in range(3)], queue=q)
 
     @farm.handler(control)
     async def handle_control(msg: Message) -> None:
@@ -89,7 +88,7 @@ def test_failed_handler_keeps_the_row_with_one_more_attempt_due_later_and_unleas
     q = qname("inv1f")
     farm = Farm(dlq_table=DLQ)
     calls: list[Message] = []
-    row_id = publish(farm, conn, {"boom": True}, queue=q)
+    [row_id] = publish(conn, [{"boom": True}], queue=q)
     retried = sample("retried", queue=q)
 
     @farm.handler(q, retry=ConstantBackoff(delay=30.0), lease_ttl=10)
@@ -122,7 +121,7 @@ def test_slow_handler_loses_its_lease_the_second_runner_acks_and_the_stale_ack_i
 ) -> None:
     q = qname("inv2")
     farm_a, farm_b = Farm(dlq_table=DLQ), Farm(dlq_table=DLQ)
-    row_id = publish(farm_a, conn, {"slow": True}, queue=q)
+    [row_id] = publish(conn, [{"slow": True}], queue=q)
     a_calls: list[Message] = []
     b_calls: list[Message] = []
     lost = sample("lease_lost", queue=q, phase="ack")
@@ -178,7 +177,7 @@ def test_a_write_under_a_lease_taken_over_changes_nothing(
 ) -> None:
     q = qname(f"steal_{phase}")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, {"phase": phase}, queue=q)
+    [row_id] = publish(conn, [{"phase": phase}], queue=q)
     counters = {name: sample(name, queue=q) for name in ("acked", "retried")}
     terminal = sample("terminal", queue=q, reason="rejected")
     lost = sample("lease_lost", queue=q, phase=phase)
@@ -236,7 +235,7 @@ def test_no_retry_failure_is_archived_with_its_payload_headers_and_exception(
 ) -> None:
     q = qname("dlq")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, {"order": 42}, queue=q, headers={"tenant": "acme"})
+    [row_id] = publish(conn, [{"order": 42}], queue=q, headers={"tenant": "acme"})
     stored = conn.execute("SELECT payload, headers FROM outbox WHERE id = %s", (row_id,)).fetchone()
     error = ValueError("no stock for order 42")
     calls: list[Message] = []
@@ -296,7 +295,7 @@ def test_rejections_go_to_the_dlq_as_rejected_at_once(
 ) -> None:
     q = qname("rej")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
     calls: list[Message] = []
 
     # A generous retry strategy: only the rejection can make the first failure terminal.
@@ -322,8 +321,8 @@ def test_row_claimed_more_than_max_deliveries_goes_to_the_dlq_unrun(
 ) -> None:
     q = qname("maxd")
     farm = Farm(dlq_table=DLQ)
-    at_limit = publish(farm, conn, "at-limit", queue=q)  # this claim is delivery 3 of 3: runs
-    over = publish(farm, conn, "over", queue=q)  # this claim is delivery 4 of 3: never runs
+    [at_limit] = publish(conn, ["at-limit"], queue=q)  # this claim is delivery 3 of 3: runs
+    [over] = publish(conn, ["over"], queue=q)  # this claim is delivery 4 of 3: never runs
     conn.execute("UPDATE outbox SET deliveries_count = 2 WHERE id = %s", (at_limit,))
     conn.execute("UPDATE outbox SET deliveries_count = 3 WHERE id = %s", (over,))
     ran: list[bytes] = []
@@ -352,7 +351,7 @@ def test_successes_never_reach_the_dlq_and_terminal_and_dlq_counters_agree_per_r
     q = qname("mix")
     farm = Farm(dlq_table=DLQ)
     kinds = ["ok"] * 6 + ["fail"] * 3 + ["dead"] * 2 + ["over"] * 1
-    ids = {publish(farm, conn, kind, queue=q): kind for kind in kinds}
+    ids = dict(zip(publish(conn, kinds, queue=q), kinds, strict=True))
     over_ids = [i for i, k in ids.items() if k == "over"]
     conn.execute("UPDATE outbox SET deliveries_count = 5 WHERE id = ANY(%s)", (over_ids,))
     reasons = ["retry_terminal", "rejected", "max_deliveries"]
@@ -395,7 +394,7 @@ def test_failed_dlq_insert_keeps_the_row_in_the_outbox_and_says_run_check(
 ) -> None:
     q = qname("dlqfail")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, {"doomed": True}, queue=q)
+    [row_id] = publish(conn, [{"doomed": True}], queue=q)
     if fault == "drop_table":
         conn.execute("DROP TABLE outbox_dlq")
     else:
@@ -465,7 +464,7 @@ def test_megabyte_exception_repr_is_cut_to_8192_chars_with_a_marker(
 ) -> None:
     q = qname("huge")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
     huge = "é" * 5_000_000
 
     @farm.handler(q, retry=NoRetry())
@@ -495,7 +494,7 @@ def test_farm_without_dlq_deletes_terminal_rows_and_writes_no_dlq(
 ) -> None:
     q = qname("nodlq")
     farm = Farm(dlq_table=None)
-    ids = [publish(farm, conn, kind, queue=q) for kind in ("fail", "dead", "ok")]
+    ids = publish(conn, [kind for kind in ("fail", "dead", "ok")], queue=q)
     before = {
         r: (sample("terminal", queue=q, reason=r), sample("dlq_written", queue=q, reason=r))
         for r in ("retry_terminal", "rejected")
@@ -530,7 +529,7 @@ def test_a_farm_keeps_failed_messages_in_outbox_dlq_unless_told_otherwise(
     q = qname("defdlq")
     farm = Farm()
     assert str(farm.names.dlq) == "outbox_dlq"
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
 
     @farm.handler(q)
     async def handle(msg: Message) -> None:
@@ -554,7 +553,7 @@ def test_deliveries_and_attempts_over_two_retries_then_success(
 ) -> None:
     q = qname("counts")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
     seen: list[tuple[int, int, Row | None]] = []
 
     async def scenario() -> None:
@@ -582,7 +581,7 @@ def test_claim_of_an_expired_lease_counts_a_delivery_but_no_attempt(
 ) -> None:
     q = qname("crash")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
     # A process claimed the row an hour ago and died before running the handler.
     conn.execute(
         "UPDATE outbox SET deliveries_count = 1, acquired_token = gen_random_uuid(), "
@@ -614,8 +613,8 @@ def test_failing_dlq_move_does_not_roll_back_acks_of_the_same_flush(
 ) -> None:
     q = qname("iso")
     farm = Farm(dlq_table=DLQ)
-    good = [publish(farm, conn, "good", queue=q) for _ in range(20)]
-    dead = [publish(farm, conn, "dead", queue=q) for _ in range(3)]
+    good = publish(conn, ["good" for _ in range(20)], queue=q)
+    dead = publish(conn, ["dead" for _ in range(3)], queue=q)
     bad = dead[1]
     conn.execute(f"ALTER TABLE outbox_dlq ADD CONSTRAINT no_bad CHECK (original_id <> {bad})")
 

@@ -36,19 +36,9 @@ from outbox_farm import (
 from outbox_farm.chores import gauges
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.problems import Problems
-from tests.integration.delivery_kit import (
-    DLQ,
-    POLL,
-    database,
-    falsy,
-    publish,
-    qname,
-    records,
-    sample,
-    zero,
-)
+from tests.integration.delivery_kit import DLQ, POLL, database, falsy, qname, records, sample, zero
 from tests.samples import claims
-from tests.steps import eventually
+from tests.steps import eventually, publish
 
 # -- §6: bad input and faults ----------------------------------------------------------------
 
@@ -67,8 +57,8 @@ def test_a_base_exception_from_a_handler_is_retried_then_dead_lettered_and_the_w
     and the worker keeps every other row it holds running."""
     q = qname("base")
     farm = Farm(dlq_table=DLQ)
-    poison = publish(farm, conn, "poison", queue=q)
-    fine = [publish(farm, conn, f"fine-{n}", queue=q) for n in range(3)]
+    [poison] = publish(conn, ["poison"], queue=q)
+    fine = publish(conn, [f"fine-{n}" for n in range(3)], queue=q)
     runs: list[bytes] = []
 
     def body(msg: Message) -> None:
@@ -88,7 +78,7 @@ def test_a_base_exception_from_a_handler_is_retried_then_dead_lettered_and_the_w
     async def scenario() -> None:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
             rows = await eventually(lambda: db.dlq_rows(q), "the poison row's DLQ row")
-            later = publish(farm, conn, "later", queue=q)
+            [later] = publish(conn, ["later"], queue=q)
             await eventually(lambda: zero(db.outbox_count(q)), "every other row's ack")
             ((original, reason, exception, *_),) = rows
             assert (original, reason) == (poison, "retry_terminal")
@@ -106,7 +96,7 @@ def test_undecodable_body_reaches_the_handler_raw_and_json_failure_is_an_ordinar
     q = qname("raw")
     farm = Farm(dlq_table=DLQ)
     body = b"\xff\xfe not json"
-    row_id = publish(farm, conn, body, queue=q)
+    [row_id] = publish(conn, [body], queue=q)
     seen: list[tuple[bytes, int, str]] = []
     retried = sample("retried", queue=q)
 
@@ -136,7 +126,7 @@ def test_undecodable_body_reaches_the_handler_raw_and_json_failure_is_an_ordinar
 def test_rows_of_a_queue_without_handler_are_left_alone(dsn: str, conn: psycopg.Connection) -> None:
     q, other = qname("known"), qname("unknown")
     farm = Farm(dlq_table=DLQ)
-    orphan = publish(farm, conn, "nobody's", queue=other)
+    [orphan] = publish(conn, ["nobody's"], queue=other)
     stored = conn.execute("SELECT * FROM outbox WHERE id = %s", (orphan,)).fetchone()
     handled: list[int] = []
 
@@ -146,7 +136,7 @@ def test_rows_of_a_queue_without_handler_are_left_alone(dsn: str, conn: psycopg.
 
     async def scenario() -> None:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
-            publish(farm, conn, "mine", queue=q)
+            publish(conn, ["mine"], queue=q)
             await eventually(lambda: zero(db.outbox_count(q)), "the known queue's row")
             # Ten more claims (counted, not assumed from a sleep): the orphan must stay untouched.
             polls = claims(q)
@@ -163,7 +153,7 @@ def test_hanging_async_handler_is_abandoned_at_its_timeout(
 ) -> None:
     q = qname("hang")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
     cancelled: list[int] = []
 
     @farm.handler(q, timeout=0.2, retry=NoRetry())
@@ -194,7 +184,7 @@ def test_hanging_sync_handler_is_abandoned_at_its_timeout_and_retried(
 ) -> None:
     q = qname("synchang")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
     unblock = threading.Event()
     calls: list[int] = []
 
@@ -220,7 +210,7 @@ def test_a_hung_sync_handler_does_not_fail_other_messages_it_never_ran(
 ) -> None:
     q = qname("starve")
     farm = Farm(dlq_table=DLQ)
-    hung = publish(farm, conn, "hang", queue=q)
+    [hung] = publish(conn, ["hang"], queue=q)
     unblock = threading.Event()
     ran: list[bytes] = []
 
@@ -234,7 +224,7 @@ def test_a_hung_sync_handler_does_not_fail_other_messages_it_never_ran(
         try:
             async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
                 await eventually(lambda: db.dlq_rows(q), "the hung row's DLQ row")
-                fine = publish(farm, conn, "fine", queue=q)
+                [fine] = publish(conn, ["fine"], queue=q)
                 await eventually(lambda: falsy(db.exists(fine)), "the next row to be done")
                 dlq = [(r[0], r[1]) for r in await db.dlq_rows(q)]
                 assert dlq == [(hung, "retry_terminal")], "a row was failed that never ran"
@@ -268,7 +258,7 @@ def test_broken_retry_strategy_makes_the_failure_terminal_and_the_worker_goes_on
 ) -> None:
     q = qname("strat")
     farm = Farm(dlq_table=DLQ)
-    failing = publish(farm, conn, "fail", queue=q)
+    [failing] = publish(conn, ["fail"], queue=q)
     handled: list[bytes] = []
 
     @farm.handler(q, retry=strategy)
@@ -283,7 +273,7 @@ def test_broken_retry_strategy_makes_the_failure_terminal_and_the_worker_goes_on
             assert [(r[0], r[1], r[2]) for r in rows] == [
                 (failing, "retry_terminal", repr(ValueError("handler failed")))
             ]
-            later = publish(farm, conn, "ok", queue=q)
+            [later] = publish(conn, ["ok"], queue=q)
             await eventually(lambda: falsy(db.exists(later)), "the next row's ack")
 
     with caplog.at_level(logging.WARNING, logger="outbox_farm"):
@@ -296,7 +286,7 @@ def test_broken_retry_strategy_makes_the_failure_terminal_and_the_worker_goes_on
 def test_sync_handler_runs_in_a_worker_thread(dsn: str, conn: psycopg.Connection) -> None:
     q = qname("sync")
     farm = Farm(dlq_table=DLQ)
-    ids = [publish(farm, conn, {"n": n}, queue=q) for n in range(5)]
+    ids = publish(conn, [{"n": n} for n in range(5)], queue=q)
     seen: dict[int, tuple[Any, bool]] = {}
     lock = threading.Lock()
 
@@ -318,7 +308,7 @@ def test_raised_retry_redelivers_after_its_delay_not_at_the_next_poll(
 ) -> None:
     q = qname("retryexc")
     farm = Farm(dlq_table=DLQ)
-    row_id = publish(farm, conn, "x", queue=q)
+    [row_id] = publish(conn, ["x"], queue=q)
     runs: list[tuple[float, int, int]] = []
 
     # The default strategy would wait ~1 s: only Retry's own delay explains a ~0.3 s gap.
@@ -343,7 +333,7 @@ def test_retry_with_a_decimal_delay_does_not_stop_the_completer(
 ) -> None:
     q = qname("retrydec")
     farm = Farm(dlq_table=DLQ)
-    first = publish(farm, conn, "first", queue=q)
+    [first] = publish(conn, ["first"], queue=q)
     runs: list[bytes] = []
 
     @farm.handler(q)
@@ -357,7 +347,7 @@ def test_retry_with_a_decimal_delay_does_not_stop_the_completer(
             try:
                 async with farm.running(dsn, poll_interval=POLL):
                     await eventually(lambda: falsy(db.exists(first)), "the retried row's ack", 3)
-                    second = publish(farm, conn, "second", queue=q)
+                    [second] = publish(conn, ["second"], queue=q)
                     await eventually(lambda: falsy(db.exists(second)), "the next row's ack", 3)
             except TypeError as exc:  # the completer's crash, re-raised at stop
                 raise AssertionError(f"the completer crashed: {exc!r}") from None
@@ -370,10 +360,8 @@ def test_manual_ack_policy(
 ) -> None:
     q = qname("manual")
     farm = Farm(dlq_table=DLQ)
-    ids = {
-        kind: publish(farm, conn, kind, queue=q)
-        for kind in ("ack", "nack", "none", "ack-raise", "reject")
-    }
+    kinds = ["ack", "nack", "none", "ack-raise", "reject"]
+    ids = dict(zip(kinds, publish(conn, kinds, queue=q), strict=True))
     runs: dict[bytes, list[int]] = {}
 
     @farm.handler(q, ack="manual", retry=ConstantBackoff(delay=0.05))
@@ -501,14 +489,14 @@ def test_each_gauge_refreshes_on_its_own_so_a_missing_dlq_does_not_freeze_the_ba
         asyncio.run(once())
 
     for n in range(3):
-        publish(farm, conn, n, queue=q)
+        publish(conn, [n], queue=q)
     refresh()
     assert (_gauge("backlog", q), _gauge("dlq_rows", q, reason="rejected")) == (3, 0)
     assert problems.current is None
 
     conn.execute("DROP TABLE outbox_dlq")
     for n in range(2):
-        publish(farm, conn, n, queue=q)
+        publish(conn, [n], queue=q)
     refresh()
     assert _gauge("backlog", q) == 5  # still follows the table
     assert _gauge("dlq_rows", q, reason="rejected") == 0  # unknown: left as it was
@@ -550,7 +538,7 @@ def test_a_missing_privilege_is_the_runtimes_problem_until_it_is_granted_again(
 
     async def scenario() -> None:
         async with farm.running(worker_dsn, poll_interval=POLL, vacuum_interval=None) as rt:
-            first = publish(farm, conn, "before", queue=q)
+            [first] = publish(conn, ["before"], queue=q)
             await eventually(lambda: first in handled, "a delivery while all is well")
 
             def acked() -> bool:
@@ -578,7 +566,7 @@ def test_a_missing_privilege_is_the_runtimes_problem_until_it_is_granted_again(
             assert len(permanent()) == 1  # logged once, not once per retry
             conn.execute(grant.format(sql.SQL("GRANT"), sql.SQL("TO"), sql.Identifier(role)))
             await eventually(lambda: rt.problem is None, "the problem to clear", timeout=10)
-            later = publish(farm, conn, "after", queue=q)
+            [later] = publish(conn, ["after"], queue=q)
             await eventually(lambda: later in handled, "a delivery once granted again")
 
     with caplog.at_level(logging.WARNING, logger="outbox_farm"):
@@ -619,7 +607,7 @@ def test_on_failure_hooks_see_every_failed_run_and_cannot_change_its_outcome(
     async def fine(msg: Message) -> None:
         return None
 
-    rows = {queue: publish(farm, conn, "x", queue=queue) for queue in (q, own)}
+    rows = {queue: publish(conn, ["x"], queue=queue)[0] for queue in (q, own)}
 
     async def scenario() -> None:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from outbox_farm import ConstantBackoff, DeadLetter, Farm, Message, Observer, Outcome
-from tests.integration.delivery_kit import DLQ, POLL, Db, database, publish, qname
-from tests.steps import eventually
+from tests.integration.delivery_kit import DLQ, POLL, Db, database, qname
+from tests.steps import eventually, publish
 
 
 class Recorder(Observer):
@@ -70,9 +70,9 @@ def test_a_users_observer_sees_every_claim_run_verdict_and_write(
         if body == "poison":
             raise DeadLetter("never")
 
-    ok = publish(farm, conn, "ok", queue=queue)
-    flaky = publish(farm, conn, "flaky", queue=queue)
-    poison = publish(farm, conn, "poison", queue=queue)
+    [ok] = publish(conn, ["ok"], queue=queue)
+    [flaky] = publish(conn, ["flaky"], queue=queue)
+    [poison] = publish(conn, ["poison"], queue=queue)
     recorder = Recorder()
 
     async def scenario() -> None:
@@ -112,7 +112,7 @@ def test_an_observer_that_raises_is_logged_once_and_loses_no_row(
     async def handle(msg: Message) -> None:
         handled.append(msg.id)
 
-    ids = [publish(farm, conn, f"m{i}", queue=queue) for i in range(5)]
+    ids = publish(conn, [f"m{i}" for i in range(5)], queue=queue)
     broken = Broken()
     caplog.set_level(logging.ERROR, logger="outbox_farm.observe")
 

@@ -15,8 +15,8 @@ from outbox_farm import ConstantBackoff, Farm, Message
 from outbox_farm.cli.log_setup import TextFormatter
 from outbox_farm.observe import logs
 from outbox_farm.outcome import FRAMES_HEADER
-from tests.integration.delivery_kit import DLQ, POLL, database, publish, qname, records
-from tests.steps import eventually
+from tests.integration.delivery_kit import DLQ, POLL, database, qname, records
+from tests.steps import eventually, publish
 
 ROWS, ATTEMPTS = 30, 3
 
@@ -26,7 +26,7 @@ def test_a_failing_queue_logs_a_line_per_kept_retry_and_counts_the_rest(
 ) -> None:
     q = qname("bad")
     farm = Farm(dlq_table=DLQ)
-    ids = [publish(farm, conn, {"sku": n}, queue=q) for n in range(ROWS)]
+    ids = publish(conn, [{"sku": n} for n in range(ROWS)], queue=q)
 
     @farm.handler(q, retry=ConstantBackoff(0.05, max_attempts=ATTEMPTS))
     async def handle(msg: Message) -> None:
