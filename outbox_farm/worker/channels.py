@@ -5,14 +5,12 @@ their outcomes to the completer, which writes them to the store. Four signals ru
 flow, and the runtime wires them once, every fetcher built, before anything starts
 (`Completer.connect`; each fetcher is built with the completer as its `Flushing`):
 
-                claim                        run                   outcomes
-    store ───────────▶ Fetcher ──▶ inbox ──▶ Executors ───────────────────▶ Completer
-      ▲                ▲ ▲ ▲ │                                              │ │ │ │
-      │                │ │ │ └─ starved ── flush_now() ──────────────────▶ │ │ │ │
-      │                │ │ └─── settled ── ledger.settle_all() ───────────┘ │ │ │
-      │                │ └───── retry due ── note_due(delay) ──────────────┘ │ │
-      │                └─────── hand-over ── handover() / handed(...) ──────┘ │
-      └──────────────────────────────────────────── flush (ack, retry, ...) ──┘
+    store ──claim──▶ Fetcher ──▶ inbox ──▶ Executors ──outcomes──▶ Completer ──flush──▶ store
+                     ▲ ▲ ▲ │                                       ▲ │ │ │
+                     │ │ │ └── starved: flush_now() ───────────────┘ │ │ │
+                     │ │ └── settled: ledger.settle_all() ───────────┘ │ │
+                     │ └── retry due: note_due(delay) ─────────────────┘ │
+                     └── hand-over: handover(), handed() ────────────────┘
 
 - starved (fetcher to completer): the queue is out of slots, which only written outcomes
   free: `flush_now` writes what waits without waiting for the flush interval.

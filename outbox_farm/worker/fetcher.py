@@ -62,7 +62,8 @@ def _error_kind(exc: BaseException) -> str:
 
 class Fetcher:
     """Claims for one queue, and owns the queue's in-flight ledger (`ledger`): a row counts
-    against the capacity from its claim until the completer settles it."""
+    against the capacity from its claim until the completer settles it. The completer sees it
+    as `channels.Fetching`; it sees the completer as `channels.Flushing`."""
 
     def __init__(
         self,
