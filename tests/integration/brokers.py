@@ -18,9 +18,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
 from loadtests import kafkabroker
+from tests.steps import eventually
 from tests.tools import missing_tool
 
 AMQP = os.environ.get("OUTBOX_FARM_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
@@ -117,6 +119,24 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write(data)
             await writer.drain()
     writer.transport.abort()
+
+
+async def relayed(dsn: str, count: int) -> None:
+    """Return once `count` more rows have left the outbox (or all of them): the relay is
+    mid-stream, the moment a test cuts its connection. Waited for, not guessed with a sleep: a
+    relay that is slow to (re)connect is still cut while it sends."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+
+        async def left() -> int:
+            cursor = await conn.execute("SELECT count(*) FROM outbox")
+            return int((await cursor.fetchall())[0][0])
+
+        until = max(await left() - count, 0)
+
+        async def sent() -> bool:
+            return await left() <= until
+
+        await eventually(sent, f"{count} more rows relayed", 60)
 
 
 @contextlib.contextmanager

@@ -71,7 +71,9 @@ QUEUES = (
 )
 
 
-def publish(farm: Farm, conn: Any) -> None:
+def publish_to_every_queue(farm: Farm, conn: Any) -> None:
+    """One row for each queue, through the farm's own call: the recorder (no connection) keeps
+    it in memory, the database gets it on `conn`."""
     for queue in QUEUES:
         farm.publish(conn, {"q": queue}, queue=queue)
 
@@ -93,11 +95,11 @@ def verdicts(runs: list[Any]) -> Verdicts:
 def test_the_recorder_and_the_runtime_give_the_same_verdicts(dsn: str) -> None:
     farm = make_farm()
     with record(farm) as recorder:
-        publish(farm, None)
+        publish_to_every_queue(farm, None)
         recorded = verdicts(recorder.run(within=60).runs)
     farm = make_farm()
     with psycopg.connect(dsn) as conn:
-        publish(farm, conn)
+        publish_to_every_queue(farm, conn)
     real = verdicts(drain(farm, dsn, within=60).runs)
     assert real == recorded
     assert {v[0] for v in real} == set(QUEUES)

@@ -17,7 +17,7 @@ from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import CONFIRMED, BrokerReply, Delivery, Envelope
 from outbox_farm.testing import adrain, drain
 from tests import samples
-from tests.steps import eventually
+from tests.steps import eventually, publish
 
 NO_ANSWER = Delivery(BrokerReply.UNCONFIRMED, "no delivery report")
 
@@ -87,11 +87,6 @@ class Breaking:
         return None
 
 
-def publish(dsn: str, farm: Farm, bodies: list[bytes]) -> None:
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, bodies, queue="events")
-
-
 def held_attempts(dsn: str) -> tuple[int, int]:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
@@ -111,13 +106,13 @@ def test_a_broker_that_forgot_the_producer_holds_rows_and_reports_down(
     bodies = [b"%d" % i for i in range(50)]
 
     async def scenario() -> None:
-        publish(dsn, farm, bodies[:10])
+        publish(dsn, bodies[:10], queue="events")
         target.gate = asyncio.Event()
         run = asyncio.create_task(adrain(farm, dsn, timeout=60))
         await eventually(lambda: len(target.received) == 10, "the first rows received")
         assert samples.sample("outbox_farm_relay_up", target="forgetful") == 1
         target.forget()
-        publish(dsn, farm, bodies[10:])
+        publish(dsn, bodies[10:], queue="events")
         target.gate.set()  # the first rows confirmed, with the next ones already waiting
         await eventually(lambda: relay.problem, "the relay reported down")
         assert "no answer from its broker: no delivery report" in (relay.problem or "")
@@ -150,7 +145,7 @@ def test_a_row_that_breaks_its_batch_walks_to_the_dlq_and_the_others_arrive(dsn:
     farm = Farm()
     farm.relay("events", to=target, batch=40, retry=ConstantBackoff(0, max_attempts=2))
     bodies = [b"%d" % i for i in range(30)]
-    publish(dsn, farm, [*bodies[:12], b"poison", *bodies[12:]])
+    publish(dsn, [*bodies[:12], b"poison", *bodies[12:]], queue="events")
     result = drain(farm, dsn, timeout=60)
     assert sorted(target.received, key=int) == bodies  # each once, none held back
     assert [r.message.body for r in result.dead_lettered] == [b"poison"]

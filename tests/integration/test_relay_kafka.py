@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from brokers import Proxy, tansu
+from brokers import Proxy, relayed, tansu
 from brokers import kafka_records as records
 
 from loadtests.kafkabroker import free_port
@@ -25,6 +25,7 @@ from outbox_farm.errors import ConfigurationError
 from outbox_farm.relay import CONFIRMED, BrokerReply, Envelope, Kafka, TargetUnavailable
 from outbox_farm.testing import adrain
 from tests import samples
+from tests.steps import publish
 
 kafka = pytest.importorskip("confluent_kafka")
 admin = pytest.importorskip("confluent_kafka.admin")
@@ -44,11 +45,6 @@ def new_topic(servers: str, partitions: int = 1) -> str:
     return name
 
 
-def publish(dsn: str, farm: Farm, count: int, **kwargs: Any) -> None:
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, [b"%d" % i for i in range(count)], queue="events", **kwargs)
-
-
 def test_rows_reach_the_topic_with_their_headers(dsn: str, servers: str) -> None:
     topic = new_topic(servers)
 
@@ -57,7 +53,7 @@ def test_rows_reach_the_topic_with_their_headers(dsn: str, servers: str) -> None
         farm.relay("events", to=Kafka(servers, topic=topic), batch=200)
         with psycopg.connect(dsn) as conn:
             farm.publish(conn, {"a": 1}, queue="events", headers={"tenant": "t", "n": 7})
-        publish(dsn, farm, 999)
+        publish(dsn, 999, queue="events")
         result = await adrain(farm, dsn)
         assert len(result.acked) == 1000
 
@@ -181,14 +177,6 @@ ROWS = 20_000
 EXTRA = 500  # rows published while the proxy is cut
 
 
-def relayed(dsn: str, count: int) -> None:
-    """Return once `count` rows have left the outbox: the relay is mid-stream."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        total = conn.execute("SELECT count(*) FROM outbox").fetchone()
-        while conn.execute("SELECT count(*) FROM outbox").fetchone()[0] > total[0] - count:
-            time.sleep(0.02)
-
-
 def test_cut_connections_lose_nothing_and_ack_only_reported_rows(dsn: str, tmp_path: Any) -> None:
     """Every connection goes through a proxy that is cut three times mid-stream, first for long
     enough that librdkafka gives up on the broker: the relay reports itself down then up, every
@@ -208,20 +196,22 @@ def test_cut_connections_lose_nothing_and_ack_only_reported_rows(dsn: str, tmp_p
             ),
             batch=100,
         )
-        publish(dsn, farm, ROWS)
+        publish(dsn, ROWS, queue="events")
         drained = asyncio.create_task(adrain(farm, dsn, within=60, timeout=120))
-        await asyncio.to_thread(relayed, dsn, ROWS // 10)
+        await relayed(dsn, ROWS // 10)
         ups: list[bool] = []
         for hold in (3.0, 0.3, 0.3):
             await proxy.cut()
             # Rows to relay while it is cut, however fast the rows before went out.
-            await asyncio.to_thread(publish, dsn, farm, EXTRA)
+            await asyncio.to_thread(publish, dsn, EXTRA, queue="events")
+            # The cut is held this long on purpose (the first time long enough for librdkafka
+            # to give up on the broker), the relay's health sampled meanwhile.
             deadline = time.monotonic() + hold
             while time.monotonic() < deadline:
                 ups.append(relay.problem is None)
                 await asyncio.sleep(0.05)
             await proxy.restore()
-            await asyncio.sleep(0.3)
+            await relayed(dsn, EXTRA // 5)  # flowing again before the next cut
         result = await drained
         total = ROWS + 3 * EXTRA
         retried = Counter(repr(r.error)[:80] for r in result.retried)

@@ -12,11 +12,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from brokers import NATS, Proxy, require
+from brokers import NATS, Proxy, relayed, require
 
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import CONFIRMED, Envelope, NatsJetStream, TargetUnavailable
 from outbox_farm.testing import adrain
+from tests.steps import publish
 
 nats = pytest.importorskip("nats")
 
@@ -50,17 +51,12 @@ def url() -> str:
     return require(NATS)
 
 
-def publish(dsn: str, farm: Farm, count: int) -> None:
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, [b"%d" % i for i in range(count)], queue="events")
-
-
 def test_rows_reach_the_stream_in_order_with_their_ids(dsn: str, url: str) -> None:
     async def scenario() -> None:
         async with stream(url) as (js, name):
             farm = Farm()
             farm.relay("events", to=NatsJetStream(url, subject=f"{name}.{{queue}}"), batch=200)
-            publish(dsn, farm, 1000)
+            publish(dsn, 1000, queue="events")
             result = await adrain(farm, dsn)
             assert len(result.acked) == 1000
             got = await bodies(js, name)
@@ -124,12 +120,12 @@ def test_a_dropped_connection_loses_nothing_and_duplicates_nothing(dsn: str, url
                 to=NatsJetStream(proxy.url, subject=f"{name}.e", confirm_timeout=2),
                 batch=100,
             )
-            publish(dsn, farm, 5000)
+            publish(dsn, 5000, queue="events")
             drained = asyncio.create_task(adrain(farm, dsn, within=60, timeout=60))
             for _ in range(3):
-                await asyncio.sleep(0.2)
+                await relayed(dsn, 200)
                 await proxy.cut()
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # the outage lasts this long, on purpose
                 await proxy.restore()
             result = await drained
             assert len({r.message.id for r in result.acked}) == 5000

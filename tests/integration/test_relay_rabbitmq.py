@@ -12,13 +12,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from brokers import AMQP, Proxy, require
+from brokers import AMQP, Proxy, relayed, require
 
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import RabbitMQ
 from outbox_farm.relay.runner import message_id
 from outbox_farm.testing import adrain
 from tests import samples
+from tests.steps import eventually, publish
 
 aio_pika = pytest.importorskip("aio_pika")
 
@@ -45,11 +46,6 @@ async def consumed(queue: Any, expected: int, timeout: float = 20.0) -> list[Any
     return got
 
 
-def publish(dsn: str, farm: Farm, count: int, **options: Any) -> None:
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, [{"n": i} for i in range(count)], queue="events", **options)
-
-
 def dlq(dsn: str) -> list[tuple[str, str]]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT failure_reason, last_exception FROM outbox_dlq").fetchall()
@@ -66,7 +62,7 @@ async def _relayed(dsn: str, url: str, count: int, **queue_args: Any) -> tuple[A
     try:
         farm = Farm()
         farm.relay("events", to=RabbitMQ(url, exchange=name, routing_key="{queue}"), batch=200)
-        publish(dsn, farm, count)
+        publish(dsn, [{"n": i} for i in range(count)], queue="events")
         result = await adrain(farm, dsn)
         return result, await consumed(queue, count)
     finally:
@@ -127,11 +123,11 @@ def test_connections_closed_by_the_server_lose_nothing(dsn: str, amqp: str) -> N
         try:
             farm = Farm()
             farm.relay("events", to=RabbitMQ(amqp, exchange=name), batch=100)
-            publish(dsn, farm, 10_000)
+            publish(dsn, [{"n": i} for i in range(10_000)], queue="events")
             # within: the unconfirmed rows' retries (a second or so later) run too.
             drained = asyncio.create_task(adrain(farm, dsn, within=60, timeout=60))
             for _ in range(3):
-                await asyncio.sleep(0.2)
+                await relayed(dsn, 500)
                 await asyncio.to_thread(
                     subprocess.run,
                     ["rabbitmqctl", "close_all_connections", "relay test: server-side close"],
@@ -169,14 +165,10 @@ def test_an_outage_holds_rows_and_the_backlog_drains_when_the_broker_returns(
         try:
             farm = Farm()
             relay = farm.relay("events", to=RabbitMQ(proxy.url, exchange=name), batch=100)
-            publish(dsn, farm, 500)
+            publish(dsn, [{"n": i} for i in range(500)], queue="events")
             drained = asyncio.create_task(adrain(farm, dsn, timeout=60))  # no proxy: down
-            for _ in range(600):  # until its first attempts failed: up to 30 s, not a guess
-                if relay.problem is not None:
-                    break
-                await asyncio.sleep(0.05)
-            assert relay.problem is not None
-            assert "cannot reach its broker" in relay.problem
+            problem = await eventually(lambda: relay.problem, "its first attempts to fail")
+            assert "cannot reach its broker" in problem
             assert not drained.done()
             await proxy.restore()
             result = await drained

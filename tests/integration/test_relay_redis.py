@@ -12,13 +12,14 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from brokers import REDIS, Proxy, require
+from brokers import REDIS, Proxy, relayed, require
 
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.relay import RedisStream
 from outbox_farm.relay.base import BrokerReply, Envelope, TargetUnavailable
 from outbox_farm.testing import adrain
 from tests import samples
+from tests.steps import eventually, publish
 
 redis_asyncio = pytest.importorskip("redis.asyncio")
 
@@ -26,11 +27,6 @@ redis_asyncio = pytest.importorskip("redis.asyncio")
 @pytest.fixture
 def url() -> str:
     return require(REDIS)
-
-
-def publish(dsn: str, farm: Farm, count: int) -> None:
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, [b"%d" % i for i in range(count)], queue="events")
 
 
 async def entries(client: Any, key: str) -> list[dict[bytes, bytes]]:
@@ -46,7 +42,7 @@ def test_rows_become_entries_in_order_with_their_ids(dsn: str, url: str) -> None
             farm.relay("events", to=RedisStream(url, stream=key, maxlen=100_000), batch=200)
             with psycopg.connect(dsn) as conn:
                 farm.publish(conn, {"a": 1}, queue="events", headers={"tenant": "t"})
-            publish(dsn, farm, 999)
+            publish(dsn, 999, queue="events")
             result = await adrain(farm, dsn)
             assert len(result.acked) == 1000
             got = await entries(client, key)
@@ -76,7 +72,7 @@ def test_a_key_of_another_type_refuses_to_the_dlq(dsn: str, url: str) -> None:
                 to=RedisStream(url, stream=key),
                 retry=ConstantBackoff(0.1, max_attempts=2),
             )
-            publish(dsn, farm, 1)
+            publish(dsn, 1, queue="events")
             result = await adrain(farm, dsn, within=1)
             [dead] = result.dead_lettered
             assert "refused by Redis" in str(dead.error)
@@ -100,11 +96,11 @@ def test_killed_connections_lose_nothing(dsn: str, url: str) -> None:
                 to=RedisStream(f"{url}?client_name={name}", stream=key),
                 batch=100,
             )
-            publish(dsn, farm, 10_000)
+            publish(dsn, 10_000, queue="events")
             drained = asyncio.create_task(adrain(farm, dsn, within=60, timeout=60))
             kills = 0
             for _ in range(5):
-                await asyncio.sleep(0.1)
+                await relayed(dsn, 500)
                 for client in await admin.client_list():
                     if client.get("name") == name:
                         await admin.client_kill_filter(_id=client["id"])
@@ -135,14 +131,10 @@ def test_an_outage_holds_rows_until_redis_is_back(dsn: str, url: str) -> None:
         try:
             farm = Farm()
             relay = farm.relay("events", to=RedisStream(proxy.url, stream=key))
-            publish(dsn, farm, 300)
+            publish(dsn, 300, queue="events")
             drained = asyncio.create_task(adrain(farm, dsn, timeout=60))
-            for _ in range(600):  # until its first attempts failed: up to 30 s, not a guess
-                if relay.problem is not None:
-                    break
-                await asyncio.sleep(0.05)
-            assert relay.problem is not None
-            assert "cannot reach its broker" in relay.problem
+            problem = await eventually(lambda: relay.problem, "its first attempts to fail")
+            assert "cannot reach its broker" in problem
             assert await admin.xlen(key) == 0
             await proxy.restore()
             result = await drained

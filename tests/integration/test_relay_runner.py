@@ -15,6 +15,7 @@ from outbox_farm import ConfigurationError, ConstantBackoff, Farm
 from outbox_farm.relay import CONFIRMED, BrokerReply, Delivery, Envelope, TargetUnavailable
 from outbox_farm.testing import adrain, drain
 from tests import samples
+from tests.steps import eventually, publish
 
 
 class Scripted:
@@ -46,11 +47,6 @@ class Scripted:
 
 def sample(name: str, target: str) -> float:
     return samples.sample(name, target=target)
-
-
-def publish(dsn: str, farm: Farm, bodies: list[bytes], **options: object) -> None:
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, bodies, queue="events", **options)  # type: ignore[arg-type]
 
 
 def test_confirmed_rows_are_acked_and_carry_a_stable_id_and_the_headers(dsn: str) -> None:
@@ -85,7 +81,7 @@ def test_refusals_follow_the_retry_strategy_to_the_dlq_with_the_brokers_words(ds
     )
     farm = Farm()
     farm.relay("events", to=target, retry=ConstantBackoff(1, max_attempts=2))
-    publish(dsn, farm, [b"ok", b"nacked", b"returned"])
+    publish(dsn, [b"ok", b"nacked", b"returned"], queue="events")
     result = drain(farm, dsn, within=10)
     assert len(result.acked) == 1
     assert len(result.retried) == 2  # two rows: a retry each, then the DLQ (2 attempts)
@@ -107,7 +103,7 @@ def test_an_unconfirmed_row_is_never_acked(dsn: str) -> None:
     target.answers[b"lost"] = Delivery(BrokerReply.UNCONFIRMED, "connection lost mid-batch")
     farm = Farm()
     farm.relay("events", to=target, retry=ConstantBackoff(1, max_attempts=3))
-    publish(dsn, farm, [b"lost", b"fine"])
+    publish(dsn, [b"lost", b"fine"], queue="events")
     result = drain(farm, dsn, within=1.5)
     assert [r.message.body for r in result.acked] == [b"fine"]
     assert {r.message.body for r in result.retried} == {b"lost"}
@@ -120,14 +116,11 @@ def test_an_outage_holds_the_rows_reports_itself_and_drains_after(dsn: str) -> N
     target.down.set()
     farm = Farm()
     relay = farm.relay("events", to=target, batch=10, retry=ConstantBackoff(0, max_attempts=1))
-    publish(dsn, farm, [b"%d" % i for i in range(25)], ordering_key=None)
+    publish(dsn, 25, queue="events", ordering_key=None)
 
     async def scenario() -> None:
         run = asyncio.create_task(adrain(farm, dsn, timeout=30))
-        for _ in range(200):
-            if target.connects >= 3:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: target.connects >= 3, "three refused connects")
         assert relay.problem is not None
         assert "cannot reach its broker: connection refused" in relay.problem
         assert sample("outbox_farm_relay_up", "scripted-outage") == 0

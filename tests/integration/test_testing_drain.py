@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -22,14 +21,7 @@ from outbox_farm import (
     Retry,
 )
 from outbox_farm.testing import DrainTimeout, Status, adrain, drain, record
-
-Publish = Callable[..., Any]
-
-
-def publish(dsn: str, farm: Farm, *calls: tuple[object, dict[str, Any]]) -> None:
-    with psycopg.connect(dsn) as conn:
-        for body, options in calls:
-            farm.publish(conn, body, **options)
+from tests.steps import publish
 
 
 def flaky_farm() -> Farm:
@@ -49,14 +41,8 @@ def flaky_farm() -> Farm:
 
 def test_drain_acks_retries_and_dead_letters_moving_the_clock(dsn: str) -> None:
     farm = flaky_farm()
-    publish(
-        dsn,
-        farm,
-        ({"kind": "ok"}, {"queue": "work"}),
-        ({"kind": "flaky"}, {"queue": "work"}),
-        ({"kind": "poison"}, {"queue": "work"}),
-        ({"kind": "ok"}, {"queue": "work", "activate_in": 3600}),
-    )
+    publish(dsn, [{"kind": "ok"}, {"kind": "flaky"}, {"kind": "poison"}], queue="work")
+    publish(dsn, [{"kind": "ok"}], queue="work", activate_in=3600)
     first = drain(farm, dsn)  # nothing moved: the flaky row's retry is not due yet
     assert sorted(first.statuses) == ["acked", "dead_lettered", "retried"]
     assert first.left == 2
@@ -101,7 +87,7 @@ def test_drain_honours_max_deliveries_and_retry_delays(dsn: str) -> None:
     async def always(msg: Message) -> None:
         raise Retry(delay=30)
 
-    publish(dsn, farm, ({"n": 1}, {"queue": "slow_retry"}))
+    publish(dsn, [{"n": 1}], queue="slow_retry")
     result = drain(farm, dsn, within=120)
     assert result.statuses == ["retried", "retried", "retried", "dead_lettered"]
     assert [r.delay for r in result.retried] == [30, 30, 30]
@@ -120,8 +106,7 @@ def test_drain_keeps_per_key_order_through_failures(dsn: str) -> None:
             raise RuntimeError("the head fails once")
         handled.append(n)
 
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, [{"n": n} for n in range(5)], queue="keyed", ordering_key="k")
+    publish(dsn, [{"n": n} for n in range(5)], queue="keyed", ordering_key="k")
     result = drain(farm, dsn, within=5)
     assert handled == [0, 1, 2, 3, 4]
     assert result.statuses == ["retried"] + ["acked"] * 5
@@ -138,7 +123,7 @@ def test_drain_runs_transactional_handlers_in_their_transaction(dsn: str) -> Non
 
     with psycopg.connect(dsn) as conn:
         conn.execute("CREATE TABLE charges (cents int)")
-    publish(dsn, farm, ({"cents": 5}, {"queue": "billing"}), ({"cents": -1}, {"queue": "billing"}))
+    publish(dsn, [{"cents": 5}, {"cents": -1}], queue="billing")
     result = drain(farm, dsn)
     assert sorted(result.statuses) == ["acked", "dead_lettered"]
     with psycopg.connect(dsn) as conn:
@@ -152,8 +137,7 @@ def test_limit_stops_the_drain_and_leaves_the_rest(dsn: str) -> None:
     async def one(msg: Message) -> None:
         pass
 
-    with psycopg.connect(dsn) as conn:
-        farm.publish_batch(conn, list(range(50)), queue="many", ordering_key="one-at-a-time")
+    publish(dsn, list(range(50)), queue="many", ordering_key="one-at-a-time")
     result = drain(farm, dsn, limit=5)
     assert 5 <= len(result) < 50
     assert result.left == 50 - len(result.acked)
@@ -166,7 +150,7 @@ def test_a_hung_handler_times_the_drain_out_with_a_reason(dsn: str) -> None:
     async def hangs(msg: Message) -> None:
         await asyncio.sleep(60)
 
-    publish(dsn, farm, ({}, {"queue": "hangs"}))
+    publish(dsn, [{}], queue="hangs")
     with pytest.raises(DrainTimeout, match="still held"):
         drain(farm, dsn, timeout=1)
 
@@ -181,7 +165,7 @@ def test_drain_refuses_bad_arguments_and_a_running_loop(dsn: str) -> None:
     async def inside() -> None:
         with pytest.raises(ConfigurationError, match="await adrain"):
             drain(farm, dsn)
-        publish(dsn, farm, ({"kind": "ok"}, {"queue": "work"}))
+        publish(dsn, [{"kind": "ok"}], queue="work")
         assert (await adrain(farm, dsn)).statuses == ["acked"]
 
     asyncio.run(inside())
@@ -190,15 +174,11 @@ def test_drain_refuses_bad_arguments_and_a_running_loop(dsn: str) -> None:
 def test_the_recorder_reaches_the_verdicts_the_database_does(dsn: str) -> None:
     """The same farm and publishes, in memory and through the real runtime: the same runs."""
     farm = flaky_farm()
-    calls: list[tuple[object, dict[str, Any]]] = [
-        ({"kind": kind}, {"queue": "work", "ordering_key": "k"})
-        for kind in ("flaky", "ok", "poison", "ok")
-    ]
-    publish(dsn, farm, *calls)
+    bodies = [{"kind": kind} for kind in ("flaky", "ok", "poison", "ok")]
+    publish(dsn, bodies, queue="work", ordering_key="k")
     real = drain(farm, dsn, within=60)
     with record(farm) as recorder:
-        for body, options in calls:
-            farm.publish(None, body, **options)
+        farm.publish_batch(None, bodies, queue="work", ordering_key="k")
         memory = recorder.run(within=60)
 
     def shape(runs: list[Any]) -> list[tuple[Any, ...]]:
