@@ -4,15 +4,23 @@ In: the queue's policy (`HandlerSpec`: `max_deliveries`, `retry`, `ack`), the ro
 its counters and the ack/nack/reject its handler recorded), the exception the run ended with,
 and when the run started (epoch seconds, database clock) and how long it took. Out: a
 `Verdict`, the `Outcome` the completer writes and the `Note`s to log. Nothing here awaits,
-logs, counts or reads a clock: the single and batch paths of the executor (and relays) share one
-set of rules, each of which a unit test can pin down without a database or an event loop.
+logs, counts or reads a clock, so each rule can be pinned down without a database or an event
+loop.
+
+This is the one rulebook. Its predicates, whether a claimed row runs (`before_run`), whether a
+run that returned acks its row (`completes`) and what an exception means (`raised`), and
+`decide`, the verdict after a run built on them, are asked through this module by every path:
+the executor's one-row and batch loops (a relay's too), a transactional handler's commit and
+the test kit's recorder. None of them restates a rule, so a rule added to the predicate it
+refines reaches them all. (The one-row loop acks a row that `completes` acks without calling
+`decide`, whose first step that is: a call less per message, the same rule.)
 
 The rules, in order:
 - a row the fetcher could not load is terminal (`invalid_row`, or `max_deliveries` past it) unrun;
 - a row claimed more than `max_deliveries` times is terminal (`max_deliveries`) unrun;
 - a decision the handler recorded (`ack()`, `nack(delay)`, `reject()`) wins over its return or
   exception;
-- return: ack, unless the policy is manual (then a `NoDecision` failure, retried);
+- return: ack, unless the policy is manual (then, undecided, a `NoDecision` failure, retried);
 - `DeadLetter`, or any exception under `reject_on_error`: terminal `rejected`;
 - `Retry(delay)`: that delay when it is seconds >= 0, else the strategy's;
 - anything else: the strategy's delay; None, a raise, NaN, an infinity or a negative from the
@@ -68,8 +76,8 @@ Notes = tuple[Note, ...]
 Verdict = tuple[Outcome, Notes]
 
 QUIET: Notes = ()
-# Read once: an Enum member read off its class costs 0.1 µs (Python 3.11), and `decide` runs
-# for every row of a batch handler (a relay's).
+# Read once: an Enum member read off its class costs 0.1 µs (Python 3.11), and `decide` and
+# `completes` run for every row.
 _ACK, _MANUAL, _ACKED = Kind.ACK, AckPolicy.MANUAL, Decision.ACK
 
 
@@ -120,25 +128,14 @@ def decide(
     """The verdict on a row whose handler ran from `started` for `duration` seconds and
     returned (`exc` None) or raised `exc`."""
     decision = msg.decision
-    if decision is None:
-        if exc is not None:
-            return _raised(spec, msg, exc, started, duration)
-        if spec.ack is not _MANUAL:  # the common case, built here: one call less
+    if exc is None:
+        if completes(spec, msg):  # the common case: `_outcome` written out, one call less
             return Outcome(_ACK, msg.id, msg.lease_token, msg.queue, msg.deliveries_count), QUIET
-        undecided = NoDecision(
-            f"manual-ack handler of queue {msg.queue!r} returned without "
-            "ack(), nack() or reject(); retrying"
-        )
-        note = Note(
-            Event.NO_DECISION,
-            WARNING,
-            "%s (row %s)",
-            (undecided, msg.id),
-            _about(undecided),
-            undecided,
-        )
-        return _retry(spec, msg, undecided, None, started, duration, (note,))
-    if decision is _ACKED:
+        if decision is None:
+            return _undecided(spec, msg, started, duration)
+    elif decision is None:
+        return raised(spec, msg, exc, started, duration)
+    elif decision is _ACKED:
         return _outcome(msg, _ACK), QUIET
     error = failure(msg, exc)
     if decision is Decision.REJECT:
@@ -147,11 +144,30 @@ def decide(
 
 
 def completes(spec: HandlerSpec, msg: Message) -> bool:
-    """Whether a handler that returned (did not raise) acks its row: what a transactional
-    handler's transaction must decide before it commits, the same rule `decide` applies."""
-    if msg.decision is None:
-        return spec.ack is not AckPolicy.MANUAL
-    return msg.decision is Decision.ACK
+    """Whether a handler that returned (did not raise) acks its row: what `decide` makes of a
+    return, and what a transactional handler's transaction asks before it commits."""
+    decision = msg.decision
+    if decision is None:
+        return spec.ack is not _MANUAL
+    return decision is _ACKED
+
+
+def _undecided(spec: HandlerSpec, msg: Message, started: float, duration: float) -> Verdict:
+    """A run that returned without completing its row and without a decision recorded: a
+    `NoDecision` failure, retried."""
+    undecided = NoDecision(
+        f"manual-ack handler of queue {msg.queue!r} returned without "
+        "ack(), nack() or reject(); retrying"
+    )
+    note = Note(
+        Event.NO_DECISION,
+        WARNING,
+        "%s (row %s)",
+        (undecided, msg.id),
+        _about(undecided),
+        undecided,
+    )
+    return _retry(spec, msg, undecided, None, started, duration, (note,))
 
 
 def interrupted(spec: HandlerSpec, msg: Message, started: float, duration: float) -> Verdict:
@@ -189,9 +205,12 @@ def failure(msg: Message, exc: BaseException | None) -> BaseException | None:
     return msg.error if msg.error is not None else exc
 
 
-def _raised(
+def raised(
     spec: HandlerSpec, msg: Message, exc: BaseException, started: float, duration: float
 ) -> Verdict:
+    """The verdict on a run that raised `exc` with no decision recorded: `DeadLetter` is
+    terminal, a `Retry` retries (after its own delay when that is seconds >= 0), anything else
+    is terminal under `reject_on_error` and retried after the strategy's delay otherwise."""
     if isinstance(exc, DeadLetter):
         return _terminal(msg, Reason.REJECTED, exc, QUIET)
     if isinstance(exc, Retry) and exc.delay is not None:

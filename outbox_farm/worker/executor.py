@@ -2,11 +2,12 @@
 to the completer.
 
 This module is the machinery: the tasks, batching, the per-call timeout, a thread per sync
-handler call, cancellation at a stop. What happens to a row is decided by `decision` (pure;
-the one-row loop writes out two of its rules, which rows not to run and a plain ack, as it
-runs once per message). What it sees (a handler's start and run time, each verdict) goes to
-the observer (`observe`), which counts and logs it. The outcomes are written by the
-completer; a transactional handler's row is deleted in its own transaction (`transactional`).
+handler call, cancellation at a stop. What happens to a row is decided by the rulebook
+(`decision`, pure), which both loops ask through that module, row by row: whether to run it
+(`before_run`), and the verdict on its run (`decide`). What it sees (a handler's start and run
+time, each verdict) goes to the observer (`observe`), which counts and logs it. The outcomes are
+written by the completer; a transactional handler's row is deleted in its own transaction
+(`transactional`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from collections.abc import Awaitable
 from functools import partial
 
 from .. import decision
-from ..decision import Verdict
-from ..handler import AckPolicy, HandlerSpec
+from ..decision import QUIET, Verdict
+from ..handler import HandlerSpec
 from ..message import Message
 from ..observe import Observer
 from ..outcome import Kind, Outcome
@@ -186,12 +187,14 @@ class Executors:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _work(self, slot: _Slot) -> None:
-        """One row at a time. Written out here rather than through the helpers the batch loop
-        uses (`_run`, `_settle`, and `decision.decide` for a plain ack): this loop runs once
+        """One row at a time. The rules are asked of the rulebook as the batch loop asks them
+        (`decision.before_run`, then `decision.decide`, whose first step, `completes`, is
+        asked here directly: a call less for a plain ack); the bookkeeping is written out here
+        rather than through the batch loop's helpers (`_run`, `_settle`): this loop runs once
         per message, and each call or coroutine less counts. Nothing here awaits unless it
         must: the inbox's row is taken without a wait when one is there, the outcome handed
-        over without one when the completer has room, so that a handler that does not
-        suspend costs no task switch."""
+        over without one when the completer has room, so that a handler that does not suspend
+        costs no task switch."""
         ledger, spec, observer, inbox, completer = (
             self.ledger,
             self.spec,
@@ -199,9 +202,8 @@ class Executors:
             self.inbox,
             self.completer,
         )
-        queue, call, timeout, limit = spec.queue, self._call, self._timeout, spec.max_deliveries
-        acks = spec.ack is not AckPolicy.MANUAL  # a run that returned acks its row
-        committed = self._committed
+        queue, call, timeout, committed = spec.queue, self._call, self._timeout, self._committed
+        hook, monotonic, perf_counter = spec.on_failure, time.monotonic, time.perf_counter
         while True:
             msg = inbox.take()
             if msg is EMPTY:
@@ -209,21 +211,21 @@ class Executors:
             if msg is None:
                 return
             slot.hand = (msg,)
-            now = time.monotonic()
-            if (
-                self._closing
-                or now > msg.start_by
-                or msg.invalid is not None
-                or (limit is not None and msg.deliveries_count > limit)
-            ):
-                await self._not_run(msg, now)
+            now = monotonic()
+            if self._closing or now > msg.start_by:
+                await self._not_started(msg)
                 slot.hand = ()
                 continue
             ledger.start(msg.id)
+            unrun = decision.before_run(spec, msg)
+            if unrun is not None:
+                await self._not_run(msg, unrun)
+                slot.hand = ()
+                continue
             started = msg.claimed_epoch + (now - msg.received_monotonic)
             lag = started - msg.due_epoch
             observer.handler_started(msg, lag if lag > 0.0 else 0.0)
-            began = time.perf_counter()
+            began = perf_counter()
             slot.deadline = now + timeout
             exc: BaseException | None = None
             try:
@@ -238,13 +240,13 @@ class Executors:
             if committed and msg.id in committed:
                 exc = None  # the row is gone with its handler's writes: acked, whatever
                 # a middleware outside the transaction did afterwards
-            duration = time.perf_counter() - began
+            duration = perf_counter() - began
             observer.handler_finished(queue, duration)
-            if exc is None and msg.decision is None and acks:  # `decide`'s first rule
-                outcome = Outcome(_ACK, msg.id, msg.lease_token, queue, msg.deliveries_count)
-                notes = decision.QUIET
-            else:
-                outcome, notes = decision.decide(spec, msg, exc, started, duration)
+            outcome, notes = (
+                (Outcome(_ACK, msg.id, msg.lease_token, queue, msg.deliveries_count), QUIET)
+                if exc is None and decision.completes(spec, msg)  # `decide`'s first step
+                else decision.decide(spec, msg, exc, started, duration)
+            )
             if not ledger.finish(msg.id, msg.lease_token):
                 slot.hand = ()  # its lease was lost while it ran: nothing to write
                 continue
@@ -257,25 +259,22 @@ class Executors:
             if not completer.offer(outcome):
                 await completer.put(outcome)
             slot.hand = ()
-            if spec.on_failure is not None:
-                await on_failure(self.spec, msg, exc, outcome)
+            if hook is not None:
+                await on_failure(spec, msg, exc, outcome)
 
-    async def _not_run(self, msg: Message, now: float) -> None:
-        """A row taken from the inbox that is not to be run: released (the stop began), handed
-        back (too little of its lease is left, `now`), or decided unrun (one the fetcher could
-        not load, or claimed more than `max_deliveries` times)."""
+    async def _not_started(self, msg: Message) -> None:
+        """A row taken from the inbox that is not to be started: released when the stop
+        began, else handed back (too little of its lease is left)."""
         if self._closing:
             self.completer.put_nowait(decision.released(msg))
-        elif now > msg.start_by:
-            await self._hand_back(msg)
         else:
-            self.ledger.start(msg.id)
-            verdict = decision.before_run(self.spec, msg)
-            if verdict is None:  # `_work` wrote out `before_run`'s rule; they must agree
-                raise RuntimeError(f"row {msg.id} was held back, yet before_run would run it")
-            outcome = self._settle(msg, verdict)
-            if outcome is not None:
-                await self.completer.put(outcome)
+            await self._hand_back(msg)
+
+    async def _not_run(self, msg: Message, verdict: Verdict) -> None:
+        """A row the rulebook holds back unrun (`decision.before_run`): its verdict handed over."""
+        outcome = self._settle(msg, verdict)
+        if outcome is not None:
+            await self.completer.put(outcome)
 
     async def _work_batches(self, slot: _Slot) -> None:
         """`_work` for a batch handler: one call per batch, the rest per row, written out here
@@ -298,14 +297,14 @@ class Executors:
                     await self._hand_back(msg)
                     continue
                 ledger.start(msg.id)
-                verdict = decision.before_run(spec, msg)
-                if verdict is None:
-                    started = msg.claimed_epoch + (now - msg.received_monotonic)
-                    lag = started - msg.due_epoch
-                    observer.handler_started(msg, lag if lag > 0.0 else 0.0)
-                    runs.append((msg, started))
-                elif (outcome := self._settle(msg, verdict)) is not None:
-                    await completer.put(outcome)
+                unrun = decision.before_run(spec, msg)
+                if unrun is not None:
+                    await self._not_run(msg, unrun)
+                    continue
+                started = msg.claimed_epoch + (now - msg.received_monotonic)
+                lag = started - msg.due_epoch
+                observer.handler_started(msg, lag if lag > 0.0 else 0.0)
+                runs.append((msg, started))
             if not runs:
                 slot.hand = ()
                 continue
