@@ -25,11 +25,11 @@ from ..errors import OutboxFarmError
 from ..names import TableNames
 from . import actions, login, render, views
 from .database import Database
-from .farm import TIMEOUT, Sampler
 from .limits import BodyLimit
 from .pages import database_error
 from .security import COOKIE, Signer, Tokens
 from .session import SessionMiddleware
+from .telemetry import TIMEOUT, Sampler
 
 SAMPLE_EVERY = 5.0  # seconds between two readings of the farm's /metrics
 LIVE_EVERY = 2.0  # seconds between two refreshes of a page's live part

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..outcome import FRAMES_HEADER
-from .farm import Point
+from .telemetry import Point
 
 # The header names under which producers keep a correlation id (ours writes the first).
 CORRELATION_HEADERS = ("correlation_id", "correlation-id", "x-correlation-id", "traceparent")

@@ -27,10 +27,10 @@ from ..db.operator import DoctorProbes, StatsReader, XminHolder
 from ..dsn import scrub
 from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError, SchemaError
 from ..names import TableNames
-from .farm import FarmView
 from .limits import MAX_IDS
 from .pages import error_page, log, page
 from .render import Chart, StoredException, correlation
+from .telemetry import FarmView
 
 FILTER_FIELDS = ("queue", "reason", "since", "until", "text", "cause")
 XMIN_LIMIT = 300.0  # seconds, as `doctor --max-xmin-age` by default

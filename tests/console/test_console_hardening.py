@@ -20,9 +20,9 @@ from click.testing import CliRunner
 
 from outbox_farm.admin import DlqFilter
 from outbox_farm.cli import main
-from outbox_farm.console.farm import Sampler
 from outbox_farm.console.security import Tokens, check_transport
 from outbox_farm.console.serve import listen
+from outbox_farm.console.telemetry import Sampler
 from outbox_farm.db.operator import AdminSql
 from outbox_farm.errors import ConfigurationError, DatabaseError
 from tests.console.console_kit import NAMES, TOKEN, Conn, client, csrf_of, dlq_ids, fail, tokens

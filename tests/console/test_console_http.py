@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from outbox_farm.cli import main
-from outbox_farm.console.farm import Point, Sampler, parse_metrics
 from outbox_farm.console.render import Chart, StoredException
 from outbox_farm.console.security import COOKIE, Tokens
+from outbox_farm.console.telemetry import Point, Sampler, parse_metrics
 from tests.acceptance.test_cli import run
 from tests.console.console_kit import (
     EXCEPTION,

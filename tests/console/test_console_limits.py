@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from outbox_farm.console.farm import Sampler
+from outbox_farm.console.telemetry import Sampler
 from outbox_farm.console.views import SEEN_FOR, Recent
 from tests.console.console_kit import (
     TOKEN,
