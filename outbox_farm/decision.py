@@ -145,7 +145,8 @@ def decide(
 
 def completes(spec: HandlerSpec, msg: Message) -> bool:
     """Whether a handler that returned (did not raise) acks its row: what `decide` makes of a
-    return, and what a transactional handler's transaction asks before it commits."""
+    return (and the one-row loop, acking such a row without it), and what a transactional
+    handler's transaction asks before it commits."""
     decision = msg.decision
     if decision is None:
         return spec.ack is not _MANUAL

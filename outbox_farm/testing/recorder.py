@@ -3,12 +3,12 @@
 `record(farm)` swaps the farm's publish calls for ones that check and encode exactly as the
 real ones do (a bad call fails the same way) and keep the rows here instead of writing them;
 the connection argument is not used, so a test may pass None. `Recorder.run()` then runs the
-handlers on the recorded rows under the runtime's own outcome rules (`decision`): retries,
-`max_deliveries`, manual acks, middleware, `on_failure`, per-key order. What it cannot be is a
-database: transactional handlers (they need a connection) are refused, and the lease and the
-heartbeat have no meaning here. Handlers are called exactly as the executor calls them
-(`outbox_farm.worker.invoke`): behind their middleware, a plain function in a thread, under their
-timeout.
+handlers on the recorded rows under the runtime's own rulebook, asked as the executors ask it
+(`decision.before_run`, then `decision.decide`): retries, `max_deliveries`, manual acks,
+middleware, `on_failure`, per-key order. What it cannot be is a database: transactional
+handlers (they need a connection) are refused, and the lease and the heartbeat have no meaning
+here. Handlers are called exactly as the executor calls them (`outbox_farm.worker.invoke`):
+behind their middleware, a plain function in a thread, under their timeout.
 """
 
 from __future__ import annotations
