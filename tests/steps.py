@@ -1,6 +1,7 @@
 """The two steps nearly every test takes, written once: put rows in the outbox (`publish`), and
-wait for what becomes of them (`eventually` in a coroutine, `wait_for` in plain code, `Claims`
-for a fetcher's next look).
+wait for what becomes of them (`eventually` in a coroutine, `wait_for` in plain code, `poll`
+where a test notes a failed wait and goes on, `run_until` to run a farm until a condition,
+`Claims` for a fetcher's next look).
 
 One module for both, so that a test reads as its scenario and a wait means the same thing
 everywhere: a condition polled until a generous deadline, never a fixed sleep guessing how long
@@ -23,6 +24,7 @@ import pytest
 
 from outbox_farm import Farm, Observer
 from outbox_farm.producer import BatchOptions
+from outbox_farm.settings import RuntimeSettings
 
 T = TypeVar("T")
 
@@ -66,6 +68,25 @@ async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0)
         await asyncio.sleep(0.02)
 
 
+def run_until(
+    farm: Farm,
+    dsn: str,
+    condition: Callable[[], Any],
+    what: str,
+    settings: RuntimeSettings | None = None,
+    timeout: float = 30.0,
+) -> Any:
+    """Run `farm` on `dsn` until `condition` (as `eventually` takes it) holds, then stop it; the
+    condition's result. Leaving `running` is the graceful stop: running handlers finish and the
+    completer's last flush writes every outcome, so what the test reads next sees them all."""
+
+    async def run() -> Any:
+        async with farm.running(dsn, settings):
+            return await eventually(condition, what, timeout)
+
+    return asyncio.run(run())
+
+
 class Watched(Protocol):
     """A subprocess a wait gives up on as soon as it exits (a farm, a console), showing the end
     of its log."""
@@ -85,18 +106,31 @@ def wait_for(
     """`eventually` for code without an event loop (a test driving subprocesses): poll
     `condition` every `every` seconds until it returns something truthy (returned); fail at the
     deadline, or at once when `process` exited meanwhile."""
+    last = poll(condition, timeout, every, process)
+    if last:
+        return last
+    tail = process.log_tail() if process is not None else ""
+    if process is not None and process.proc.poll() is not None:
+        pytest.fail(f"exited ({process.proc.returncode}) while waiting for {what}\n{tail}")
+    pytest.fail(f"no {what} within {timeout}s (last: {last!r})\n{tail}")
+
+
+def poll(
+    condition: Callable[[], T],
+    timeout: float,
+    every: float = 0.1,
+    process: Watched | None = None,
+) -> T:
+    """The loop under `wait_for`, for a test that notes a wait that came to nothing and goes on
+    (to report every problem at the end): `condition`'s first truthy result, or its last falsy
+    one once `timeout` seconds passed or `process` exited."""
     deadline = time.monotonic() + timeout
     while True:
         last = condition()
-        if last:
+        if last or time.monotonic() > deadline:
             return last
         if process is not None and process.proc.poll() is not None:
-            pytest.fail(
-                f"exited ({process.proc.returncode}) while waiting for {what}\n{process.log_tail()}"
-            )
-        if time.monotonic() > deadline:
-            tail = process.log_tail() if process is not None else ""
-            pytest.fail(f"no {what} within {timeout}s (last: {last!r})\n{tail}")
+            return last
         time.sleep(every)
 
 

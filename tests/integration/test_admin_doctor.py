@@ -53,7 +53,7 @@ def test_a_transaction_holding_back_xmin_fails(dsn: str, conn: Conn) -> None:
         other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         other.execute("SELECT count(*) FROM outbox")  # takes the snapshot
         pid = other.info.backend_pid
-        time.sleep(1.2)
+        time.sleep(1.2)  # the snapshot outlives the 1 s limit: time passes on purpose
         (check,) = named(doctor(conn, NAMES, Limits(max_xmin_age=1.0)), "xmin horizon")
         assert check.status is Status.FAIL
         assert f"pid {pid} (postgres, report-job, idle in transaction)" in check.detail

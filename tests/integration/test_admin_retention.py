@@ -4,7 +4,6 @@ the deletions are counted."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import psycopg
@@ -14,6 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 from outbox_farm.chores.retention import expire_once, run
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
+from tests.steps import eventually
 
 QUERIES = Queries(TableNames.build("outbox", "outbox_dlq"))
 DAY = 86400.0
@@ -74,16 +74,13 @@ def test_the_loop_keeps_deleting_until_cancelled(dsn: str, conn: psycopg.Connect
         async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
             task = asyncio.create_task(run(pool, QUERIES, DAY, interval=0.05))
 
-            async def emptied() -> None:
-                deadline = time.monotonic() + 30
-                while remaining(conn):
-                    assert not task.done(), task
-                    assert time.monotonic() < deadline, f"{remaining(conn)} left"
-                    await asyncio.sleep(0.05)
+            def emptied() -> bool:
+                assert not task.done(), task
+                return not remaining(conn)
 
-            await emptied()  # by the first pass
+            await eventually(emptied, "the expired rows deleted by the first pass")
             fill(conn, "orders", 2, "3 days")
-            await emptied()  # rows added after the first pass: a later one deletes them
+            await eventually(emptied, "rows added after the first pass deleted by a later one")
             task.cancel()
 
     asyncio.run(scenario())

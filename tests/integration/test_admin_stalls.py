@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -23,6 +24,7 @@ from outbox_farm.admin.doctor import Check, Limits, Status, doctor
 from outbox_farm.cli import main
 from outbox_farm.names import TableNames
 from tests.integration.roles import acting_as
+from tests.steps import publish
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
 Conn = psycopg.Connection[Any]
@@ -44,14 +46,6 @@ def by_name(checks: list[Check]) -> dict[str, list[Check]]:
     return found
 
 
-def publish(conn: Conn, queue: str, due_ago: str = "0 seconds", n: int = 3) -> None:
-    conn.execute(
-        "INSERT INTO outbox (queue, payload, next_attempt_at) "
-        "SELECT %s, 'x', now() - %s::interval FROM generate_series(1, %s)",
-        (queue, due_ago, n),
-    )
-
-
 def snapshot(conn: Conn) -> list[Any]:
     return conn.execute("SELECT o::text FROM outbox AS o ORDER BY id").fetchall()
 
@@ -69,8 +63,8 @@ def test_doctor_names_a_queue_whose_claims_fail_and_changes_nothing(dsn: str, co
         "CREATE TRIGGER refuse BEFORE UPDATE ON outbox FOR EACH ROW "
         "EXECUTE FUNCTION refuse_claims('stuck')"
     )
-    publish(conn, "stuck")
-    publish(conn, "healthy")
+    publish(conn, 3, queue="stuck")
+    publish(conn, 3, queue="healthy")
     before = snapshot(conn)
 
     found = by_name(doctor(conn, NAMES))
@@ -110,7 +104,7 @@ def test_a_claim_refused_for_a_missing_privilege_names_the_queue(
     conn: Conn, farm_role: str
 ) -> None:
     conn.execute("RESET ROLE")
-    publish(conn, "orders")
+    publish(conn, 3, queue="orders")
     conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(farm_role)))
     (orders,) = by_name(doctor(conn, NAMES))["queue orders"]
     assert orders.status is Status.FAIL
@@ -120,7 +114,7 @@ def test_a_claim_refused_for_a_missing_privilege_names_the_queue(
 def test_the_probe_passes_rows_a_farm_holds_and_does_not_wait_for_a_table_lock(
     dsn: str, conn: Conn
 ) -> None:
-    publish(conn, "held")
+    publish(conn, 3, queue="held")
     with psycopg.connect(dsn) as farm:
         # A farm's claim in flight: its row locks are skipped, not waited for.
         farm.execute("SELECT id FROM outbox FOR UPDATE").fetchall()
@@ -195,8 +189,8 @@ def test_old_ready_rows_with_nothing_leased_are_a_stall(dsn: str, conn: Conn) ->
 
 
 def test_the_commands_report_an_idle_stall(dsn: str, conn: Conn) -> None:
-    publish(conn, "idle", "5 minutes")
-    publish(conn, "fresh")
+    publish(conn, 3, queue="idle", activate_at=datetime.now(UTC) - timedelta(minutes=5))
+    publish(conn, 3, queue="fresh")
 
     result = invoke(dsn, "stats", "--metrics-url", "")
     assert result.exit_code == 0, result.output

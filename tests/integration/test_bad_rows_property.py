@@ -13,10 +13,8 @@ batch, transactional and relay handlers, each example on a fresh table.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +27,8 @@ from psycopg import sql
 
 from outbox_farm import Farm, Message
 from outbox_farm.relay import CONFIRMED, Delivery, Envelope
+from outbox_farm.settings import RuntimeSettings
+from tests.steps import run_until
 
 QUEUE = "prop"
 MAX_DELIVERIES = 10
@@ -37,6 +37,7 @@ LO = datetime(1, 1, 2, tzinfo=UTC)  # the loadable range the claim uses (runtime
 HI = datetime(9999, 12, 30, tzinfo=UTC)
 LYING = {"content-type": "application/json"}  # on a body that is not JSON
 DEADLINE = 40.0  # seconds for one example to settle: generous on a busy two-core machine
+SETTINGS = RuntimeSettings(poll_interval=0.05, vacuum_interval=None)
 
 Conn = psycopg.Connection[Any]
 
@@ -233,17 +234,6 @@ def insert(conn: Conn, row: Row) -> int:
     return int(found[0]) if found else 0
 
 
-def settle(dsn: str, farm: Farm, conn: Conn, done: Callable[[], bool]) -> None:
-    async def scenario() -> None:
-        async with farm.running(dsn, poll_interval=0.05, vacuum_interval=None):
-            deadline = time.monotonic() + DEADLINE
-            while not done():
-                assert time.monotonic() < deadline, "the queue did not settle in time"
-                await asyncio.sleep(0.05)
-
-    asyncio.run(scenario())
-
-
 def check_example(dsn: str, conn: Conn, kind: str, bad: list[Row], goods: int) -> None:
     conn.execute("TRUNCATE outbox, outbox_dlq")
     seen: list[int] = []
@@ -261,7 +251,7 @@ def check_example(dsn: str, conn: Conn, kind: str, bad: list[Row], goods: int) -
         conn.commit()
         return int(found[0]) if found else -1
 
-    settle(dsn, farm, conn, lambda: left() == 0)
+    run_until(farm, dsn, lambda: left() == 0, "the queue to settle", SETTINGS, DEADLINE)
 
     dlq = {
         int(r[0]): (str(r[1]), str(r[2]))

@@ -149,7 +149,7 @@ def test_the_timeout_covers_the_middleware_too(dsn: str, conn: psycopg.Connectio
     ran: list[int] = []
 
     async def hang(msg: Message, call_next: CallNext) -> Any:
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # past the handler's timeout, which cancels it
         return await call_next(msg)
 
     farm = Farm(dlq_table=DLQ)
@@ -236,7 +236,7 @@ def test_a_trickle_lingers_into_one_batch_and_a_lone_row_waits_no_longer_than_li
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
             for n in range(3):
                 publish(conn, [f"t{n}"], queue=q)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # a trickle, on purpose: a row every 50 ms
             await eventually(lambda: empty(db, q), "the trickle's acks")
             published = time.monotonic()
             publish(conn, ["alone"], queue=q)
@@ -396,7 +396,7 @@ def test_the_timeout_bounds_the_whole_batch_call(dsn: str, conn: psycopg.Connect
     @farm.handler(q, batch=10, concurrency=1, timeout=0.3, retry=NoRetry())
     async def handle(batch: list[Message]) -> None:
         batch[0].ack()
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # past its timeout, which cancels it
 
     async def scenario() -> None:
         async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
@@ -425,7 +425,7 @@ def test_a_stop_past_its_deadline_keeps_what_the_batch_decided_and_retries_the_r
     async def handle(batch: list[Message]) -> None:
         batch[0].ack()
         started.set()
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # past the stop's grace, which cancels it
 
     async def scenario() -> None:
         async with farm.running(dsn, poll_interval=POLL, graceful_timeout=0.2):

@@ -8,7 +8,6 @@ real server, whose statistics are what the farm goes by.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import psycopg
@@ -21,6 +20,7 @@ from outbox_farm.chores import gauges
 from outbox_farm.db.housekeeping import dlq_signature
 from outbox_farm.metrics import metrics
 from outbox_farm.problems import Problems
+from tests.steps import wait_for
 
 metrics()  # register the collectors before the first sample is read
 
@@ -62,20 +62,13 @@ def add_rows(conn: psycopg.Connection[Any], n: int) -> None:
         conn.execute("SELECT pg_stat_force_next_flush()")
 
 
-def wait_until_moved(dsn: str, before: tuple[int, int] | None) -> None:
-    deadline = time.monotonic() + 20
-    while signature(dsn) == before:
-        assert time.monotonic() < deadline, "the statistics never saw the new DLQ rows"
-        time.sleep(0.2)
-
-
 def test_an_untouched_dlq_is_counted_once_and_a_changed_one_again(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
     watch, problems = gauges.DlqWatch(pause=0), Problems()  # refreshes follow at once
     before = signature(dsn)
     add_rows(conn, 5)
-    wait_until_moved(dsn, before)
+    wait_for(lambda: signature(dsn) != before, "the statistics to see the new rows", 20, every=0.2)
     refresh(dsn, watch, problems)
     assert (watch.counts, rejected()) == (1, 5)
 
@@ -85,7 +78,7 @@ def test_an_untouched_dlq_is_counted_once_and_a_changed_one_again(
 
     before = signature(dsn)
     add_rows(conn, 2)
-    wait_until_moved(dsn, before)
+    wait_for(lambda: signature(dsn) != before, "the statistics to see the new rows", 20, every=0.2)
     refresh(dsn, watch, problems)
     assert (watch.counts, rejected()) == (2, 7)
 

@@ -46,7 +46,7 @@ from tests.integration.timing_kit import (
     outbox_count,
 )
 from tests.samples import sample
-from tests.steps import eventually
+from tests.steps import eventually, wait_for
 
 # -- invariant 9: faults -------------------------------------------------------------------
 
@@ -62,7 +62,7 @@ def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
         if msg.body == b"together":
             together.add(msg.id)
             await release.wait()
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # some work: rows are in flight when the backends die
         handled.add(msg.id)
 
     async def scenario() -> None:
@@ -75,12 +75,17 @@ def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
                 )
             assert len(set(ids)) == 2000
             kills: list[tuple[int, int]] = []
+
+            async def acked_below(left: int) -> bool:
+                return await outbox_count(aconn) < left
+
             async with farm.running(dsn, poll_interval=0.5, graceful_timeout=3.0) as rt:
                 await eventually(lambda: handled, "the first deliveries", timeout=3.0)
                 for _ in range(3):
                     remaining = await outbox_count(aconn)
                     kills.append((int(await one(aconn, KILL_ALL)), remaining))
-                    await asyncio.sleep(0.3)
+                    # Acks land again before the next kill: the runtime has reconnected.
+                    await eventually(lambda left=remaining: acked_below(left), "acks again")
                 # Rows whose claim committed but whose result was lost come back after the
                 # 2 s lease; the rest is handled as soon as the runtime has reconnected.
                 began = time.monotonic()
@@ -166,11 +171,12 @@ CHILD = textwrap.dedent(
 
     @farm.handler("q", concurrency=4, lease_ttl=1.0, timeout=120.0)
     async def handle(msg):
-        await asyncio.sleep(60)
+        print("started", msg.id, flush=True)
+        await asyncio.sleep(60)  # holds its row until the test kills the process
 
     async def main():
         async with farm.running(sys.argv[1], poll_interval=0.2):
-            await asyncio.sleep(120)
+            await asyncio.sleep(120)  # runs until the test kills it
 
     asyncio.run(main())
     """
@@ -196,13 +202,14 @@ def test_rows_of_a_sigkilled_process_come_back_after_their_lease(
             stderr=subprocess.STDOUT,
             cwd=Path(__file__).parents[2],
         )
+
+        def holding() -> bool:
+            assert proc.poll() is None, child_log.read_text()
+            claimed = len(conn.execute(LEASED).fetchall()) == 8  # its capacity: 4 + prefetch 4
+            return claimed and child_log.read_text().count("started") == 4
+
         try:
-            deadline = time.monotonic() + 15.0
-            while len(conn.execute(LEASED).fetchall()) < 8:  # its capacity: 4 + prefetch 4
-                assert proc.poll() is None, child_log.read_text()
-                assert time.monotonic() < deadline, "the child did not claim its rows"
-                time.sleep(0.05)
-            time.sleep(0.2)  # its handlers are now sleeping on the claimed rows
+            wait_for(holding, "the child's handlers running on its claimed rows", 15, every=0.05)
         finally:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -245,6 +252,7 @@ def test_a_prefetched_row_whose_lease_ran_short_is_handed_back_and_every_row_run
     @farm.handler(Q, concurrency=1, prefetch=1, lease_ttl=0.5, timeout=5.0)
     async def handle(msg: Message) -> None:
         runs.append((msg.id, msg.deliveries_count))
+        # The first run lasts four of the prefetched row's leases, on purpose.
         await asyncio.sleep(2.0 if len(runs) == 1 else 0.3)
 
     async def scenario() -> None:
@@ -283,12 +291,13 @@ def test_the_heartbeat_lets_a_handler_outlive_its_lease_and_run_once(dsn: str) -
     row runs once, its lease moving on while it runs, and its ack is the only write."""
     farms = [Farm(dlq_table="outbox_dlq") for _ in range(2)]
     runs: list[tuple[int, int]] = []
+    release = asyncio.Event()  # set once the lease has moved on past its first expiry
     for n, farm in enumerate(farms):
 
         @farm.handler(Q, lease_ttl=1.0, timeout=10.0)
         async def handle(msg: Message, n: int = n) -> None:
             runs.append((n, msg.deliveries_count))
-            await asyncio.sleep(4.0)
+            await release.wait()
 
     async def scenario() -> None:
         aconn = await aconnect(dsn)
@@ -319,6 +328,7 @@ def test_the_heartbeat_lets_a_handler_outlive_its_lease_and_run_once(dsn: str) -
                         aconn, "SELECT lease_expires_at FROM outbox WHERE id = %s", (row_id,)
                     )
                     assert later > first  # moved on by the heartbeat
+                    release.set()
                     await eventually(lambda: is_empty(aconn), "the ack", timeout=6.0)
             assert runs == [(0, 1)]
             assert sample("outbox_farm_acked_total", queue=Q) == acked + 1
@@ -335,11 +345,12 @@ def test_a_runner_never_claims_again_a_row_it_still_runs(dsn: str) -> None:
     first. With nobody else around, the first run's ack still holds."""
     farm = Farm(dlq_table="outbox_dlq")
     runs: list[int] = []
+    release = asyncio.Event()  # set once its runner has claimed ten times past the lease
 
     @farm.handler(Q, concurrency=2, lease_ttl=0.5, timeout=5.0)
     async def handle(msg: Message) -> None:
         runs.append(msg.deliveries_count)
-        await asyncio.sleep(1.5)
+        await release.wait()
 
     async def scenario() -> None:
         aconn = await aconnect(dsn)
@@ -358,6 +369,10 @@ def test_a_runner_never_claims_again_a_row_it_still_runs(dsn: str) -> None:
                     "the lease to run out",
                     timeout=2.0,
                 )
+                # Its runner claims on, every 50 ms: none of those claims may take the row.
+                polls = claims()
+                await eventually(lambda: claims() >= polls + 10, "ten claims past the lease")
+                release.set()
                 await eventually(lambda: is_empty(aconn), "the first run's ack", timeout=3.0)
             assert runs == [1]
         finally:
@@ -528,7 +543,7 @@ def test_connections_do_not_grow_with_concurrency(dsn: str) -> None:
         current += 1
         peak = max(peak, current)
         try:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # some work: hundreds of handlers at once
         finally:
             current -= 1
         handled.add(msg.id)
@@ -539,12 +554,13 @@ def test_connections_do_not_grow_with_concurrency(dsn: str) -> None:
             for chunk in range(2):
                 await farm.apublish_batch(aconn, [chunk * 500 + n for n in range(500)], queue=Q)
             backends: list[int] = []
-            deadline = time.monotonic() + 8.0
+
+            async def handled_all() -> bool:
+                backends.append(int(await one(aconn, CLIENT_BACKENDS)))  # sampled meanwhile
+                return len(handled) == 1000
+
             async with farm.running(dsn, poll_interval=0.5, graceful_timeout=3.0):
-                while len(handled) < 1000:
-                    backends.append(int(await one(aconn, CLIENT_BACKENDS)))
-                    assert time.monotonic() < deadline, f"only {len(handled)} rows handled"
-                    await asyncio.sleep(0.01)
+                await eventually(handled_all, "1000 rows handled", timeout=8.0)
             print(
                 f"\nconcurrency 256: peak {peak} handlers on at most {max(backends)} "
                 f"backends ({len(backends)} samples)"

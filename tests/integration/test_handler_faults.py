@@ -159,7 +159,7 @@ def test_hanging_async_handler_is_abandoned_at_its_timeout(
     @farm.handler(q, timeout=0.2, retry=NoRetry())
     async def handle(msg: Message) -> None:
         try:
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # past its timeout, which cancels it
         except asyncio.CancelledError:
             cancelled.append(msg.id)
             raise

@@ -8,7 +8,6 @@ does."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import psycopg
@@ -23,6 +22,7 @@ from outbox_farm.ops.migrate import migrate
 from outbox_farm.ops.schema_check import check_schema
 from outbox_farm.queries import KEY_WINDOW, Queries
 from outbox_farm.settings import RuntimeSettings
+from tests.steps import run_until
 
 Conn = psycopg.Connection[Any]
 SETTINGS = RuntimeSettings(poll_interval=0.05, graceful_timeout=0.5)  # a held row: cut short
@@ -50,17 +50,6 @@ def free_stranded(dsn: str, queue: str) -> int:
             await pool.close()
 
     return asyncio.run(run())
-
-
-def run_until(dsn: str, farm: Farm, done: Any, what: str) -> None:
-    async def main() -> None:
-        async with farm.running(dsn, SETTINGS):
-            deadline = time.monotonic() + 60
-            while not done():
-                assert time.monotonic() < deadline, what
-                await asyncio.sleep(0.02)
-
-    asyncio.run(main())
 
 
 def test_publish_marks_the_rows_past_the_window_of_their_key(conn: Conn) -> None:
@@ -103,7 +92,7 @@ def test_each_deletion_brings_the_first_marked_row_of_its_key_into_the_window(
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         ids = farm.publish_batch(conn, list(range(DEEP)), queue="q", ordering_keys=["k"] * DEEP)
-        run_until(dsn, farm, lambda: len(ran) == DEEP, "the key was not drained")
+        run_until(farm, dsn, lambda: len(ran) == DEEP, "the key drained", SETTINGS, 60)
         assert ran == ids
         assert marked(conn) == []
         assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (1,)
@@ -122,7 +111,7 @@ def test_an_ack_moves_the_line_up_by_exactly_one(dsn: str) -> None:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         farm.publish_batch(conn, list(range(DEEP)), queue="q", ordering_keys=["k"] * DEEP)
-        run_until(dsn, farm, lambda: len(ran) == 2, "the second row was not run")
+        run_until(farm, dsn, lambda: len(ran) == 2, "the second row run", SETTINGS, 60)
         assert marked(conn) == line("k", DEEP - 1)
 
 
@@ -148,7 +137,7 @@ def test_a_row_left_marked_at_the_head_of_its_key_is_freed_and_run(dsn: str) -> 
         producer.commit()
         assert marked(producer) == [("k", True)]
         producer.commit()
-    run_until(dsn, farm, lambda: late in ran, "the stranded row was never run")
+    run_until(farm, dsn, lambda: late in ran, "the stranded row run", SETTINGS, 60)
     assert ran == [late]
 
 

@@ -37,11 +37,11 @@ def make_farm() -> Farm:
 
     @farm.handler("slow_async", retry=retry, timeout=0.05)
     async def slow_async(msg: Message) -> None:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # past its timeout, which cancels it
 
     @farm.handler("slow_sync", retry=retry, timeout=0.05)
     def slow_sync(msg: Message) -> None:
-        time.sleep(0.5)
+        time.sleep(0.5)  # past its timeout: a sync handler cannot be cancelled, only abandoned
 
     @farm.handler("interrupt", retry=retry)
     async def interrupt(msg: Message) -> None:

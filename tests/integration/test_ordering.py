@@ -9,7 +9,6 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -19,6 +18,7 @@ from prometheus_client import REGISTRY
 from outbox_farm import ConfigurationError, ConstantBackoff, Farm, Message, Retry
 from outbox_farm.metrics import metrics
 from outbox_farm.settings import RuntimeSettings
+from tests.steps import run_until
 
 metrics()  # register the collectors before the first sample is read
 
@@ -54,23 +54,6 @@ class Ledger:
         return out
 
 
-def drain(
-    dsn: str,
-    farm: Farm,
-    done: Callable[[], bool],
-    timeout: float = 60.0,
-    settings: RuntimeSettings = SETTINGS,
-) -> None:
-    async def main() -> None:
-        async with farm.running(dsn, settings):
-            deadline = time.monotonic() + timeout
-            while not done():
-                assert time.monotonic() < deadline, "the farm did not finish in time"
-                await asyncio.sleep(0.02)
-
-    asyncio.run(main())
-
-
 def outbox_count(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT count(*) FROM outbox").fetchone()
     assert row is not None
@@ -98,7 +81,7 @@ def test_rows_of_one_key_run_one_at_a_time_in_publish_order_despite_failures(
         key = msg.ordering_key
         ledger.start(key, msg.id)
         try:
-            await asyncio.sleep(rng.uniform(0, 0.01))
+            await asyncio.sleep(rng.uniform(0, 0.01))  # a random run time: overlaps would show
             if rng.random() < 0.3:
                 raise RuntimeError("flaky")
         except RuntimeError:
@@ -106,7 +89,7 @@ def test_rows_of_one_key_run_one_at_a_time_in_publish_order_despite_failures(
             raise
         ledger.finish(key, msg.id, ok=True)
 
-    drain(dsn, farm, lambda: len(ledger.acked) == total)
+    run_until(farm, dsn, lambda: len(ledger.acked) == total, "every row acked", SETTINGS, 60)
     assert ledger.overlaps == []
     acked = ledger.acked_by_key()
     for key in keys:
@@ -134,7 +117,7 @@ def test_a_failing_head_holds_its_key_until_dead_lettered_and_others_move_on(
             raise RuntimeError("poison")
         order.append(msg.id)
 
-    drain(dsn, farm, lambda: len(order) == 7)
+    run_until(farm, dsn, lambda: len(order) == 7, "seven runs", SETTINGS, 60)
     # Rows without a key and rows of another key ran while "k" was held back by its head.
     assert set(order[:4]) == {*free, other}
     assert order[4:] == after
@@ -162,7 +145,7 @@ def test_a_delayed_or_retrying_head_blocks_its_key_but_not_other_keys(
     async def handle(msg: Message) -> None:
         ran.append((msg.id, time.monotonic() - began))
 
-    drain(dsn, farm, lambda: len(ran) == 3)
+    run_until(farm, dsn, lambda: len(ran) == 3, "three runs", SETTINGS, 60)
     assert [row_id for row_id, _ in ran] == [now, later, behind]
     assert ran[0][1] < 0.5  # key "j" was not held back by "k"'s delayed head
 
@@ -187,7 +170,7 @@ def test_batch_publish_keeps_the_bodies_order_per_key(
     async def handle(msg: Message) -> None:
         seen.append(msg.id)
 
-    drain(dsn, farm, lambda: len(seen) == 14)
+    run_until(farm, dsn, lambda: len(seen) == 14, "fourteen runs", SETTINGS, 60)
     assert [i for i in seen if i in ids] == ids
     assert [i for i in seen if i in (mixed[0], mixed[2])] == [mixed[0], mixed[2]]
 
@@ -225,7 +208,7 @@ def test_a_retry_of_a_keyed_row_keeps_its_place(dsn: str, conn: psycopg.Connecti
         if msg.id == first and msg.attempts_count == 0:
             raise Retry(0.3)
 
-    drain(dsn, farm, lambda: seen.count(second) == 1)
+    run_until(farm, dsn, lambda: seen.count(second) == 1, "the second row's run", SETTINGS, 60)
     assert seen == [first, first, second]
 
 
@@ -249,7 +232,9 @@ def test_a_key_held_back_by_a_retrying_head_does_not_make_fetchers_spin(
             raise RuntimeError("the head fails once")
 
     claims = REGISTRY.get_sample_value("outbox_farm_fetch_seconds_count", {"queue": queue}) or 0
-    drain(dsn, farm, lambda: len(ran) == 3, settings=RuntimeSettings(poll_interval=5.0))
+    run_until(
+        farm, dsn, lambda: len(ran) == 3, "three runs", RuntimeSettings(poll_interval=5.0), 60
+    )
     claims = (
         REGISTRY.get_sample_value("outbox_farm_fetch_seconds_count", {"queue": queue}) or 0
     ) - claims

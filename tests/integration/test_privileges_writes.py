@@ -288,7 +288,7 @@ def test_a_paused_queue_probes_on_its_clock_whatever_the_notifies(
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as notifier:
                 while len(probed) < seen + 4:  # a producer's stream of NOTIFYs, 3 probes long
                     await notifier.execute("SELECT pg_notify(%s, 'q')", [channel])
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.01)  # paces the stream: a NOTIFY every 10 ms
             gaps = [later - earlier for earlier, later in itertools.pairwise(probed)]
             assert min(gaps) >= 0.9 * every, gaps  # each probe waited for its time ...
             assert wakes >= 20  # ... while the NOTIFYs reached the fetcher, many per probe

@@ -34,7 +34,7 @@ def test_stop_drains_every_queue_at_once_and_starts_nothing_new(dsn: str) -> Non
         @farm.handler(queue, concurrency=1, prefetch=PER_QUEUE - 1, timeout=60)
         async def handle(msg: Message) -> None:
             started[msg.queue].append((msg.id, time.monotonic()))
-            await asyncio.sleep(DURATION)
+            await asyncio.sleep(DURATION)  # running still when the stop comes, on purpose
             finished[msg.queue].append(msg.id)
 
     async def scenario() -> None:

@@ -148,7 +148,7 @@ def test_a_hung_handler_times_the_drain_out_with_a_reason(dsn: str) -> None:
 
     @farm.handler("hangs", timeout=60)
     async def hangs(msg: Message) -> None:
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # holds its row past the drain's timeout
 
     publish(dsn, [{}], queue="hangs")
     with pytest.raises(DrainTimeout, match="still held"):

@@ -89,9 +89,10 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
                     "the long-expired and the legacy lease taken over",
                     timeout=1.0,
                 )
+
                 # Not before: while the database clock is short of the expiry, the row keeps
                 # the dead runner's lease.
-                while True:
+                async def expiring() -> bool:
                     token, remaining = await one(
                         aconn,
                         "SELECT acquired_token, %s - extract(epoch FROM clock_timestamp()) "
@@ -99,10 +100,12 @@ def test_expired_lease_is_claimed_again_on_the_database_clock_and_not_before(dsn
                         (expires, fresh),
                     )
                     if remaining <= 0.02:
-                        break
+                        return True
                     assert token == dead, f"claimed {remaining:.3f}s before the lease expired"
                     assert fresh not in started
-                    await asyncio.sleep(0.01)
+                    return False
+
+                await eventually(expiring, "the database clock at the lease's expiry", 5.0)
                 await eventually(
                     lambda: fresh in started, "the expiring lease taken over", timeout=1.0
                 )
@@ -150,10 +153,11 @@ def test_delayed_rows_fire_within_100ms_of_their_due_time(dsn: str) -> None:
             ):
                 # The fetcher's first claim found nothing: it rests on its poll.
                 await eventually(lambda: claims.begun, "the first claim")
-                ids = []
-                for n in range(3):
-                    ids.append(await farm.apublish(aconn, {"n": n}, queue=Q, activate_in=1.0))
-                    await asyncio.sleep(0.15)
+                # Due 150 ms apart: each fires on a wake-up of its own.
+                ids = [
+                    await farm.apublish(aconn, {"n": n}, queue=Q, activate_in=1.0 + 0.15 * n)
+                    for n in range(3)
+                ]
                 soon = datetime.now(UTC) + timedelta(seconds=0.8)
                 ids.append(await farm.apublish(aconn, "at", queue=Q, activate_at=soon))
                 ids.append(
@@ -424,7 +428,7 @@ def test_polling_alone_delivers_when_listen_is_off(dsn: str) -> None:
                         lambda i=row_id: i in started, "a polled delivery", timeout=1.0
                     )
                     assert started[row_id] - sent < 0.4
-                    await asyncio.sleep(0.05)
+                    await eventually(lambda: is_empty(aconn), "the ack")
             assert await outbox_count(aconn) == 0
         finally:
             await aconn.close()
@@ -443,7 +447,7 @@ def test_graceful_stop_finishes_running_handlers_and_releases_the_rest(dsn: str)
     @farm.handler(Q, concurrency=2)
     async def slow(msg: Message) -> None:
         running.add(msg.id)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # still running when the stop comes, on purpose
         finished.add(msg.id)
 
     after = Farm(dlq_table="outbox_dlq")
@@ -520,7 +524,7 @@ def test_handler_past_the_graceful_timeout_is_cancelled_and_its_lease_released(
     async def hangs(msg: Message) -> None:
         running.add(msg.id)
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # past the graceful timeout: the stop cancels it
         except asyncio.CancelledError:
             cancelled.add(msg.id)
             raise

@@ -3,10 +3,7 @@ and its row's deletion commit together or not at all."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +14,7 @@ from outbox_farm import ConfigurationError, ConstantBackoff, Farm, Message
 from outbox_farm.metrics import metrics
 from outbox_farm.settings import RuntimeSettings
 from tests.samples import sample
+from tests.steps import run_until
 
 metrics()  # register the collectors before the first sample is read
 SETTINGS = RuntimeSettings(poll_interval=0.05)
@@ -25,19 +23,6 @@ AConn = psycopg.AsyncConnection[Any]
 
 def qname() -> str:
     return f"tx_{uuid.uuid4().hex[:8]}"
-
-
-def drain(dsn: str, farm: Farm, done: Callable[[], bool], timeout: float = 30.0) -> None:
-    async def main() -> None:
-        async with farm.running(dsn, SETTINGS):
-            deadline = time.monotonic() + timeout
-            while not done():
-                assert time.monotonic() < deadline, "the farm did not finish in time"
-                await asyncio.sleep(0.02)
-        # Leaving `running` is the graceful stop: running handlers finish and the completer's
-        # last flush writes every outcome, so what follows sees them all (no sleep needed).
-
-    asyncio.run(main())
 
 
 def scalar(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
@@ -68,7 +53,7 @@ def test_the_handlers_writes_and_the_rows_deletion_commit_together(
         await conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.id, msg.attempts_count))
         calls.append(msg.id)
 
-    drain(dsn, farm, lambda: len(calls) == 20)
+    run_until(farm, dsn, lambda: len(calls) == 20, "20 handler calls", SETTINGS)
     assert sorted(r[0] for r in effects.execute("SELECT msg_id FROM effects")) == sorted(ids)
     assert scalar(effects, "SELECT count(*) FROM outbox") == 0
     assert sample("outbox_farm_acked_total", queue=queue) - acked_before == 20  # once each
@@ -89,7 +74,7 @@ def test_a_raise_rolls_back_the_writes_and_the_retry_runs_them_once(
         if msg.attempts_count == 0:
             raise RuntimeError("first attempt fails after writing")
 
-    drain(dsn, farm, lambda: len(runs) == 10)
+    run_until(farm, dsn, lambda: len(runs) == 10, "10 runs", SETTINGS)
     rows = effects.execute("SELECT msg_id, attempt FROM effects ORDER BY msg_id").fetchall()
     assert rows == [(i, 1) for i in sorted(ids)]  # only the second attempts' writes
     assert scalar(effects, "SELECT count(*) FROM outbox") == 0
@@ -118,7 +103,13 @@ def test_a_nack_rolls_back_and_a_row_failing_for_good_leaves_no_writes(
             scalar(effects, "SELECT count(*) FROM outbox_dlq WHERE original_id = %s", poison)
         )
 
-    drain(dsn, farm, lambda: runs.count(nacked) == 2 and dead_lettered())
+    run_until(
+        farm,
+        dsn,
+        lambda: runs.count(nacked) == 2 and dead_lettered(),
+        "two nacks, then the DLQ",
+        SETTINGS,
+    )
     assert runs.count(poison) == 2
     assert effects.execute("SELECT msg_id, attempt FROM effects").fetchall() == [(nacked, 1)]
     reason = scalar(effects, "SELECT failure_reason FROM outbox_dlq WHERE original_id = %s", poison)
@@ -147,7 +138,7 @@ def test_a_handler_that_outlives_its_lease_writes_nothing(
             )
         finished.append(msg.id)
 
-    drain(dsn, farm, lambda: bool(finished))
+    run_until(farm, dsn, lambda: bool(finished), "the handler to finish", SETTINGS)
     assert scalar(effects, "SELECT count(*) FROM effects") == 0
     assert scalar(effects, "SELECT acquired_token FROM outbox WHERE id = %s", row_id) == thief
     assert sample("outbox_farm_lease_lost_total", queue=queue, phase="ack") - lost_before == 1
@@ -185,7 +176,7 @@ def test_a_messages_timestamps_are_in_utc_and_a_handlers_session_keeps_its_zone(
         assert zone is not None
         seen.append((msg.created_at, msg.claimed_at, zone[0]))
 
-    drain(zoned, farm, lambda: bool(seen))
+    run_until(farm, zoned, lambda: bool(seen), "a run", SETTINGS)
     (created_at, claimed_at, zone), *_ = seen
     assert created_at == created  # the same instant ...
     assert created_at.utcoffset() == timedelta(0)  # ... in UTC

@@ -99,7 +99,7 @@ def test_dead_letter_manual_ack_and_reject_on_error() -> None:
 def test_an_async_handler_past_its_timeout_is_retried() -> None:
     async def hangs(msg: Message) -> None:
         if msg.deliveries_count == 1:
-            await asyncio.sleep(10)
+            await asyncio.sleep(10)  # past its timeout, which cancels it
 
     _, runs = outcomes_of(hangs, timeout=0.05, retry=ConstantBackoff(1))
     assert [str(r.status) for r in runs] == ["retried", "acked"]
