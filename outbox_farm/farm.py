@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .observe import Observer
     from .relay.base import Target
     from .relay.runner import Relay
+    from .storage import Store
     from .worker.runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -198,10 +199,11 @@ class Farm:
     @asynccontextmanager
     async def running(
         self,
-        dsn: str,
+        dsn: str | None = None,
         settings: RuntimeSettings | None = None,
         *,
         observers: Iterable[Observer] = (),
+        store: Store | None = None,
         **options: Any,
     ) -> AsyncIterator[Runtime]:
         """Run every handler of this farm in the current event loop until the block exits.
@@ -210,15 +212,26 @@ class Farm:
         graceful stop. `settings`, or its fields given one by one as keywords (`poll_interval=`,
         `queues=`, ...): see `RuntimeSettings`. `observers`: `outbox_farm.Observer`s told of
         every claim, handler run, verdict and write, after the metrics and logs.
+
+        `store`: run over it instead of the database at `dsn` (the test kit's `MemoryStore`):
+        the data path only, with no pools, chores or listener.
         """
         from .ops.readiness import refuse_older_schema
         from .worker.runtime import Runtime
 
-        await asyncio.to_thread(refuse_older_schema, dsn, self.queries.names)
+        if store is None:
+            if not dsn:
+                raise ConfigurationError("Farm.running needs a dsn (or a store to run over)")
+            await asyncio.to_thread(refuse_older_schema, dsn, self.queries.names)
         if options:
             settings = dataclasses.replace(settings or RuntimeSettings(), **options)
         runtime = Runtime(
-            list(self.handlers.values()), self.queries, dsn, settings, [*self.observers, *observers]
+            list(self.handlers.values()),
+            self.queries,
+            dsn or "",
+            settings,
+            [*self.observers, *observers],
+            store=store,
         )
         await runtime.start()
         try:

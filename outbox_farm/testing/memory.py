@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Unpack
 
@@ -195,28 +194,16 @@ class MemoryStore:
 
     # -- running the farm over it ------------------------------------------------------------
 
-    @asynccontextmanager
-    async def running(
+    def running(
         self,
         settings: RuntimeSettings | None = None,
         *,
         observers: Iterable[Observer] = (),
         **options: Any,
-    ) -> AsyncIterator[Runtime]:
-        """The farm's runtime over this store until the block exits (a graceful stop), as
-        `Farm.running` runs it over a database; `settings`, or their fields as keywords."""
-        farm = self.farm
-        if options:
-            settings = dataclasses.replace(settings or RuntimeSettings(), **options)
-        specs = list(farm.handlers.values())
-        runtime = Runtime(
-            specs, farm.queries, "", settings, [*farm.observers, *observers], store=self
-        )
-        await runtime.start()
-        try:
-            yield runtime
-        finally:
-            await runtime.stop()
+    ) -> AbstractAsyncContextManager[Runtime]:
+        """The farm's runtime over this store until the block exits (a graceful stop):
+        `Farm.running` with this store in place of a database."""
+        return self.farm.running(None, settings, observers=observers, store=self, **options)
 
     async def settled(self, queues: Iterable[str] | None = None, timeout: float = 10.0) -> None:
         """Wait until no row of `queues` (every queue when None) is held (its handler runs, or
