@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from tests.steps import wait_for
 
 CLI = Path(sys.executable).parent / "outbox-farm"
 
@@ -41,12 +42,13 @@ def drain_with_farm(
             command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, env=environ,
             start_new_session=True,
         )  # fmt: skip
+
+    def drained() -> bool:
+        assert proc.poll() is None, log_path.read_text()
+        return _outbox_rows(conn) == 0
+
     try:
-        deadline = time.monotonic() + timeout
-        while _outbox_rows(conn) and time.monotonic() < deadline:
-            assert proc.poll() is None, log_path.read_text()
-            time.sleep(0.2)
-        assert _outbox_rows(conn) == 0, "the farm did not drain"
+        wait_for(drained, "the farm to drain the outbox", timeout, every=0.2)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log_path.read_text()
     finally:

@@ -34,11 +34,10 @@ from tests.acceptance.test_farm import (
     clean_env,
     farm_process,
     free_port,
-    preload,
     scalar,
 )
-from tests.acceptance.test_worker_faults import FAULTAPP, publish
-from tests.steps import wait_for
+from tests.acceptance.test_worker_faults import FAULTAPP
+from tests.steps import publish, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -229,7 +228,7 @@ def test_a_database_restart_while_workers_die_is_waited_out_and_everything_is_de
         wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         relay.cut()
         kill_workers_again_and_again(farm, 2)
-        preload(conn, 500)  # published during the outage, straight to the database
+        publish(conn, 500, queue="q")  # published during the outage, straight to the database
         relay.restore()
         wait_for(lambda: farm.healthy(2), "2 healthy workers after the outage", 60, farm)
         wait_for(
@@ -252,7 +251,7 @@ def test_a_worker_with_a_blocked_event_loop_leaves_its_stacks_in_the_log(
     ) as farm:
         wait_for(lambda: farm.healthy(1), "a healthy worker", 30, farm)
         (stuck,) = farm.children()
-        publish(conn, "block")
+        publish(conn, 1, queue="block")
         wait_for(
             lambda: stuck not in farm.children() and farm.healthy(1),
             "the stuck worker replaced",

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.test_farm import farm_process, json_entries
-from tests.steps import wait_for
+from tests.steps import publish, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +68,7 @@ def test_a_worker_whose_fetcher_keeps_failing_exits_1_and_is_replaced(
         assert "RuntimeError: injected: the claim code has a bug" in farm.log()
         # A replacement was forked, and it runs the healthy queue's rows.
         wait_for(lambda: len(events("worker_failed")) >= 2, "second broken worker", 90, farm)
-        conn.execute("INSERT INTO outbox (queue, payload) VALUES ('ok', 'x')")
-        conn.execute("SELECT pg_notify('outbox_outbox', 'ok')")
+        publish(conn, 1, queue="ok")
         wait_for(
             lambda: (
                 conn.execute("SELECT count(*) FROM outbox WHERE queue = 'ok'").fetchone() == (0,)

@@ -160,7 +160,7 @@ def test_outbox_farm_max_xmin_age_sets_doctors_xmin_limit(dsn: str) -> None:
     with psycopg.connect(dsn) as other:
         other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         other.execute("SELECT 1")
-        time.sleep(1.2)
+        time.sleep(1.2)  # the snapshot outlives the 1 s limit: time passes on purpose
         default = run("doctor", "--dsn", dsn)
         strict = run("doctor", "--dsn", dsn, OUTBOX_FARM_MAX_XMIN_AGE="1s")
     assert "FAIL xmin horizon" not in default.stdout  # 5 minutes by default

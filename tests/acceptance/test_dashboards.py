@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.test_farm import farm_process
-from tests.steps import wait_for
+from tests.steps import publish, wait_for
 from tests.tools import missing_tool
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -80,7 +80,7 @@ async def broken(msg: Message) -> None:
 
 @farm.handler("slow")
 async def slow(msg: Message) -> None:
-    await asyncio.sleep(3)
+    await asyncio.sleep(3)  # still running when the test takes its lease away
 '''
 
 REFUSE_BROKEN = """
@@ -198,10 +198,7 @@ def farm_metrics(tmp_path: Path, dsn: str, conn: psycopg.Connection[Any]) -> dic
             farm,
         )
         for queue in ("ok", "flaky", "bad", "broken", "slow"):
-            conn.execute(
-                "INSERT INTO outbox (queue, payload) SELECT %s, 'x' FROM generate_series(1, 3)",
-                [queue],
-            )
+            publish(conn, 3, queue=queue)
         taken = wait_for(
             lambda: conn.execute(
                 "UPDATE outbox SET acquired_token = gen_random_uuid() "

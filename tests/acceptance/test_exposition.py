@@ -15,9 +15,9 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 import psutil
@@ -27,24 +27,12 @@ import pytest
 from loadtests.chaos.outage import FakeClock, faketime_missing
 from outbox_farm.prefork import exposition as exposition_module
 from outbox_farm.prefork.exposition import REQUEST_DEADLINE, Exposition
-from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, preload
-from tests.steps import wait_for
+from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process
+from tests.steps import publish, wait_for
 
-T = TypeVar("T")
 IDLE_CLIENTS = 50
 LATENCY_LIMIT = 0.1  # seconds /healthz may take, whatever the other clients do
 KILLS = 5  # SIGKILLs of the server process in a row
-
-
-def eventually(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    """`check()`'s first truthy result, polled until `timeout` seconds passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
-        time.sleep(0.05)
 
 
 def get(address: str, path: str) -> tuple[int, bytes, float]:
@@ -144,7 +132,7 @@ def test_idle_and_trickling_clients_do_not_delay_healthz(exposition: Exposition)
         assert exposition.pid is not None
         server = psutil.Process(exposition.pid)
         # Every idle client accepted and holding a thread of the server: the load is real.
-        eventually(lambda: server.num_threads() > IDLE_CLIENTS + 1, 30, "idle clients accepted")
+        wait_for(lambda: server.num_threads() > IDLE_CLIENTS + 1, "idle clients accepted", 30)
         loaded = []
         for _ in range(5):
             status, body, seconds = get(exposition.address, "/healthz")
@@ -222,7 +210,7 @@ def test_healthz_is_503_naming_the_arbiter_when_its_snapshot_goes_stale(
             status, detail = health(served.address)
             return detail if status == 503 else None
 
-        detail = eventually(stale, 30, "/healthz 503 once the snapshot is stale")
+        detail = wait_for(stale, "/healthz 503 once the snapshot is stale", 30)
         assert detail["alive"] == 2
         assert any(p.startswith("arbiter not responding for ") for p in detail["problems"])
 
@@ -269,7 +257,7 @@ def test_the_server_stops_when_the_arbiter_is_gone(tmp_path: Path, metrics_dir: 
             os.close(read)
             served = Exposition("127.0.0.1:0", tmp_path)
             os.write(write, f"{served.start()} {served.address}\n".encode())
-            time.sleep(600)
+            time.sleep(600)  # until the test kills it: no condition to wait for
         finally:
             os._exit(1)
     os.close(write)
@@ -278,7 +266,7 @@ def test_the_server_stops_when_the_arbiter_is_gone(tmp_path: Path, metrics_dir: 
     assert health(address)[0] == 503  # positive control: it serves while the arbiter lives
     os.kill(arbiter, signal.SIGKILL)
     os.waitpid(arbiter, 0)
-    eventually(lambda: not alive(int(pid)), 30, f"server {pid} gone after its arbiter")
+    wait_for(lambda: not alive(int(pid)), f"server {pid} gone after its arbiter", 30)
 
 
 # -- the server process under a real farm -------------------------------------------------------
@@ -322,7 +310,7 @@ def test_a_killed_server_process_is_replaced_and_serves_the_same_counters(
         clock_env = clock.env()
     with farm_process(tmp_path, dsn, **clock_env) as farm:
         wait_for(lambda: farm.healthy(2), "2 healthy workers", 60, farm)
-        preload(conn, 100)
+        publish(conn, 100, queue="q")
         wait_for(lambda: acked(farm) >= 100, "100 rows acked", 30, farm)
         if step is not None:
             clock.set(step)
@@ -339,7 +327,7 @@ def test_a_killed_server_process_is_replaced_and_serves_the_same_counters(
             )
         wait_for(lambda: farm.healthy(2), "/healthz 200 after the kills", 30, farm)
         assert acked(farm) >= 100, farm.get("/metrics")
-        preload(conn, 100)
+        publish(conn, 100, queue="q")
         wait_for(lambda: acked(farm) >= 200, "200 rows acked after the kills", 30, farm)
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()

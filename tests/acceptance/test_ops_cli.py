@@ -16,7 +16,7 @@ import pytest
 
 from tests.acceptance.test_cli import CLI, run
 from tests.acceptance.test_farm import FARMAPP, farm_process
-from tests.steps import wait_for
+from tests.steps import publish, wait_for
 
 Conn = psycopg.Connection[Any]
 NO_FARM = ("--metrics-url", "")
@@ -58,9 +58,7 @@ def counts(conn: Conn) -> tuple[int, int]:
 
 
 def test_stats_json_and_text(dsn: str, conn: Conn) -> None:
-    conn.execute(
-        "INSERT INTO outbox (queue, payload) SELECT 'orders', 'x' FROM generate_series(1, 3)"
-    )
+    publish(conn, 3, queue="orders")
     fail(conn, 2, reason="rejected")
     data = out_json("stats", "--dsn", dsn, *NO_FARM)
     (orders,) = data["queues"]
@@ -86,7 +84,7 @@ def _default_sigint() -> None:
 
 
 def test_stats_watch_redraws_until_ctrl_c(dsn: str, conn: Conn, tmp_path: Path) -> None:
-    conn.execute("INSERT INTO outbox (queue, payload) VALUES ('orders', 'x')")
+    publish(conn, 1, queue="orders")
     output = tmp_path / "watch.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_FARM_")}
     with output.open("w") as sink:
@@ -128,7 +126,7 @@ def _ctrl_c_after_first_frame(dsn: str, output: Path, delay: float) -> int:
         )
         try:
             wait_for(lambda: "oldest ready" in output.read_text(), "a first frame", 20)
-            time.sleep(delay)
+            time.sleep(delay)  # a random moment of the redraw loop, on purpose
             proc.send_signal(signal.SIGINT)
             return proc.wait(timeout=10)
         finally:
@@ -144,7 +142,7 @@ def test_stats_watch_exits_cleanly_on_ctrl_c_at_any_moment(
     # At a 10 ms refresh most of the time is spent in a query, so some of these interrupts
     # land while the server is still answering: the connection is busy then, and nothing may
     # send it another command on the way out.
-    conn.execute("INSERT INTO outbox (queue, payload) VALUES ('orders', 'x')")
+    publish(conn, 1, queue="orders")
     for attempt in range(20):
         output = tmp_path / f"watch-{attempt}.txt"
         delay = random.uniform(0.05, 0.5)
@@ -169,10 +167,7 @@ def test_stats_reads_the_rates_of_a_running_farm(tmp_path: Path, dsn: str, conn:
         def rates() -> Any:
             (backlog,) = conn.execute("SELECT count(*) FROM outbox").fetchone() or (0,)
             if backlog < 2000:
-                conn.execute(
-                    "INSERT INTO outbox (queue, payload) "
-                    "SELECT 'q', 'x' FROM generate_series(1, 5000)"
-                )
+                publish(conn, 5000, queue="q")
             data = out_json("stats", "--dsn", dsn, "--metrics-url", url)
             frames.append(data["farm"])
             q = data["farm"].get("queues", {}).get("q")
@@ -344,7 +339,7 @@ def test_doctor_fails_on_a_held_back_xmin(dsn: str) -> None:
     with psycopg.connect(dsn) as other:
         other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         other.execute("SELECT 1")
-        time.sleep(1.2)
+        time.sleep(1.2)  # the snapshot outlives the 1 s limit: time passes on purpose
         result = run("doctor", "--dsn", dsn, "--max-xmin-age", "1s")
     assert result.returncode == 1
     assert "FAIL xmin horizon: oldest holder: session pid" in result.stdout

@@ -36,7 +36,7 @@ async def handle(msg: Message) -> None:
             await psycopg.AsyncConnection.connect(os.environ["ORDERAPP_DSN"], autocommit=True)
         )
     began = time.time()
-    await asyncio.sleep(random.uniform(0, 0.004))
+    await asyncio.sleep(random.uniform(0, 0.004))  # a random run time: overlaps would show
     ok = random.random() >= 0.2
     await _conn[0].execute(
         "INSERT INTO ledger VALUES (%s, %s, %s, %s, %s, %s)",

@@ -21,10 +21,9 @@ from tests.acceptance.test_worker_faults import (
     _versions,
     fault_dir,
     ledger,
-    publish,
     write_app,
 )
-from tests.steps import wait_for
+from tests.steps import publish, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_server]
 __all__ = ["fault_dir", "ledger"]  # fixtures, used by name
@@ -63,7 +62,7 @@ def test_a_failed_reload_degrades_healthz_until_a_reload_succeeds(
         (found,) = wait_for(lambda: code_warnings(dsn), "doctor's warning", 30, farm)
         assert found.detail.startswith("the running code is not the code on disk")
         assert "No module named 'nowhere'" in found.detail
-        ids = publish(conn, "q", 10)
+        ids = publish(conn, 10, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 10, "rows handled by old workers", 30, farm)
         assert _versions(conn, ids) == {"v1"}
 
@@ -73,7 +72,7 @@ def test_a_failed_reload_degrades_healthz_until_a_reload_succeeds(
         wait_for(lambda: degraded() is None, "/healthz no longer degraded", 30, farm)
         assert farm.metric("outbox_farm_reload_failed") == 0
         wait_for(lambda: not code_warnings(dsn), "doctor finds nothing wrong again", 30, farm)
-        ids = publish(conn, "q", 10)
+        ids = publish(conn, 10, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 20, "rows handled by new workers", 30, farm)
         assert _versions(conn, ids) == {"fixed"}
         code, _ = farm.stop()

@@ -16,7 +16,6 @@ import gc
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from outbox_farm.relay.redis_streams import RedisStream
 from tests.acceptance.test_cli import run
 from tests.acceptance.test_farm import FARMAPP
 from tests.integration.brokers import AMQP, REDIS, require
+from tests.steps import wait_for
 
 FRAGMENTS = ("Sup3r", "S3cretPW", "ssS3cretPW")
 # The three shapes of the issue: libpq quotes the first two in its parse error, and reads the
@@ -172,16 +172,17 @@ def guarded_nats() -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def _listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+def _listening(port: int, proc: subprocess.Popen[bytes]) -> None:
     """Return once `port` accepts a connection; fail if `proc` exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def accepts() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"nats-server exited with status {proc.returncode}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"nats-server did not listen on port {port} within {timeout}s")
+            return True
+        return False
+
+    wait_for(accepts, f"nats-server listening on port {port}", 30, every=0.05)
 
 
 def _wrong_secrets(scheme: str, user: str, where: str) -> list[str]:

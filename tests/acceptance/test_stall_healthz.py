@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.test_farm import FARMAPP, RunningFarm, farm_process, scalar
-from tests.steps import wait_for
+from tests.steps import publish, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +31,6 @@ CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
 END $$;
 CREATE TRIGGER refuse BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION refuse_claims()
 """
-
-
-def publish(conn: psycopg.Connection[Any], n: int) -> set[int]:
-    rows = conn.execute(
-        "INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1, %s) "
-        "RETURNING id",
-        [n],
-    ).fetchall()
-    return {int(r[0]) for r in rows}
 
 
 def handled(conn: psycopg.Connection[Any]) -> set[int]:
@@ -61,12 +52,12 @@ def test_a_queue_whose_claims_keep_failing_turns_healthz_503_until_it_flows_agai
     conn.execute("CREATE TABLE ledger (id bigint NOT NULL, pid int NOT NULL)")
     with farm_process(tmp_path, dsn, procs=1, FARMAPP_LEDGER="1") as farm:
         wait_for(lambda: farm.healthy(1), "a healthy farm", 30, farm)
-        first = publish(conn, 1)
+        first = set(publish(conn, 1, queue="q"))
         wait_for(lambda: handled(conn) >= first, "the first row delivered", 30, farm)
         assert farm.metric("outbox_farm_queue_stalled", queue="q") in (None, 0)
 
         conn.execute(REFUSE)
-        waiting = publish(conn, 5)
+        waiting = set(publish(conn, 5, queue="q"))
         found = wait_for(lambda: problems(farm), "/healthz 503 with a problem", 60, farm)
         assert any("queue q" in p and REFUSAL in p for p in found), found
         wait_for(

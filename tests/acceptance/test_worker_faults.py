@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.test_farm import farm_process, ledger_stats, scalar, value
-from tests.steps import wait_for
+from tests.steps import publish, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -86,16 +86,6 @@ def ledger(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
-def publish(conn: psycopg.Connection[Any], queue: str, n: int = 1) -> list[int]:
-    rows = conn.execute(
-        "INSERT INTO outbox (queue, payload) SELECT %s, 'x' FROM generate_series(1, %s) "
-        "RETURNING id",
-        [queue, n],
-    ).fetchall()
-    conn.execute("SELECT pg_notify('outbox_outbox', %s)", [queue])
-    return [int(r[0]) for r in rows]
-
-
 class SteadyLoad:
     """Publishes `rate` rows a second into queue `q` from a thread, until stopped."""
 
@@ -108,7 +98,7 @@ class SteadyLoad:
     def _run(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self._stop.wait(0.1):
-                self.ids += publish(conn, "q", max(1, int(self.rate / 10)))
+                self.ids += publish(conn, max(1, int(self.rate / 10)), queue="q")
 
     def __enter__(self) -> SteadyLoad:
         self._thread.start()
@@ -148,7 +138,7 @@ def test_twenty_crashes_of_every_kind_never_stop_the_farm(
                 if cause == "kill":
                     os.kill(rng.choice(sorted(farm.children())), signal.SIGKILL)
                 else:
-                    publish(conn, cause)
+                    publish(conn, 1, queue=cause)
                 wait_for(
                     lambda before=before: sum(restarts(farm).values()) > before,
                     f"restart #{step} ({cause})",
@@ -157,7 +147,7 @@ def test_twenty_crashes_of_every_kind_never_stop_the_farm(
                     every=0.2,
                 )
                 wait_for(lambda: farm.healthy(2), f"2 healthy workers after #{step}", 30, farm)
-                time.sleep(rng.uniform(1.5, 3.0))  # 20 deaths over about a minute
+                time.sleep(rng.uniform(1.5, 3.0))  # paces 20 deaths over about a minute
         took = time.monotonic() - began
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
@@ -198,7 +188,7 @@ def test_a_poison_message_that_kills_its_worker_reaches_the_dlq_in_seconds(
     with farm_process(fault_dir, dsn, app="faultapp:farm", FAULTAPP_POISON_MAX="3") as farm:
         wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         began = time.monotonic()
-        (row,) = publish(conn, "exit")
+        (row,) = publish(conn, 1, queue="exit")
         found = wait_for(
             lambda: conn.execute(
                 "SELECT failure_reason, deliveries_count FROM outbox_dlq WHERE original_id = %s",
@@ -213,7 +203,7 @@ def test_a_poison_message_that_kills_its_worker_reaches_the_dlq_in_seconds(
         assert found == ("max_deliveries", 4)
         assert restarts(farm)["crash"] == 3
         wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
-        ids = publish(conn, "q", 50)
+        ids = publish(conn, 50, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 50, "50 rows handled after", 30, farm)
         assert {int(r[0]) for r in conn.execute("SELECT id FROM ledger")} == set(ids)
         assert "leases_released" in farm.log()
@@ -238,14 +228,14 @@ def test_hup_rolls_out_the_code_on_disk_unless_preloaded(
     args = ["--preload"] if preload else []
     with farm_process(fault_dir, dsn, *args, app="faultapp:farm") as farm:
         wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
-        first = publish(conn, "q", 20)
+        first = publish(conn, 20, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 20, "20 rows handled", 30, farm)
         assert _versions(conn, first) == {"v1"}
         write_app(fault_dir, "version-two")
         old = farm.children()
         farm.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: _new_workers(farm, old), "2 new workers after HUP", 30, farm)
-        second = publish(conn, "q", 20)
+        second = publish(conn, 20, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 40, "40 rows handled", 30, farm)
         assert _versions(conn, second) == ({"v1"} if preload else {"version-two"})
         assert restarts(farm) == {"crash": 0, "heartbeat": 0, "boot": 0}
@@ -264,7 +254,7 @@ def test_a_broken_deploy_keeps_the_running_workers(
         farm.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "rolling_restart_failed" in farm.log(), "the roll abandoned", 30, farm)
         assert farm.children() == old
-        ids = publish(conn, "q", 20)
+        ids = publish(conn, 20, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 20, "rows handled by old workers", 30, farm)
         assert _versions(conn, ids) == {"v1"}
         assert "half-deployed" in farm.log()
@@ -279,10 +269,12 @@ def test_reload_replaces_the_workers_when_a_source_file_changes(
     with farm_process(fault_dir, dsn, "--reload", app="faultapp:farm") as farm:
         wait_for(lambda: farm.healthy(2), "2 healthy workers", 30, farm)
         old = farm.children()
-        time.sleep(1.1)  # a new mtime, whatever the file system's resolution
+        source = fault_dir / "faultapp.py"
+        written = source.stat().st_mtime
         write_app(fault_dir, "reloaded")
+        os.utime(source, (written + 2, written + 2))  # a new mtime, whatever the resolution
         wait_for(lambda: _new_workers(farm, old), "2 new workers after the edit", 30, farm)
-        ids = publish(conn, "q", 10)
+        ids = publish(conn, 10, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 10, "10 rows handled", 30, farm)
         assert _versions(conn, ids) == {"reloaded"}
         code, _ = farm.stop()
@@ -308,7 +300,7 @@ def test_healthz_is_503_with_the_reason_while_a_permanent_error_lasts(
         assert "event=permanent_error" in farm.log()
         conn.execute("ALTER TABLE outbox_elsewhere RENAME TO outbox")
         wait_for(lambda: farm.healthy(2), "/healthz 200 again", 30, farm)
-        ids = publish(conn, "q", 10)
+        ids = publish(conn, 10, queue="q")
         wait_for(lambda: ledger_stats(conn)[1] == 10, "10 rows handled after", 30, farm)
         assert {int(r[0]) for r in conn.execute("SELECT id FROM ledger")} == set(ids)
         code, _ = farm.stop()

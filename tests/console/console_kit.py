@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from outbox_farm.console.security import Tokens
 from outbox_farm.names import TableNames
 from tests.acceptance.test_cli import CLI
 from tests.acceptance.test_farm import clean_env, free_port
+from tests.steps import wait_for
 
 Conn = psycopg.Connection[Any]
 NAMES = TableNames.build("outbox", "outbox_dlq")
@@ -98,6 +98,9 @@ class RunningConsole:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_tail(self) -> str:
+        return self.log()
+
 
 @contextlib.contextmanager
 def console_process(
@@ -115,16 +118,16 @@ def console_process(
         )
     url = f"http://127.0.0.1:{port}"
     running = RunningConsole(proc, url, log_path)
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(url + "/static/console.css", timeout=5):
+                return True
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/static/console.css", timeout=5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the console did not start:\n{running.log()}") from None
-                time.sleep(0.1)
+        wait_for(answers, "the console to answer", 60, running)
         yield running
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from tests.acceptance.test_farm import FARMAPP, farm_process, free_port
 from tests.console.console_kit import Conn, console_process, dlq_ids, fail
+from tests.steps import wait_for
 from tests.tools import missing_tool
 
 CHROMIUM = "/usr/bin/chromium"
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "console-dlq.png"
-T = TypeVar("T")
 
 pytestmark = pytest.mark.slow
 
@@ -53,18 +52,6 @@ def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
     yield tab
     context.close()
     assert not dialogs, f"a script ran and opened dialogs: {dialogs}"
-
-
-def eventually(check: Callable[[], T], what: str, timeout: float = 60.0) -> T:
-    """Poll until `check` returns something truthy; fail at the deadline naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last {last!r})")
-        time.sleep(0.1)
 
 
 def app_dir(tmp_path: Path, conn: Conn) -> Path:
@@ -104,17 +91,19 @@ def test_the_overview_follows_a_draining_farm_without_a_reload(
             FARMAPP_SLEEP="0.02",
             FARMAPP_CONCURRENCY="16",
         ):
-            eventually(lambda: (cell(page, "q", "ready") or 0) < 3000, "the ready count to fall")
-            eventually(lambda: page.locator("td.acked").count() > 0, "the farm's rates")
-            eventually(lambda: page.locator("figure.chart svg polyline").count() == 3, "the chart")
-            eventually(lambda: cell(page, "q", "ready") == 0, "the queue to drain", timeout=120)
+            wait_for(lambda: (cell(page, "q", "ready") or 0) < 3000, "the ready count to fall", 60)
+            wait_for(lambda: page.locator("td.acked").count() > 0, "the farm's rates", 60)
+            wait_for(
+                lambda: page.locator("figure.chart svg polyline").count() == 3, "the chart", 60
+            )
+            wait_for(lambda: cell(page, "q", "ready") == 0, "the queue to drain", 120)
             # Drained, the queue stays on the page, marked idle.
-            eventually(lambda: page.locator('tr[data-queue="q"].idle').count() == 1, "idle mark")
+            wait_for(lambda: page.locator('tr[data-queue="q"].idle').count() == 1, "idle mark", 60)
             assert navigations == []
             page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
             page.goto(console.url + "/farm")
             health = page.locator("#health")
-            eventually(lambda: "healthy" in health.inner_text(), "the farm's health")
+            wait_for(lambda: "healthy" in health.inner_text(), "the farm's health", 60)
             assert "worker processes running" in page.locator("#processes").inner_text()
             assert page.locator("#xmin").count() == 1
 
@@ -157,13 +146,15 @@ def test_filter_open_replay_and_see_it_handled_then_purge_by_filter(
         assert page.locator("#done").get_attribute("data-rows") == "1"
         assert target not in dlq_ids(conn)
         # The farm handles it: its handler ran, and it left the outbox.
-        eventually(
+        wait_for(
             lambda: conn.execute("SELECT count(*) FROM ledger").fetchone()[0] > handled_before,  # type: ignore[index]
             "the replayed row's handler run",
+            60,
         )
-        eventually(
+        wait_for(
             lambda: conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0,  # type: ignore[index]
             "the replayed row to leave the outbox",
+            60,
         )
         assert farm.proc.poll() is None
         # Purge every row of queue junk: the whole filter, counted, confirmed.
