@@ -31,7 +31,7 @@ from prometheus_client.samples import Sample
 
 from loadtests.farmproc import get
 from outbox_farm.prefork.child import WORKER_NAME
-from tests.steps import wait_for
+from tests.steps import publish, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -258,15 +258,6 @@ def ledger(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
-def preload(conn: psycopg.Connection[Any], n: int) -> list[int]:
-    rows = conn.execute(
-        "INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1, %s) "
-        "RETURNING id",
-        [n],
-    ).fetchall()
-    return [int(r[0]) for r in rows]
-
-
 def json_entries(text: str) -> list[dict[str, Any]]:
     """Every non-empty line of `text` parsed as a JSON object; AssertionError otherwise."""
     entries = []
@@ -288,9 +279,7 @@ def json_entries(text: str) -> list[dict[str, Any]]:
 def test_two_processes_drain_10000_rows_and_report_it(
     app_dir: Path, dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    conn.execute(
-        "INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1,10000)"
-    )
+    publish(conn, 10_000, queue="q")
     began = time.monotonic()
     with farm_process(app_dir, dsn) as farm:
         backlog_seen: list[float] = []
@@ -326,7 +315,7 @@ def test_a_killed_child_is_replaced_and_no_row_is_lost(
     app_dir: Path, dsn: str, ledger: psycopg.Connection[Any]
 ) -> None:
     conn = ledger
-    ids = preload(conn, 1000)
+    ids = publish(conn, 1000, queue="q")
     concurrency, prefetch = 8, 8
     capacity = concurrency + prefetch
     with farm_process(
@@ -403,7 +392,7 @@ CREATE TRIGGER slow_ack BEFORE DELETE ON outbox FOR EACH STATEMENT EXECUTE FUNCT
 def test_a_worker_never_holds_more_leased_rows_than_its_capacity(
     app_dir: Path, dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    preload(conn, 2000)
+    publish(conn, 2000, queue="q")
     conn.execute(SLOW_ACKS)  # every ack statement takes 1 s: a slow or contended database
     concurrency, prefetch = 4, 4
     leased: list[int] = []
@@ -421,6 +410,8 @@ def test_a_worker_never_holds_more_leased_rows_than_its_capacity(
             30,
             farm,
         )
+        # Watched for 6 s (several slow acks) on purpose: the bound must hold at every moment,
+        # so no condition ends the watch.
         end = time.monotonic() + 6
         while time.monotonic() < end:
             leased.append(
@@ -439,7 +430,7 @@ def test_sigterm_drains_gracefully_and_releases_unstarted_rows(
     app_dir: Path, dsn: str, ledger: psycopg.Connection[Any]
 ) -> None:
     conn = ledger
-    ids = preload(conn, 200)
+    ids = publish(conn, 200, queue="q")
     with farm_process(
         app_dir, dsn, FARMAPP_LEDGER="1", FARMAPP_SLEEP="1", FARMAPP_CONCURRENCY="4"
     ) as farm:
@@ -480,7 +471,7 @@ def test_sigterm_cancels_handlers_still_running_at_the_graceful_deadline(
     app_dir: Path, dsn: str, ledger: psycopg.Connection[Any]
 ) -> None:
     conn = ledger
-    preload(conn, 100)
+    publish(conn, 100, queue="q")
     graceful, concurrency = 3.0, 4
     with farm_process(
         app_dir,
@@ -533,17 +524,11 @@ def test_sigterm_cancels_handlers_still_running_at_the_graceful_deadline(
 def test_ttin_ttou_resize_and_hup_replaces_every_child_without_loss(
     app_dir: Path, dsn: str, ledger: psycopg.Connection[Any]
 ) -> None:
-    from outbox_farm import Farm
-
     conn = ledger
-    producer = Farm(table="outbox", dlq_table="outbox_dlq")
     published: list[int] = []
 
-    def publish() -> None:
-        with conn.transaction():
-            row_id = producer.publish(conn, {"n": len(published)}, queue="q")
-        assert row_id is not None
-        published.append(row_id)
+    def publish_next() -> None:
+        published.extend(publish(conn, [{"n": len(published)}], queue="q"))
 
     with farm_process(
         app_dir, dsn, FARMAPP_LEDGER="1", FARMAPP_SLEEP="0.01", FARMAPP_CONCURRENCY="8"
@@ -564,20 +549,15 @@ def test_ttin_ttou_resize_and_hup_replaces_every_child_without_loss(
 
         old = farm.children()
         farm.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        new: set[int] = set()
-        while not new:
-            publish()
+
+        def rolled() -> set[int]:
+            publish_next()  # a row every 20 ms: the roll happens under load
             kids = farm.children()
-            if len(kids) == 2 and not kids & old and farm.healthy(2):
-                new = kids
-            elif time.monotonic() > deadline:
-                pytest.fail(f"HUP did not replace {old} (now {kids})\n{farm.log_tail()}")
-            elif farm.proc.poll() is not None:
-                pytest.fail(f"farm exited during HUP\n{farm.log_tail()}")
-            time.sleep(0.02)
-        for _ in range(20):  # and a little more after the roll
-            publish()
+            return kids if len(kids) == 2 and not kids & old and farm.healthy(2) else set()
+
+        new = wait_for(rolled, f"HUP to replace {old}", 30, farm, every=0.02)
+        for _ in range(20):  # and a little more load after the roll, paced the same on purpose
+            publish_next()
             time.sleep(0.02)
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM outbox") == 0,
@@ -613,10 +593,7 @@ def test_workers_stop_when_the_arbiter_dies(app_dir: Path, dsn: str) -> None:
                         alive.add(pid)
             return alive
 
-        deadline = time.monotonic() + 10
-        while running() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert running() == set(), "orphaned workers still running 10s after the arbiter died"
+        wait_for(lambda: not running(), "the orphaned workers to stop", 10, every=0.2)
 
 
 # -- 5. start-up failures ----------------------------------------------------------------------
