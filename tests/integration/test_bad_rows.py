@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -32,13 +32,15 @@ from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
 from outbox_farm.relay import CONFIRMED, Delivery, Envelope
 from outbox_farm.relay.runner import MAX_HEADER_BYTES
+from outbox_farm.settings import RuntimeSettings
 from outbox_farm.storage import Claim
-from tests.steps import eventually
+from tests.steps import publish, run_until
 
 DLQ = "outbox_dlq"
 NAMES = TableNames.build("outbox", DLQ)
 BIGINT_MAX = 9223372036854775807
 GOOD = 6  # good rows published around each bad one
+SETTINGS = RuntimeSettings(poll_interval=0.05)
 
 Conn = psycopg.Connection[Any]
 
@@ -63,10 +65,6 @@ def insert_bad(conn: Conn, queue: str, **values: Any) -> int:
     return int(row[0])
 
 
-def publish_good(farm: Farm, conn: Conn, queue: str, n: int = GOOD) -> list[int]:
-    return [farm.publish(conn, {"n": i}, queue=queue) or 0 for i in range(n)]
-
-
 def dlq_rows(conn: Conn, queue: str) -> list[tuple[int, str, str]]:
     rows = conn.execute(
         "SELECT original_id, failure_reason, last_exception FROM outbox_dlq WHERE queue = %s "
@@ -82,20 +80,6 @@ def left(conn: Conn, queue: str) -> int:
     return int(row[0])
 
 
-def run_farm(
-    dsn: str,
-    farm: Farm,
-    done: Callable[[], bool],
-    what: str,
-    timeout: float = 30.0,
-) -> None:
-    async def scenario() -> None:
-        async with farm.running(dsn, poll_interval=0.05):
-            await eventually(done, what, timeout)
-
-    asyncio.run(scenario())
-
-
 def deliver_around(
     dsn: str, conn: Conn, bad: dict[str, Any], *, max_deliveries: int | None = 10
 ) -> tuple[list[int], int, list[int]]:
@@ -109,16 +93,17 @@ def deliver_around(
     async def handle(msg: Message) -> None:
         seen.append(msg.id)
 
-    good = publish_good(farm, conn, "q")
+    good = publish(conn, GOOD, queue="q")
     bad = insert_bad(conn, "q", **bad)
-    good += publish_good(farm, conn, "q")
+    good += publish(conn, GOOD, queue="q")
     conn.commit()
     with psycopg.connect(dsn, autocommit=True) as watch:
-        run_farm(
-            dsn,
+        run_until(
             farm,
+            dsn,
             lambda: set(good) <= set(seen) and left(watch, "q") == 0,
             "the good rows delivered and the bad one gone",
+            SETTINGS,
         )
     return good, bad, seen
 
@@ -150,7 +135,9 @@ def test_attempts_count_at_bigint_max_is_retried_without_overflow(dsn: str, conn
 
     bad = insert_bad(conn, "q", attempts_count=BIGINT_MAX)
     conn.commit()
-    run_farm(dsn, farm, lambda: len(runs) == 2 and left(conn, "q") == 0, "a retry, then an ack")
+    run_until(
+        farm, dsn, lambda: len(runs) == 2 and left(conn, "q") == 0, "a retry, then an ack", SETTINGS
+    )
     assert runs == [BIGINT_MAX - 2] * 2  # kept below the limit by every claim
     assert bad not in {row_id for row_id, _, _ in dlq_rows(conn, "q")}
 
@@ -216,15 +203,17 @@ def test_headers_that_are_not_an_object_are_dead_lettered_as_invalid_row(
     async def handle(msg: Message) -> None:
         types.append(msg.content_type)
 
-    ids = publish_good(farm, conn, "h", 2)
+    ids = publish(conn, 2, queue="h")
     row = conn.execute(
         "INSERT INTO outbox (queue, payload, headers) VALUES ('h', 'x', %s::jsonb) RETURNING id",
         [headers],
     ).fetchone()
     assert row is not None
-    ids += publish_good(farm, conn, "h", 2)
+    ids += publish(conn, 2, queue="h")
     conn.commit()
-    run_farm(dsn, farm, lambda: len(types) == 4 and left(conn, "h") == 0, "the good rows")
+    run_until(
+        farm, dsn, lambda: len(types) == 4 and left(conn, "h") == 0, "the good rows", SETTINGS
+    )
     [(row_id, reason, text)] = dlq_rows(conn, "h")
     assert (row_id, reason) == (row[0], "invalid_row")
     assert text == f"headers: a JSON {kind}, not an object"
@@ -262,9 +251,9 @@ def test_without_a_dlq_an_unloadable_row_is_set_aside_and_reported_by_id(
     async def handle(msg: Message) -> None:
         seen.append(msg.id)
 
-    good = publish_good(farm, conn, "q")
+    good = publish(conn, GOOD, queue="q")
     bad = insert_bad(conn, "q", created_at="infinity")
-    good += publish_good(farm, conn, "q")
+    good += publish(conn, GOOD, queue="q")
     conn.commit()
 
     def parked() -> bool:
@@ -273,8 +262,12 @@ def test_without_a_dlq_an_unloadable_row_is_set_aside_and_reported_by_id(
         return lease is not None and lease[0] == SET_ASIDE_TOKEN
 
     with caplog.at_level(logging.WARNING, logger="outbox_farm.fetcher"):
-        run_farm(
-            dsn, farm, lambda: set(good) <= set(seen) and parked(), "the good rows and the park"
+        run_until(
+            farm,
+            dsn,
+            lambda: set(good) <= set(seen) and parked(),
+            "the good rows and the park",
+            SETTINGS,
         )
     assert sorted(seen) == sorted(good)
     assert left(conn, "q") == 1  # the bad row, parked
@@ -379,16 +372,16 @@ def test_a_relay_row_that_cannot_be_published_fails_alone(
     target = Recording()
     farm = Farm(dlq_table=DLQ)
     farm.relay("events", to=target, batch=50)
-    good = publish_good(farm, conn, "events", 10)
+    good = publish(conn, 10, queue="events")
     row = conn.execute(
         "INSERT INTO outbox (queue, payload, headers) VALUES ('events', 'x', %s::jsonb) "
         "RETURNING id",
         [headers],
     ).fetchone()
     assert row is not None
-    good += publish_good(farm, conn, "events", 10)
+    good += publish(conn, 10, queue="events")
     conn.commit()
-    run_farm(dsn, farm, lambda: left(conn, "events") == 0, "the batch settled")
+    run_until(farm, dsn, lambda: left(conn, "events") == 0, "the batch settled", SETTINGS)
     assert sorted(e.row_id for e in target.received) == sorted(good)
     [(row_id, got, text)] = dlq_rows(conn, "events")
     assert (row_id, got) == (row[0], reason)
