@@ -50,7 +50,7 @@ from loadtests.chaos.outage import (
 from loadtests.harness import scratch_database
 from outbox_farm.names import TableNames
 from tests.acceptance.test_farm import RunningFarm, farm_process
-from tests.steps import wait_for
+from tests.steps import poll, publish, wait_for
 from tests.tools import missing_tool
 
 pytestmark = pytest.mark.slow
@@ -146,13 +146,8 @@ class Publisher:
                 if conn is None or conn.closed or conn.broken:
                     conn = psycopg.connect(self.dsn, connect_timeout=2)
                 with conn.transaction():
-                    rows = conn.execute(
-                        "INSERT INTO outbox (queue, payload) SELECT 'q', 'x' "
-                        "FROM generate_series(1, %s) RETURNING id",
-                        [self.per_tick],
-                    ).fetchall()
-                    conn.execute("SELECT pg_notify('outbox_outbox', 'q')")
-                self.ids += [int(r[0]) for r in rows]
+                    ids = publish(conn, self.per_tick, queue="q")
+                self.ids += ids
             except psycopg.Error:
                 self.failures += 1
                 if conn is not None:
@@ -283,16 +278,10 @@ def delivered(dsn: str, ids: list[int]) -> tuple[int, int]:
 def wait_delivered(farm: RunningFarm, dsn: str, ids: list[int], timeout: float) -> str | None:
     """None once every row of `ids` is in the ledger and the outbox is empty; else what is
     missing at the deadline."""
-    deadline = time.monotonic() + timeout
-    last = (-1, -1)
-    while time.monotonic() < deadline:
-        last = delivered(dsn, ids)
-        if last == (0, 0):
-            return None
-        if farm.proc.poll() is not None:
-            break
-        time.sleep(0.5)
-    return f"{last[0]} of {len(ids)} published rows never handled, {last[1]} left in the outbox"
+    if poll(lambda: delivered(dsn, ids) == (0, 0), timeout, 0.5, farm):
+        return None
+    missing, left = delivered(dsn, ids)
+    return f"{missing} of {len(ids)} published rows never handled, {left} left in the outbox"
 
 
 def kill(pids: set[int] | list[int]) -> None:
@@ -303,30 +292,28 @@ def kill(pids: set[int] | list[int]) -> None:
 
 def wait_replaced(farm: RunningFarm, gone: set[int], procs: int, timeout: float) -> bool:
     """Whether `procs` live workers (or more), none of `gone`, run within `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def replaced() -> bool:
         kids = workers(farm)
-        if len(kids) >= procs and not kids & gone:  # >=: one told to retire may still drain
-            return True
-        if farm.proc.poll() is not None:
-            return False
-        time.sleep(0.05)
-    return False
+        return len(kids) >= procs and not kids & gone  # >=: one told to retire may still drain
+
+    return poll(replaced, timeout, 0.05, farm)
 
 
 def wait_reaped(farm: RunningFarm, pids: set[int], timeout: float) -> bool:
     """Whether the arbiter reaped one of `pids` (dead, and no longer a zombie) within
     `timeout` s: it is then busy with what follows a death (hand-back, replacement)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and farm.proc.poll() is None:
+
+    def reaped() -> bool:
         for pid in pids:
             try:
                 if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                     continue
             except psutil.NoSuchProcess:
                 return True
-        time.sleep(0.005)
-    return False
+        return False
+
+    return poll(reaped, timeout, 0.005, farm)
 
 
 def signal_latency(farm: RunningFarm, sig: signal.Signals, event: str, timeout: float) -> float:
@@ -335,10 +322,8 @@ def signal_latency(farm: RunningFarm, sig: signal.Signals, event: str, timeout: 
     before = len(named(farm, event))
     began = time.monotonic()
     farm.proc.send_signal(sig)
-    while time.monotonic() - began < timeout:
-        if len(named(farm, event)) > before:
-            return time.monotonic() - began
-        time.sleep(0.005)
+    if poll(lambda: len(named(farm, event)) > before, timeout, 0.005):
+        return time.monotonic() - began
     return float("inf")
 
 
@@ -392,10 +377,7 @@ def test_a_forward_wall_clock_step_kills_no_worker(
             assert abs(offset - 3600) < 60, f"the step did not happen: offset {offset:.0f}s"
             # Watch for 3 heartbeat timeouts: a worker judged silent would be killed in 1.
             mark = len(load.ids)
-            while time.monotonic() - stepped < 3 * HEARTBEAT + 2 and farm.proc.poll() is None:
-                if named(farm, "worker_stuck"):
-                    break
-                time.sleep(0.2)
+            poll(lambda: named(farm, "worker_stuck"), 3 * HEARTBEAT + 2, 0.2, farm)
             after = list(load.ids[mark:])
             missing = wait_delivered(farm, dsn, after, 30)
             if missing:
@@ -499,12 +481,7 @@ def proxied_farm(
 
 
 def wait_healthy(farm: RunningFarm, procs: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and farm.proc.poll() is None:
-        if farm.healthy(procs):
-            return True
-        time.sleep(0.2)
-    return False
+    return poll(lambda: farm.healthy(procs), timeout, 0.2, farm)
 
 
 # -- 2. database outages during crashes ----------------------------------------------------
@@ -607,7 +584,7 @@ def test_a_blackholed_database_never_blocks_the_arbiter(
                     f"{exit_note(farm) or sorted(workers(farm))}"
                 )
             while time.monotonic() - began < 12 and farm.proc.poll() is None:
-                time.sleep(0.2)
+                time.sleep(0.2)  # the blackhole lasts 12 s on purpose, /healthz asked meanwhile
             blackholed = health.since(began)
             proxy.restore()
             if not wait_healthy(farm, 2, 60):
@@ -684,9 +661,7 @@ def test_a_worker_killed_for_a_blocked_loop_leaves_its_stack_in_the_log(
     ) as farm:
         wait_for(lambda: farm.healthy(1), "a healthy worker", 60, farm)
         (worker,) = workers(farm)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("INSERT INTO outbox (queue, payload) VALUES ('block', 'x')")
-            conn.execute("SELECT pg_notify('outbox_outbox', 'block')")
+        publish(dsn, 1, queue="block")
         wait_for(
             lambda: [e for e in named(farm, "worker_died") if f"worker {worker} " in e["message"]],
             f"worker {worker} killed and reaped",

@@ -40,7 +40,7 @@ def test_a_held_snapshot_is_measured_named_in_a_warning_and_cleared(
     with psycopg.connect(dsn, application_name="report-job") as holder:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT count(*) FROM outbox")  # takes the snapshot
-        holder.execute("SELECT pg_sleep(1)")
+        holder.execute("SELECT pg_sleep(1)")  # the snapshot ages a second: what is measured
         pid = holder.info.backend_pid
         with caplog.at_level(logging.WARNING, logger="outbox_farm.gauges"):
             refresh(dsn, watch)
