@@ -15,7 +15,6 @@ tests in a copy of the tree without `.git`).
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import signal
@@ -25,12 +24,11 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
-from tests.steps import eventually
+from tests.steps import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = "0.1.0"  # the release before this one, as CHANGELOG.md heads its section
@@ -159,16 +157,12 @@ class Upgrade:
     def drained_all(self, farm: str, proc: subprocess.Popen[bytes]) -> None:
         """Wait for an empty outbox with `farm` running, stop it, and check every committed
         number was delivered."""
-        wait(lambda: proc.poll() is None and self.outbox_rows() == 0, f"{farm} drains")
+        wait_for(lambda: proc.poll() is None and self.outbox_rows() == 0, f"{farm} drains", BOOT)
         self.stop_farm(farm, proc)
         published = set(self.numbers("old.published")) | set(self.numbers("new.published"))
         assert published, "nothing was published"
         missing = published - set(self.numbers("delivered"))
         assert not missing, f"{len(missing)} committed rows never delivered"
-
-
-def wait(check: Callable[[], Any], what: str) -> None:
-    asyncio.run(eventually(check, what, timeout=BOOT))
 
 
 @pytest.fixture
@@ -207,12 +201,12 @@ def test_code_first_then_schema_under_load(upgrade: Upgrade) -> None:
     assert up.cli(up.old, "migrate").returncode == 0
     old_farm = up.farm("old-farm", up.old)
     old_load = up.load("old", up.old, 0)
-    wait(up.published_more("old"), "the previous release's producer")
-    wait(lambda: up.numbers("delivered"), "the previous release's farm")
+    wait_for(up.published_more("old"), "the previous release's producer", BOOT)
+    wait_for(lambda: up.numbers("delivered"), "the previous release's farm", BOOT)
 
     # The new code first: its producer publishes into the older schema, none failing.
     new_load = up.load("new", up.new, 10**8)
-    wait(up.published_more("new"), "this release's producer on the previous schema")
+    wait_for(up.published_more("new"), "this release's producer on the previous schema", BOOT)
     up.stop_load("old", old_load)
     # Its farm refuses the older schema, in one line saying what to run.
     refused = up.cli(up.new, "start", "app:farm", "--procs", "1")
@@ -221,10 +215,10 @@ def test_code_first_then_schema_under_load(upgrade: Upgrade) -> None:
 
     # Then the schema, under load; then the new farm takes over from the old one.
     assert up.cli(up.new, "migrate").returncode == 0
-    wait(up.published_more("new"), "this release's producer after the migration")
+    wait_for(up.published_more("new"), "this release's producer after the migration", BOOT)
     new_farm = up.farm("new-farm", up.new)
     up.stop_farm("old-farm", old_farm)
-    wait(up.published_more("new"), "this release's producer with its farm")
+    wait_for(up.published_more("new"), "this release's producer with its farm", BOOT)
     up.stop_load("new", new_load)
     up.drained_all("new-farm", new_farm)
 
@@ -236,20 +230,22 @@ def test_schema_first_then_code_under_load(upgrade: Upgrade) -> None:
     assert up.cli(up.old, "migrate").returncode == 0
     old_farm = up.farm("old-farm", up.old)
     old_load = up.load("old", up.old, 0)
-    wait(up.published_more("old"), "the previous release's producer")
+    wait_for(up.published_more("old"), "the previous release's producer", BOOT)
 
     # The schema first: the previous release's farm and producer keep working on it.
     assert up.cli(up.new, "migrate").returncode == 0
-    wait(up.published_more("old"), "the previous release's producer after the migration")
+    wait_for(up.published_more("old"), "the previous release's producer after the migration", BOOT)
     seen = len(up.numbers("delivered"))
-    wait(lambda: len(up.numbers("delivered")) > seen, "the previous farm after the migration")
+    wait_for(
+        lambda: len(up.numbers("delivered")) > seen, "the previous farm after the migration", BOOT
+    )
 
     # Then the code: the new producer and farm take over.
     new_load = up.load("new", up.new, 10**8)
-    wait(up.published_more("new"), "this release's producer")
+    wait_for(up.published_more("new"), "this release's producer", BOOT)
     up.stop_load("old", old_load)
     new_farm = up.farm("new-farm", up.new)
     up.stop_farm("old-farm", old_farm)
-    wait(up.published_more("new"), "this release's producer with its farm")
+    wait_for(up.published_more("new"), "this release's producer with its farm", BOOT)
     up.stop_load("new", new_load)
     up.drained_all("new-farm", new_farm)
