@@ -27,13 +27,12 @@ from outbox_farm.producer import BatchOptions
 from outbox_farm.settings import RuntimeSettings
 
 T = TypeVar("T")
+PRODUCER = Farm()  # the tables of every test database: outbox and outbox_dlq
 
 
 def publish(
     where: str | psycopg.Connection[Any],
     bodies: Sequence[object] | int,
-    *,
-    farm: Farm | None = None,
     **options: Unpack[BatchOptions],
 ) -> list[int]:
     """Publish `bodies` through the producer API, as an application does (one `publish_batch`:
@@ -41,14 +40,12 @@ def publish(
 
     `where` is a DSN, on which the rows are committed before this returns, or the caller's
     connection, whose transaction they join. `bodies` may be a count, for a test that only
-    needs rows: that many numbered byte bodies (b"0", b"1", ...). `farm` names the tables
-    (`outbox` and `outbox_dlq` without one)."""
+    needs rows: that many numbered byte bodies (b"0", b"1", ...)."""
     payloads = [b"%d" % n for n in range(bodies)] if isinstance(bodies, int) else bodies
-    producer = farm if farm is not None else Farm()
     if isinstance(where, str):
         with psycopg.connect(where) as conn:
-            return producer.publish_batch(conn, payloads, **options)
-    return producer.publish_batch(where, payloads, **options)
+            return PRODUCER.publish_batch(conn, payloads, **options)
+    return PRODUCER.publish_batch(where, payloads, **options)
 
 
 async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
