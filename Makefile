@@ -86,16 +86,16 @@ bench-sustained: ## Five minutes at 10,000 msg/s into --procs 2: throughput per 
 
 .PHONY: loadtest
 loadtest: ## Load test: 60 s of Locust against a --procs 2 farm, drain, check invariants
-	$(PY) loadtests/run_loadtest.py --duration 60 $(LOADTEST_ARGS)
+	$(PY) loadtests/load/run_loadtest.py --duration 60 $(LOADTEST_ARGS)
 
 .PHONY: loadtest-relay
 loadtest-relay: ## Load tests in relay mode: Locust -> farm -> RabbitMQ, then Kafka -> a consumer, checked
-	$(PY) loadtests/run_loadtest.py --duration 60 --relay rabbitmq $(LOADTEST_ARGS)
-	$(PY) loadtests/run_loadtest.py --duration 60 --relay kafka $(LOADTEST_ARGS)
+	$(PY) loadtests/load/run_loadtest.py --duration 60 --relay rabbitmq $(LOADTEST_ARGS)
+	$(PY) loadtests/load/run_loadtest.py --duration 60 --relay kafka $(LOADTEST_ARGS)
 
 .PHONY: loadtest-ui
 loadtest-ui: ## Load test from Locust's web UI on http://127.0.0.1:8089 (Ctrl-C: drain + check)
-	$(PY) loadtests/run_loadtest.py --ui $(LOADTEST_ARGS)
+	$(PY) loadtests/load/run_loadtest.py --ui $(LOADTEST_ARGS)
 
 .PHONY: chaos
 chaos: ## Chaos and scale suite against LOCAL_DSN (all scenarios, ~15 min; or SCENARIO=a,b)

@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 import uvloop
 
-from loadtests.harness import admin_server, note, scratch_database
+from loadtests.common import tables
+from loadtests.common.harness import admin_server, note, scratch_database
 from outbox_farm import Farm
 
 QUEUE = "bench"
@@ -187,14 +188,14 @@ def settled_xacts(
 # VACUUM during the run does not reset the way it resets n_dead_tup.
 OUTBOX_STATS = (
     "SELECT n_tup_upd + n_tup_del, n_dead_tup, pg_table_size(relid), vacuum_count, "
-    "autovacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'"
+    "autovacuum_count FROM pg_stat_user_tables WHERE relname = %s"
 )
 
 
 def outbox_stats(conn: psycopg.Connection[Any]) -> dict[str, int]:
     """The outbox table's churn as the server counts it: dead row versions made and left,
     its size in bytes, and the VACUUMs by the farm and by autovacuum so far."""
-    row = conn.execute(OUTBOX_STATS).fetchone()
+    row = conn.execute(OUTBOX_STATS, [tables.OUTBOX]).fetchone()
     keys = ("dead_made", "n_dead_tup", "size", "vacuum_count", "autovacuum_count")
     return dict(zip(keys, (int(v) for v in row), strict=True))
 

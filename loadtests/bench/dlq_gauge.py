@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from loadtests.common import tables
 from outbox_farm import Farm
 from outbox_farm.chores import gauges
 from outbox_farm.problems import Problems
@@ -32,8 +33,8 @@ from outbox_farm.problems import Problems
 from .common import add_dsn, scratch, server
 from .stats import LOAD_DLQ
 
-ONE_MORE = (
-    "INSERT INTO outbox_dlq (original_id, queue, payload, deliveries_count, created_at, "
+ONE_MORE = tables.query(
+    "INSERT INTO {dlq} (original_id, queue, payload, deliveries_count, created_at, "
     "failed_at, failure_reason) VALUES (0, 'queue_0', 'x', 1, now(), now(), 'rejected')"
 )
 
@@ -92,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args(argv)
-    farm = Farm(table="outbox", dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     queues = [f"queue_{n}" for n in range(args.queues)]
     with server(args.dsn) as admin, scratch(admin, farm) as dsn:
         print(f"loading {args.dlq_rows:,} DLQ rows over {args.queues} queues", flush=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(LOAD_DLQ, {"queues": args.queues, "rows": args.dlq_rows})
-            conn.execute("VACUUM ANALYZE outbox_dlq")
+            conn.execute(tables.query("VACUUM ANALYZE {dlq}"))
         for label, result in asyncio.run(measure(dsn, farm, queues, args.runs)).items():
             print(f"  {label:<26} {result}")
     return 0

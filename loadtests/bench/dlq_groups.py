@@ -33,6 +33,7 @@ from typing import Any
 
 import psycopg
 
+from loadtests.common import tables
 from outbox_farm import Farm
 from outbox_farm.admin.dlq import DlqFilter, dlq_causes, dlq_list
 from outbox_farm.admin.durations import When
@@ -43,8 +44,8 @@ CHUNK = 100_000
 # One statement per chunk of ids: a dozen kinds of exception, each with the volatile parts
 # the cause normalises away, the frames the farm appends after the repr, and one row in 50
 # with no exception at all (another writer's).
-LOAD = """
-INSERT INTO outbox_dlq (original_id, queue, payload, headers, deliveries_count, created_at,
+LOAD = tables.query("""
+INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
                         failed_at, failure_reason, last_exception)
 SELECT g, 'queue_' || (g %% %(queues)s), '\\x7b7d'::bytea, '{"content-type": "application/json"}',
        3, now(), now() - make_interval(secs => (%(rows)s - g)::float8 / 10),
@@ -67,13 +68,13 @@ SELECT g, 'queue_' || (g %% %(queues)s), '\\x7b7d'::bytea, '{"content-type": "ap
            || '  File "/srv/app/handlers.py", line ' || (g %% 400) || E', in on_order\\n'
            || E'    order = await load(msg.json()["order_id"])\\n' END
 FROM generate_series(%(first)s::int, %(last)s::int) AS g
-"""
-BATCH = """
-INSERT INTO outbox_dlq (original_id, queue, payload, deliveries_count, created_at,
+""")
+BATCH = tables.query("""
+INSERT INTO {dlq} (original_id, queue, payload, deliveries_count, created_at,
                         failure_reason, last_exception)
 SELECT g, 'queue_0', 'x', 3, now(), 'retry_terminal', format('KeyError(%%L)', 'k' || g)
 FROM generate_series(1, %(batch)s::int) AS g
-"""
+""")
 
 
 def timed(dsn: str, runs: int, call: Callable[[psycopg.Connection[Any]], Any]) -> str:
@@ -98,8 +99,8 @@ def load(dsn: str, rows: int, queues: int) -> None:
             last = min(first + CHUNK - 1, rows)
             conn.execute(LOAD, {"queues": queues, "rows": rows, "first": first, "last": last})
             print(f"  {last:,} rows ({time.monotonic() - began:.0f} s)", file=sys.stderr)
-        conn.execute("VACUUM ANALYZE outbox_dlq")
-        conn.execute("VACUUM ANALYZE outbox_dlq_causes")
+        conn.execute(tables.query("VACUUM ANALYZE {dlq}"))
+        conn.execute(tables.query("VACUUM ANALYZE {dlq_causes}"))
     print(f"loaded {rows:,} DLQ rows in {time.monotonic() - began:.0f} s (with the triggers)")
 
 
@@ -113,7 +114,7 @@ def write_cost(dsn: str, batch: int, runs: int) -> dict[str, str]:
             for _ in range(runs):
                 with conn.transaction(force_rollback=True):
                     if not trigger:
-                        conn.execute("ALTER TABLE outbox_dlq DISABLE TRIGGER USER")
+                        conn.execute(tables.query("ALTER TABLE {dlq} DISABLE TRIGGER USER"))
                     began = time.perf_counter()
                     conn.execute(BATCH, {"batch": batch})
                     took.append((time.perf_counter() - began) * 1000)
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scan-runs", type=int, default=3, help="timed runs of the full scan")
     parser.add_argument("--batch", type=int, default=500, help="rows per timed DLQ insert")
     args = parser.parse_args(argv)
-    farm = Farm(table="outbox", dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     names = farm.names
     with server(args.dsn) as admin, scratch(admin, farm) as dsn:
         load(dsn, args.rows, args.queues)
@@ -155,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         for label, call in cases.items():
             print(f"  {label:<34} {timed(dsn, args.runs, call)}")
-        scan = (
-            "SELECT outbox_dlq_cause(last_exception), count(*) FROM outbox_dlq "
+        scan = tables.query(
+            "SELECT {dlq_cause_fn}(last_exception), count(*) FROM {dlq} "
             "GROUP BY 1 ORDER BY 2 DESC LIMIT 20"
         )
         result = timed(dsn, args.scan_runs, lambda c: c.execute(scan).fetchall())

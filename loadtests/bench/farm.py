@@ -26,7 +26,8 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from loadtests.harness import note, start_farm, stop_farm
+from loadtests.common import tables
+from loadtests.common.harness import note, start_farm, stop_farm
 from outbox_farm import Farm
 
 from .common import QUEUE, add_dsn, scratch, server
@@ -37,13 +38,15 @@ from .report import print_measures, verdict
 # of the rows, and the database's cost per statement is spread over fewer messages.
 APP = """
 from outbox_farm import Farm
-farm = Farm(dlq_table="outbox_dlq")
+from loadtests.common.tables import DLQ, OUTBOX
+farm = Farm(table=OUTBOX, dlq_table=DLQ)
 
 @farm.handler("bench", concurrency=256)
 async def handle(msg):
     pass
 """
 TARGET_DRAIN_2 = 60_000.0  # msg/s, --procs 2
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_bench_farm(
@@ -56,9 +59,11 @@ def start_bench_farm(
     metrics_bind: str = "",
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """`outbox-farm start` as the benchmarks run it: the app in `appdir`, warnings only in the
-    log, no /metrics unless `metrics_bind`, `env` on top of this process's environment."""
+    """`outbox-farm start` as the benchmarks run it: the app in `appdir` (the repository on its
+    path: an app may import the harness's tables), warnings only in the log, no /metrics unless
+    `metrics_bind`, `env` on top of this process's environment."""
     options = ["--metrics-bind", metrics_bind, "--log-level", "WARNING"]
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     return start_farm(
         app,
         dsn,
@@ -66,7 +71,7 @@ def start_bench_farm(
         cwd=appdir,
         log=log,
         options=options,
-        env=None if env is None else {**os.environ, **env},
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
     )
 
 
@@ -84,11 +89,13 @@ def preload(dsn: str, rows: int, keys: int | None = None, *, published: bool = F
     Without keys, one INSERT of bare rows (no headers), unless `published`: then by the same
     `publish_batch` without keys, rows that differ from the keyed ones by their key alone."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE outbox")
+        conn.execute(tables.query("TRUNCATE {outbox}"))
         if keys is None and not published:
             conn.execute(
-                "INSERT INTO outbox (queue, payload) SELECT %s, '\\x7b7d' "
-                "FROM generate_series(1, %s)",
+                tables.query(
+                    "INSERT INTO {outbox} (queue, payload) SELECT %s, '\\x7b7d' "
+                    "FROM generate_series(1, %s)"
+                ),
                 [QUEUE, rows],
             )
         else:
@@ -101,11 +108,11 @@ def preload(dsn: str, rows: int, keys: int | None = None, *, published: bool = F
                     queue=QUEUE,
                     ordering_keys=[f"key-{g % keys}" for g in batch] if keys else None,
                 )
-        conn.execute("VACUUM ANALYZE outbox")
+        conn.execute(tables.query("VACUUM ANALYZE {outbox}"))
 
 
 def count(conn: psycopg.Connection) -> int:
-    row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    row = conn.execute(tables.query("SELECT count(*) FROM {outbox}")).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -113,15 +120,15 @@ def count(conn: psycopg.Connection) -> int:
 # about 4.5 ms, and polled every 20 ms it held a fifth of a core through the drain (about 5 µs
 # of the machine's CPU per message), and all of one while the farm started; the floor it is
 # compared with polls nothing. Each of these reads a few index entries.
-STARTED = """
-    SELECT EXISTS (SELECT FROM outbox WHERE acquired_token IS NOT NULL)
-        OR (SELECT min(id) FROM outbox) IS DISTINCT FROM %s
-"""
+STARTED = tables.query("""
+    SELECT EXISTS (SELECT FROM {outbox} WHERE acquired_token IS NOT NULL)
+        OR (SELECT min(id) FROM {outbox}) IS DISTINCT FROM %s
+""")
 # The drain claims in publish order, so the newest row is among the last to go: the walk from
 # the top of the primary key meets a live row at once, until the very end, and kills the dead
 # entries it passes on the way (each is read once).
 # (Not inside EXISTS, which drops the ORDER BY and scans the table.)
-ANY_LEFT = "SELECT id FROM outbox ORDER BY id DESC LIMIT 1"
+ANY_LEFT = tables.query("SELECT id FROM {outbox} ORDER BY id DESC LIMIT 1")
 
 
 def _started(conn: psycopg.Connection, first: int | None) -> bool:
@@ -184,7 +191,7 @@ def drain_run(
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 300
             polls += 1
-            lowest = conn.execute("SELECT min(id) FROM outbox").fetchone()
+            lowest = conn.execute(tables.query("SELECT min(id) FROM {outbox}")).fetchone()
             first = lowest[0] if lowest else None
             while (polls := polls + 1) and not _started(conn, first):
                 if time.monotonic() > deadline or proc.poll() is not None:
@@ -214,7 +221,7 @@ def drain_run(
 
 
 def steady(dsn: str, seconds: float, rate: float, appdir: Path) -> dict[str, object]:
-    farm = Farm(dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     proc = start_bench_farm(dsn, 2, appdir, appdir / "steady.log")
     halt = threading.Event()
 
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     memory: dict[str, object] | None = None
     with (
         server(args.dsn) as admin,
-        scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn,
+        scratch(admin, Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)) as dsn,
         tempfile.TemporaryDirectory() as folder,
     ):
         appdir = Path(folder)

@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from loadtests.common import tables
 from outbox_farm import Farm
 
 from .common import QUEUE, add_dsn, scratch, server
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=CLIENTS)
     parser.add_argument("--batch", type=int, default=BATCH)
     args = parser.parse_args(argv)
-    with server(args.dsn) as admin, scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn:
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
+    with server(args.dsn) as admin, scratch(admin, farm) as dsn:
         result = floor_run(dsn, args.rows, args.clients, args.batch)
     print(
         f"floor: {args.rows:,} rows claimed and deleted by {args.clients} raw connections, "

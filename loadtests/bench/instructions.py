@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from loadtests.harness import note
+from loadtests.common.harness import note
 
 from .common import QUEUE, add_dsn, scratch, server, time_limit
 

@@ -25,7 +25,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from loadtests.harness import note as note_stop
+from loadtests.common.harness import note as note_stop
 from outbox_farm import Farm, Message
 
 from . import floor

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import psycopg
 
-from loadtests.harness import note
+from loadtests.common import tables
+from loadtests.common.harness import note
 from outbox_farm import Farm
 
 from .common import add_dsn, scratch, server
@@ -42,7 +43,8 @@ LEDGER_APP = """
 import os, time
 import psycopg
 from outbox_farm import Farm
-farm = Farm(dlq_table="outbox_dlq")
+from loadtests.common.tables import DLQ, OUTBOX
+farm = Farm(table=OUTBOX, dlq_table=DLQ)
 _conn = []
 
 @farm.handler("bench", concurrency=64)
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pairs must be at least 1")
     with (
         server(args.dsn) as admin,
-        scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn,
+        scratch(admin, Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)) as dsn,
         tempfile.TemporaryDirectory() as folder,
     ):
         appdir = Path(folder)

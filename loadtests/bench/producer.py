@@ -28,7 +28,7 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from loadtests.harness import note
+from loadtests.common.harness import note
 from outbox_farm import Farm
 
 from .common import (

@@ -35,8 +35,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from loadtests.harness import note
-from loadtests.kafkabroker import tansu
+from loadtests.common import tables
+from loadtests.common.harness import note
+from loadtests.common.kafkabroker import tansu
 from outbox_farm import Farm
 from outbox_farm.farm import RELAY_BATCH
 from outbox_farm.relay import BrokerReply, Envelope, Target
@@ -49,7 +50,6 @@ from .common import add_dsn, scratch, server
 from .farm import drain_run
 from .report import print_measures, verdict
 
-ROOT = Path(__file__).resolve().parents[2]
 CEILING_RATIO = 0.6
 NAIVE_FACTOR = 10.0
 NAIVE_VARIANTS = (("shared", 32), ("shared", 1), ("per-run", 32))
@@ -69,8 +69,9 @@ APP = """
 import os
 from outbox_farm import Farm
 from loadtests.bench.relay import make_target
+from loadtests.common.tables import DLQ, OUTBOX
 
-farm = Farm(dlq_table="outbox_dlq")
+farm = Farm(table=OUTBOX, dlq_table=DLQ)
 target = make_target(os.environ["RELAY_KIND"], os.environ["RELAY_URL"], os.environ["RELAY_DEST"])
 farm.relay("bench", to=target, batch=int(os.environ["RELAY_BATCH"]))
 """
@@ -109,8 +110,9 @@ NAIVE_APP = """
 import asyncio
 import os
 from outbox_farm import Farm
+from loadtests.common.tables import DLQ, OUTBOX
 
-farm = Farm(dlq_table="outbox_dlq")
+farm = Farm(table=OUTBOX, dlq_table=DLQ)
 url, dest, kind = os.environ["RELAY_URL"], os.environ["RELAY_DEST"], os.environ["RELAY_KIND"]
 per_run = os.environ["RELAY_NAIVE_CONNECTION"] == "per-run"
 shared = []
@@ -459,8 +461,6 @@ def measure(broker: Broker, dsn: str, appdir: Path, args: argparse.Namespace) ->
         "RELAY_DEST": DEST,
         "RELAY_KIND": broker.kind,
         "RELAY_BATCH": str(args.batch),
-        # the app imports make_target from this module; the farm runs in the app's folder
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
     }
     asyncio.run(broker.reset())
     note(f"{broker.kind}: ceiling, {args.rows:,} bodies by the client library alone ...")
@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, float]] = {}
     with (
         server(args.dsn) as admin,
-        scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn,
+        scratch(admin, Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)) as dsn,
         tempfile.TemporaryDirectory() as folder,
     ):
         appdir = Path(folder)

@@ -36,7 +36,7 @@ import psycopg
 import uvloop
 from psycopg import sql
 
-from loadtests.harness import dbname, note
+from loadtests.common.harness import dbname, note
 from outbox_farm import Farm, Message
 from outbox_farm.metrics import metrics
 

@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 import uvloop
 
-from loadtests.harness import dbname
+from loadtests.common import tables
+from loadtests.common.harness import dbname
 from outbox_farm import Farm
 from outbox_farm.metrics import metrics
 
@@ -103,7 +104,7 @@ def drain_section(admin_dsn: str, dsn: str, procs: int, rows: int, appdir: Path)
 
 
 def standard(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
-    farm = Farm(dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     progress = Progress(6 + 2 * 3 + 2 + 2 + 2)
     metrics()  # Prometheus objects once, before the in-process runtime
     result: dict[str, Any] = {}

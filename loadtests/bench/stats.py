@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from loadtests.common import tables
 from outbox_farm import Farm
 from outbox_farm.admin import queue_stats
 from outbox_farm.db.operator import OUTBOX_CONDITIONS, AdminSql
@@ -31,8 +32,8 @@ from .common import add_dsn, scratch, server
 
 CHUNK = 1_000_000
 
-LOAD = """
-INSERT INTO outbox (queue, payload, headers, attempts_count, deliveries_count, next_attempt_at,
+LOAD = tables.query("""
+INSERT INTO {outbox} (queue, payload, headers, attempts_count, deliveries_count, next_attempt_at,
                     acquired_at, acquired_token, lease_expires_at)
 SELECT 'queue_' || (g %% %(queues)s),
        convert_to('{"order_id": ' || g || '}', 'UTF8'),
@@ -46,17 +47,17 @@ SELECT 'queue_' || (g %% %(queues)s),
        CASE WHEN g %% 100 >= 95 THEN now() - interval '1 min'
             WHEN g %% 100 >= 90 THEN now() + interval '1 min' END
 FROM generate_series(%(first)s::int, %(last)s::int) AS g
-"""
+""")
 
-LOAD_DLQ = """
-INSERT INTO outbox_dlq (original_id, queue, payload, headers, deliveries_count, created_at,
+LOAD_DLQ = tables.query("""
+INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
                         failed_at, failure_reason, last_exception)
 SELECT g, 'queue_' || (g %% %(queues)s), '\\x00'::bytea, NULL, 3, now(),
        now() - make_interval(secs => (g %% 2592000)::float8),
        (ARRAY['max_deliveries', 'retry_terminal', 'rejected'])[1 + g %% 3],
        'RuntimeError(''boom'')'
 FROM generate_series(1, %(rows)s::int) AS g
-"""
+""")
 
 
 def load(dsn: str, rows: int, queues: int, dlq_rows: int) -> None:
@@ -116,20 +117,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dlq-rows", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    farm = Farm(table="outbox", dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     with server(args.dsn) as admin, scratch(admin, farm) as dsn:
         print(f"loading {args.rows:,} rows over {args.queues} queues")
         load(dsn, args.rows, args.queues, args.dlq_rows)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE outbox")
-            conn.execute("ANALYZE outbox_dlq")
-            size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('outbox'))")
+            conn.execute(tables.query("ANALYZE {outbox}"))
+            conn.execute(tables.query("ANALYZE {dlq}"))
+            size = conn.execute(
+                "SELECT pg_size_pretty(pg_total_relation_size(%s))", [tables.OUTBOX]
+            )
             print(f"outbox table with indexes: {(size.fetchone() or ('?',))[0]}")
         print("plans:", plans(dsn, farm))
         print("after ANALYZE only:", time_stats(dsn, farm, args.runs))
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("VACUUM outbox")
-            conn.execute("VACUUM outbox_dlq")
+            conn.execute(tables.query("VACUUM {outbox}"))
+            conn.execute(tables.query("VACUUM {dlq}"))
         print("after VACUUM:      ", time_stats(dsn, farm, args.runs))
     return 0
 

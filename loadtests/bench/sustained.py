@@ -28,7 +28,8 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from loadtests.harness import Metrics, free_port
+from loadtests.common import tables
+from loadtests.common.harness import Metrics, free_port
 from outbox_farm import Farm
 
 from . import floor
@@ -47,6 +48,7 @@ from .report import fmt
 
 KEPT_UP_P99_MS = 1000
 VACUUM_EVERY = 10.0  # the farm's default vacuum_interval, for the floor's table
+BACKLOG = tables.query("SELECT count(*) FROM {outbox}")
 # 256 executors a process, as the drain's app (`farm.APP`): once a backlog forms, each claim
 # and flush carries up to four times the rows it would at 64, and at 30,000 msg/s offered
 # that decided whether the farm kept up (it did not at 64: its backlog grew by 3,000 rows a
@@ -54,7 +56,8 @@ VACUUM_EVERY = 10.0  # the farm's default vacuum_interval, for the floor's table
 SUSTAINED_APP = """
 import os, time
 from outbox_farm import Farm
-farm = Farm(dlq_table="outbox_dlq")
+from loadtests.common.tables import DLQ, OUTBOX
+farm = Farm(table=OUTBOX, dlq_table=DLQ)
 _out = open(os.path.join(os.environ["BENCH_LAT_DIR"], f"lat-{os.getpid()}.csv"), "a",
             buffering=1)
 
@@ -72,7 +75,7 @@ def sustained_producer(
 ) -> None:
     """Spawned: publish_batch of `batch` at `rate` msg/s for `seconds`; every `sample_every`th
     batch's first body carries time.time() taken just before the transaction."""
-    farm = Farm(dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     sent = 0
     try:
         with psycopg.connect(dsn) as conn:
@@ -196,7 +199,7 @@ def load_windows(
                 if now is None:
                     raise RuntimeError("the receiver stopped answering")
                 t_now = time.time()
-                backlog = int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+                backlog = int(conn.execute(BACKLOG).fetchone()[0])
                 stats = outbox_stats(conn)
                 lags = read_latencies(folder, t_last, t_now)
                 p50, p99 = percentiles(lags, 50, 99) or (None, None)
@@ -234,7 +237,7 @@ def sustained(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     window = 60.0 if seconds >= 120 else 10.0
     windows = max(int(seconds // window), 1)
     progress = Progress((windows + 1) * (2 if args.floor else 1))
-    farm = Farm(dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     result: dict[str, Any] = {
         "seconds": seconds,
         "rate": args.rate,
@@ -298,8 +301,8 @@ def floor_windows(
     for path in folder.glob("lat-*.csv"):
         path.unlink()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE outbox")
-        conn.execute("VACUUM ANALYZE outbox")
+        conn.execute(tables.query("TRUNCATE {outbox}"))
+        conn.execute(tables.query("VACUUM ANALYZE {outbox}"))
     ctx = mp.get_context("spawn")
     stop, handled = ctx.Event(), ctx.Value("q", 0)
     receivers = [
@@ -328,7 +331,7 @@ def floor_windows(
 def vacuum_every(dsn: str, seconds: float, stop: Any) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         while not stop.wait(seconds):
-            conn.execute("VACUUM outbox")
+            conn.execute(tables.query("VACUUM {outbox}"))
 
 
 def print_sustained(r: dict[str, Any]) -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psycopg
 
-from loadtests.harness import note
+from loadtests.common import tables
+from loadtests.common.harness import note
 from outbox_farm import Farm
 
 from .common import add_dsn, scratch, server
@@ -31,7 +32,8 @@ APP = f"""
 import os
 from psycopg_pool import AsyncConnectionPool
 from outbox_farm import Farm
-farm = Farm(dlq_table="outbox_dlq")
+from loadtests.common.tables import DLQ, OUTBOX
+farm = Farm(table=OUTBOX, dlq_table=DLQ)
 _pool = []
 
 @farm.handler("bench", concurrency={CONCURRENCY})
@@ -44,7 +46,7 @@ async def plain(msg):
     async with _pool[0].connection() as conn:
         await conn.execute("INSERT INTO effects VALUES (%s)", (msg.id,))
 
-tx = Farm(dlq_table="outbox_dlq")
+tx = Farm(table=OUTBOX, dlq_table=DLQ)
 
 @tx.handler("bench", concurrency={CONCURRENCY}, transactional=True)
 async def in_transaction(msg, conn):
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with (
         server(args.dsn) as admin,
-        scratch(admin, Farm(dlq_table="outbox_dlq")) as dsn,
+        scratch(admin, Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)) as dsn,
         tempfile.TemporaryDirectory() as folder,
     ):
         appdir = Path(folder)

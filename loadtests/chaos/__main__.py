@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from loadtests.harness import admin_server, align, note
+from loadtests.common.harness import admin_server, align, note
 
 from .checks import Context, Finding, Result
 from .scenarios import SCENARIOS

@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,9 @@ from typing import Any
 import psutil
 import psycopg
 
-from loadtests import expected
-from loadtests.farmproc import get
+from loadtests.common import expected, tables
+from loadtests.common.farmproc import get
+from loadtests.common.waits import wait_until
 
 from .farms import FarmRun
 from .load import PRODUCER
@@ -71,7 +71,7 @@ def survived(result: Result, run: FarmRun, *, restarts_allowed: bool = False) ->
     def healthy() -> bool:
         return run.proc.poll() is None and (run.health() or (0, {}))[0] == 200
 
-    alive = wait_for(healthy, RECOVERY)
+    alive = wait_until(healthy, RECOVERY)
     detail = "" if alive else f"/healthz: {run.health()}; exit: {run.proc.poll()}\n{run.tail(3)}"
     result.findings.append(Finding("farm-keeps-running", alive, detail))
     if not restarts_allowed:
@@ -86,15 +86,6 @@ def unhealthy_with(run: FarmRun, text: str) -> bool:
     return health is not None and health[0] == 503 and text in str(health[1])
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.5)
-    return condition()
-
-
 def measure_drain(dsn: str, run: FarmRun, rows: int) -> float:
     """Messages per second the running farm drains from a pre-loaded backlog of `rows`."""
     with psycopg.connect(dsn) as conn:
@@ -102,20 +93,23 @@ def measure_drain(dsn: str, run: FarmRun, rows: int) -> float:
             expected.publish(conn, PRODUCER, "ok", count=rows)
         began = time.monotonic()
         while True:
-            left = conn.execute("SELECT count(*) FROM outbox").fetchone()
+            left = conn.execute(tables.query("SELECT count(*) FROM {outbox}")).fetchone()
             conn.commit()
             if left is None or left[0] == 0:
                 return rows / (time.monotonic() - began)
             time.sleep(0.05)
 
 
+BACKLOG = tables.query(
+    "SELECT count(*), coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0) "
+    "FROM {outbox} WHERE acquired_token IS NULL"
+)
+
+
 def sample_backlog(dsn: str, peak: list[int], lag: list[float], stop: threading.Event) -> None:
     with psycopg.connect(dsn, autocommit=True, application_name="chaos-check") as conn:
         while not stop.wait(0.5):
-            row: Any = conn.execute(
-                "SELECT count(*), coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0) "
-                "FROM outbox WHERE acquired_token IS NULL"
-            ).fetchone()
+            row: Any = conn.execute(BACKLOG).fetchone()
             peak[0] = max(peak[0], int(row[0]))
             lag[0] = float(row[1])
 

@@ -1,8 +1,8 @@
 """The farms under test and the faults done to them: processes, connections, the server.
 
 A `FarmRun` is one `outbox-farm start` (its own session, /metrics port and JSON log, started
-as the load test's farm is, by `loadtests/farmproc.py`): its workers can be killed one by one,
-the whole session at once, and every pid that died (killed here, or replaced by the arbiter)
+as the load test's farm is, by `loadtests/common/farmproc.py`): its workers can be killed one
+by one, the whole session at once, and every pid that died (killed here, or replaced by the arbiter)
 is collected, since the checker needs them to explain duplicates. `Server` is a Postgres of
 the suite's own (the embedded one), for the faults that must never touch a shared server:
 restarts.
@@ -26,11 +26,11 @@ from typing import Any
 import psutil
 import psycopg
 
-from loadtests.farmproc import GRACEFUL, farm_subprocess, get, log_tail
-from loadtests.harness import Metrics, kill_farm, stop_farm
+from loadtests.common.farmproc import APP, GRACEFUL, ROOT, farm_subprocess, get, log_tail
+from loadtests.common.harness import Metrics, kill_farm, stop_farm
+from loadtests.common.waits import wait_until
 from outbox_farm.prefork.child import WORKER_NAME
 
-LOADTESTS = Path(__file__).resolve().parents[1]
 _DIED = re.compile(r"worker (\d+) ")
 
 
@@ -55,15 +55,15 @@ class FarmRun:
             return []
         return [child.pid for child in children if is_worker(child)]
 
+    def ready(self) -> bool:
+        health = self.health()
+        return health is not None and health[1].get("alive") == self.procs
+
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the farm exited ({self.proc.returncode}):\n{self.tail()}")
-            health = self.health()
-            if health is not None and health[1].get("alive") == self.procs:
-                return
-            time.sleep(0.2)
+        if wait_until(self.ready, timeout, watch=self.proc):
+            return
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the farm exited ({self.proc.returncode}):\n{self.tail()}")
         raise RuntimeError(f"the farm was not ready within {timeout:g}s:\n{self.tail()}")
 
     def health(self) -> tuple[int, dict[str, Any]] | None:
@@ -134,21 +134,20 @@ def farm(
     procs: int,
     work: Path,
     *,
-    app: str = "farmapp:farm",
+    app: str = APP,
     options: Sequence[str] = (),
     name: str = "farm",
     ledger_pool: int = 4,
     extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[FarmRun]:
-    """`outbox-farm start` of the load test's app (or `app`, from loadtests/chaos) on `dsn`;
+    """`outbox-farm start` of the load test's app (or `app`, a module's) on `dsn`;
     `extra_env` adds to the farm's environment (a stepped clock: `outage.FakeClock.env()`)."""
-    env = {"PYTHONPATH": str(LOADTESTS.parent), **(extra_env or {})}
+    env = {"PYTHONPATH": str(ROOT), **(extra_env or {})}
     env["LOADTEST_LEDGER_POOL"] = str(ledger_pool)  # the test app's own connections, per worker
-    cwd = LOADTESTS if app.startswith("farmapp") else LOADTESTS / "chaos"
     log = work / f"{name}.log"
     metrics_dir = work / f"{name}-m"
     with farm_subprocess(
-        app, dsn, procs, work, cwd=cwd, log=log, metrics_dir=metrics_dir, options=options, env=env
+        app, dsn, procs, work, cwd=ROOT, log=log, metrics_dir=metrics_dir, options=options, env=env
     ) as (proc, port):
         run = FarmRun(proc, port, log, procs)
         run.wait_ready()

@@ -14,10 +14,10 @@ from typing import Any
 
 import psycopg
 
-from loadtests import expected, scenario
+from loadtests.common import expected, tables
 from outbox_farm import Farm
 
-PRODUCER = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+PRODUCER = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 
 
 class Load:

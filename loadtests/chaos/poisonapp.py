@@ -16,11 +16,11 @@ import asyncio
 import os
 import time
 
-from loadtests import scenario
-from loadtests.farmapp import record
+from loadtests.common import tables
+from loadtests.common.farmapp import record
 from outbox_farm import Farm, Message, NoRetry
 
-farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 
 
 @farm.handler("exit", max_deliveries=2, concurrency=1, prefetch=1)

@@ -1,9 +1,10 @@
 """The relay-restart scenarios, one per broker: a `--procs 2` farm relays queue `events` to a
-private broker (`loadtests.restartable`: tansu, RabbitMQ, NATS JetStream or Redis) under steady
-load, while the broker is SIGKILLed and started again twice: once left down until the relay
-reports it (`relay_up` 0, /healthz 503), once at once (the next rows meet a broker that forgot
-the producer). The relay's retry strategy (`loadtests.restartapp`) dead-letters a row at its
-first failure but a missing topic, so a row that spent an attempt on the outage shows in the DLQ.
+private broker (`loadtests.common.restartable`: tansu, RabbitMQ, NATS JetStream or Redis) under
+steady load, while the broker is SIGKILLed and started again twice: once left down until the
+relay reports it (`relay_up` 0, /healthz 503), once at once (the next rows meet a broker that
+forgot the producer). The relay's retry strategy (`loadtests.common.restartapp`) dead-letters a
+row at its first failure but a missing topic, so a row that spent an attempt on the outage shows
+in the DLQ.
 
 Checked: no dead letter; after each restart, every row published since the kill arrives within
 30 s of the restart (tansu and Redis keep nothing across a kill: rows delivered before it are
@@ -17,13 +18,13 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from psycopg import sql
 
-from loadtests.harness import scratch_database
-from loadtests.restartable import Broker, Load, broker, row_ids
-from outbox_farm.names import TableNames
+from loadtests.common import tables
+from loadtests.common.harness import scratch_database
+from loadtests.common.restartable import Broker, Load, broker, row_ids
+from loadtests.common.waits import wait_until
 
-from .checks import Context, Finding, Result, survived, wait_for
+from .checks import Context, Finding, Result, survived
 from .farms import FarmRun, farm
 
 WITHIN = 30.0  # seconds from the restart until every row arrived
@@ -40,13 +41,12 @@ def scenario(kind: str) -> Callable[[Context], Result]:
 
 def relay_restart(ctx: Context, kind: str) -> Result:
     result = Result(f"relay-restart-{kind}")
-    names = TableNames.build("outbox", "outbox_dlq")
     took: list[float | None] = []
     with (
         broker(kind) as private,
-        scratch_database(ctx.admin, names, prefix="outbox_farm_chaos_") as dsn,
+        scratch_database(ctx.admin, tables.NAMES, prefix="outbox_farm_chaos_") as dsn,
         farm(
-            dsn, 2, ctx.work, app="loadtests.restartapp:farm", name=result.scenario,
+            dsn, 2, ctx.work, app="loadtests.common.restartapp:farm", name=result.scenario,
             extra_env=private.env(),
         ) as run,
     ):  # fmt: skip
@@ -56,7 +56,7 @@ def relay_restart(ctx: Context, kind: str) -> Result:
                 private.kill()
                 killed = len(load.ids)  # later rows cannot have reached the killed broker
                 if outage:
-                    down = wait_for(lambda: _down(run), WAIT)
+                    down = wait_until(lambda: _down(run), WAIT)
                     result.findings.append(
                         Finding("reported-down", down, "relay_up 0 and /healthz 503")
                     )
@@ -95,7 +95,7 @@ def _down(run: FarmRun) -> bool:
 def _arrival(private: Broker, expected: set[int], since: float) -> float | set[int]:
     """Seconds from `since` until every row of `expected` is at the broker; the rows still
     missing if they did not all arrive within `WAIT`."""
-    if wait_for(lambda: not expected - row_ids(private.arrived()), WAIT):
+    if wait_until(lambda: not expected - row_ids(private.arrived()), WAIT):
         return time.monotonic() - since
     return expected - row_ids(private.arrived())
 
@@ -103,16 +103,15 @@ def _arrival(private: Broker, expected: set[int], since: float) -> float | set[i
 def _settled(result: Result, dsn: str, run: FarmRun) -> None:
     def count(table: str) -> int:
         with psycopg.connect(dsn) as conn:
-            query = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
-            row = conn.execute(query).fetchone()
+            row = conn.execute(tables.query(f"SELECT count(*) FROM {{{table}}}")).fetchone()
         return int(row[0]) if row else -1
 
-    drained = wait_for(lambda: count("outbox") == 0, WAIT)
+    drained = wait_until(lambda: count("outbox") == 0, WAIT)
     left = count("outbox")
     result.findings.append(Finding("drains", drained, f"{left} rows left"))
-    dead = count("outbox_dlq")
+    dead = count("dlq")
     result.handled = result.published - left - dead  # acked: confirmed by the broker
     result.findings.append(Finding("no-dead-letters", dead == 0, f"{dead} rows in the DLQ"))
-    up = wait_for(lambda: run.scrape().total("outbox_farm_relay_up") == 1, WAIT)
+    up = wait_until(lambda: run.scrape().total("outbox_farm_relay_up") == 1, WAIT)
     result.findings.append(Finding("reported-up", up, "relay_up 1 (the lowest of the processes)"))
     survived(result, run)

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 
-from loadtests import checker, expected, restartable, scenario
-from loadtests.drain import wait_for_drain
-from loadtests.harness import CLI, Metrics, scratch_database
-from loadtests.ledger import create_schema
+from loadtests.common import checker, expected, restartable, scenario, tables
+from loadtests.common.drain import wait_for_drain
+from loadtests.common.harness import CLI, Metrics, scratch_database
+from loadtests.common.ledger import create_schema
+from loadtests.common.waits import wait_until
 
 from . import relay_restart
 from .checks import (
@@ -38,14 +39,12 @@ from .checks import (
     supervised,
     survived,
     unhealthy_with,
-    wait_for,
     watch_health,
 )
 from .farms import FarmRun, Server, farm, farm_backends, merged, terminate
 from .load import PRODUCER, Load
 from .outage import FakeClock, StoppableServer, TcpProxy, faketime_missing, wall_clock_offset
 
-NAMES = scenario.TABLE, scenario.DLQ_TABLE
 STEADY = {"ok": 70.0, "flaky": 15.0, "poison": 5.0, "reject": 5.0, "maxdel": 5.0}
 DRAIN_TIMEOUT = 120.0
 QUEUES_PER_APP = len(scenario.QUEUES)  # farmapp's queues: the connection formula's input
@@ -65,10 +64,8 @@ STALL = {"long": (scenario.SUCCESS, None), "stall": (scenario.SUCCESS, None)}  #
 
 @contextlib.contextmanager
 def database(admin: str) -> Iterator[str]:
-    from outbox_farm.names import TableNames
-
     with scratch_database(
-        admin, TableNames.build(*NAMES), prefix="outbox_farm_chaos_", prepare=create_schema
+        admin, tables.NAMES, prefix="outbox_farm_chaos_", prepare=create_schema
     ) as dsn:
         yield dsn
 
@@ -99,16 +96,16 @@ def settle(
         dead = set(killed or ()).union(*(r.dead() for r in farms))
         report = checker.check(conn, scrape, killed=dead)
         counts = conn.execute(
-            """
+            tables.query("""
             SELECT (SELECT count(*) FROM loadtest_expected),
                    (SELECT count(DISTINCT msg_id) FROM (
                         SELECT msg_id FROM loadtest_ledger WHERE outcome = 'success'
                         UNION SELECT convert_from(payload, 'UTF8')::jsonb ->> 'id'
-                        FROM outbox_dlq) AS done),
+                        FROM {dlq}) AS done),
                    (SELECT coalesce(sum(n - 1), 0) FROM (
                         SELECT count(*) AS n FROM loadtest_ledger WHERE outcome = 'success'
                         GROUP BY msg_id) AS d)
-            """
+            """)
         ).fetchone()
     assert counts is not None
     result.published, result.handled, result.duplicates = (int(c) for c in counts)
@@ -167,7 +164,7 @@ def stall(ctx: Context) -> Result:
     taken (the lease token guards every write). So a lease may be lost only by the worker
     that stalled; one reported by the other means a stale write removed its row under it."""
     result = Result("stall")
-    app = "stallapp:farm"
+    app = "loadtests.chaos.stallapp:farm"
     with database(ctx.admin) as dsn, farm(dsn, 2, ctx.work, app=app, name="stall") as run:
         load = Load(dsn, 40, {"long": 1.0}, expect=STALL).start()
         for _ in range(3):
@@ -265,10 +262,10 @@ def dlq_drop(ctx: Context) -> Result:
             # put back after the repair, as from a backup, so the checker sees every row. The
             # lock comes first: a DLQ move committed between the copy's snapshot and the DROP
             # would otherwise be destroyed without a copy.
-            conn.execute("LOCK TABLE outbox_dlq IN ACCESS EXCLUSIVE MODE")
-            conn.execute("CREATE TABLE chaos_dlq_dropped AS SELECT * FROM outbox_dlq")
-            conn.execute("DROP TABLE outbox_dlq")
-        said = wait_for(lambda: unhealthy_with(run, "outbox_dlq"), 20)
+            conn.execute(tables.query("LOCK TABLE {dlq} IN ACCESS EXCLUSIVE MODE"))
+            conn.execute(tables.query("CREATE TABLE chaos_dlq_dropped AS SELECT * FROM {dlq}"))
+            conn.execute(tables.query("DROP TABLE {dlq}"))
+        said = wait_until(lambda: unhealthy_with(run, tables.DLQ), 20)
         result.findings.append(
             Finding("healthz-names-the-missing-dlq", said, "" if said else str(run.health()))
         )
@@ -277,12 +274,14 @@ def dlq_drop(ctx: Context) -> Result:
         ended = time.monotonic()
         with psycopg.connect(dsn) as conn:
             conn.execute(
-                "INSERT INTO outbox_dlq (original_id, queue, payload, headers, deliveries_count, "
-                "created_at, failed_at, failure_reason, last_exception, timer_id) "
-                "SELECT original_id, queue, payload, headers, deliveries_count, created_at, "
-                "failed_at, failure_reason, last_exception, timer_id FROM chaos_dlq_dropped"
+                tables.query(
+                    "INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, "
+                    "created_at, failed_at, failure_reason, last_exception, timer_id) "
+                    "SELECT original_id, queue, payload, headers, deliveries_count, created_at, "
+                    "failed_at, failure_reason, last_exception, timer_id FROM chaos_dlq_dropped"
+                )
             )
-        back = wait_for(lambda: (run.health() or (0, {}))[0] == 200, 30)
+        back = wait_until(lambda: (run.health() or (0, {}))[0] == 200, 30)
         result.findings.append(Finding("healthz-recovers", back, str(run.health())))
         time.sleep(ctx.seconds(5))
         load.stop()
@@ -310,7 +309,7 @@ def overload(ctx: Context) -> Result:
         heavy_sent = heavy.stop()
         ended = time.monotonic()
         light = Load(dsn, 0.3 * rate, {"ok": 100.0}).start()
-        calm = wait_for(lambda: lag[0] < 1.0, ctx.seconds(120))
+        calm = wait_until(lambda: lag[0] < 1.0, ctx.seconds(120))
         recovery = time.monotonic() - ended
         time.sleep(ctx.seconds(10))
         light.stop()
@@ -357,7 +356,8 @@ def xmin_held(ctx: Context) -> Result:
             e.get("event") == "xmin_held" and f"pid {pid}" in str(e.get("message"))
             for e in run.events()
         )
-        gone = wait_for(lambda: run.scrape().total("outbox_farm_xmin_horizon_age_seconds") < 5, 60)
+        horizon = "outbox_farm_xmin_horizon_age_seconds"
+        gone = wait_until(lambda: run.scrape().total(horizon) < 5, 60)
         load.stop()
         result.findings.append(
             Finding(
@@ -380,7 +380,8 @@ def poison(ctx: Context) -> Result:
     expect = POISON
     with database(ctx.admin) as dsn:
         options = ["--heartbeat-timeout", "3"]
-        with farm(dsn, 2, ctx.work, app="poisonapp:farm", options=options, name="poison") as run:
+        app = "loadtests.chaos.poisonapp:farm"
+        with farm(dsn, 2, ctx.work, app=app, options=options, name="poison") as run:
             load = Load(dsn, 100, {"ok": 100.0}, expect=expect).start()
             bad = Load(dsn, 2, {q: 1.0 for q in expect if q != "ok"}, threads=1, expect=expect)
             bad.start()
@@ -497,7 +498,7 @@ def clock_step(ctx: Context) -> Result:
                 kill_pid(run, oldest(run))
                 kills += 1
         ended = time.monotonic()
-        back = run.proc.poll() is None and wait_for(lambda: healthy(run), 30)
+        back = run.proc.poll() is None and wait_until(lambda: healthy(run), 30)
         result.findings.append(Finding("healthz-200-after-the-kills", back, str(run.health())))
         if run.proc.poll() is None:
             time.sleep(ctx.seconds(5))
@@ -535,7 +536,7 @@ def restart_during_crashes(ctx: Context) -> Result:
             server.start()
             ended = time.monotonic()
             result.findings.append(healthz_answers_fast("healthz-answers-during-outage", samples))
-            back = run.proc.poll() is None and wait_for(lambda: healthy(run), 60)
+            back = run.proc.poll() is None and wait_until(lambda: healthy(run), 60)
             result.findings.append(Finding("healthz-200-after-restart", back, str(run.health())))
             if run.proc.poll() is None:
                 time.sleep(ctx.seconds(5))
@@ -563,8 +564,10 @@ def relay_kafka(ctx: Context) -> Result:
     report, unroutable rows (a topic that does not exist) end in the DLQ, the farm stays up."""
     import argparse
 
-    from loadtests.kafkabroker import free_port, tansu
-    from loadtests.relaymode import RELAY_WEIGHTS, relay_consumer
+    from loadtests.common.farmproc import RELAY_APP
+    from loadtests.common.harness import free_port
+    from loadtests.common.kafkabroker import tansu
+    from loadtests.common.relaymode import RELAY_WEIGHTS, relay_consumer
 
     result = Result("relay-kafka")
     listen = free_port()
@@ -575,7 +578,7 @@ def relay_kafka(ctx: Context) -> Result:
     ):
         args = argparse.Namespace(relay="kafka", kafka=f"127.0.0.1:{proxy.port}", amqp="")
         with relay_consumer(args, dsn, ctx.work) as consumer, farm(
-            dsn, 2, ctx.work, app="loadtests.relayapp:farm", name="relay-kafka",
+            dsn, 2, ctx.work, app=RELAY_APP, name="relay-kafka",
             extra_env=consumer.env,
         ) as run:  # fmt: skip
             weights = {q: w for q, w in scenario.parse_weights(RELAY_WEIGHTS).items() if w}

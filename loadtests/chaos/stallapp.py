@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-from loadtests import scenario
-from loadtests.farmapp import record
+from loadtests.common import tables
+from loadtests.common.farmapp import record
 from outbox_farm import Farm, Message
 
 LONG_RUN = 3.0  # seconds a run takes: three leases
@@ -33,7 +33,7 @@ LEASE = 1.0
 STALL_FOR = 2.5  # seconds the staller's loop stays blocked: 2.5 leases, well under its timeout
 
 log = logging.getLogger("loadtests.stall")
-farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 _roles: dict[int, bool] = {}  # pid -> whether this process is the staller
 _held: list[IO[str]] = []  # the staller's lock file, open for the process's life
 

@@ -26,15 +26,13 @@ from typing import Any
 
 import psycopg
 
-from loadtests import scenario
-from loadtests.harness import Metrics, scratch_database
-from loadtests.ledger import create_schema
-from outbox_farm.names import TableNames
+from loadtests.common import tables
+from loadtests.common.harness import Metrics, scratch_database
+from loadtests.common.ledger import create_schema
 
 from . import dbserver, netns
 from .hosts import FarmHost, farm_host
 
-NAMES = TableNames.build(scenario.TABLE, scenario.DLQ_TABLE)
 TEMP_PREFIX = "outbox-farm-scale-"
 FARM_OCTETS = (11, 12, 13)
 
@@ -112,7 +110,7 @@ def _prepare(conn: psycopg.Connection[Any]) -> None:
 def database(bed: Bed) -> Iterator[str]:
     """A scratch database on the bed's server, migrated, with the load test's tables."""
     with scratch_database(
-        bed.server.admin_dsn, NAMES, prefix="outbox_farm_scale_", prepare=_prepare
+        bed.server.admin_dsn, tables.NAMES, prefix="outbox_farm_scale_", prepare=_prepare
     ) as dsn:
         yield dsn
 
@@ -150,16 +148,20 @@ def merged(scrapes: Sequence[Metrics | None]) -> Metrics:
 
 
 def outbox_rows(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    row = conn.execute(tables.query("SELECT count(*) FROM {outbox}")).fetchone()
     return int(row[0]) if row else -1
+
+
+BACKLOG = tables.query(
+    "SELECT count(*) FILTER (WHERE acquired_token IS NULL), count(*) FROM {outbox}"
+)
+EMPTY = tables.query("SELECT id FROM {outbox} ORDER BY id LIMIT 1")
 
 
 def backlog_state(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     """(rows no one holds, all rows) of the outbox: the first falls when a claim takes rows,
     the second when acks delete them."""
-    row = conn.execute(
-        "SELECT count(*) FILTER (WHERE acquired_token IS NULL), count(*) FROM outbox"
-    ).fetchone()
+    row = conn.execute(BACKLOG).fetchone()
     return (int(row[0]), int(row[1])) if row else (-1, -1)
 
 
@@ -167,7 +169,7 @@ def _empty(conn: psycopg.Connection[Any]) -> bool:
     """Whether the outbox is empty, cheaply enough to ask ten times a second during a drain:
     the primary key's lowest entry (its dead entries are marked so on the first pass, and
     skipped after), not a count of every page."""
-    return conn.execute("SELECT id FROM outbox ORDER BY id LIMIT 1").fetchone() is None
+    return conn.execute(EMPTY).fetchone() is None
 
 
 def timed_drain(
@@ -198,34 +200,15 @@ def timed_drain(
     return 0.0, 0
 
 
-def wait_for_drain(
-    conn: psycopg.Connection[Any], runs: Sequence[FarmHost], timeout: float, every: float = 1.0
-) -> tuple[bool, float]:
-    """Wait until the outbox is empty, no host has a row in flight and no host's counters
-    moved between two polls; (drained, seconds). `conn` in autocommit mode."""
-    began = time.monotonic()
-    previous: object = None
-    while True:
-        rows = outbox_rows(conn)
+def scraped(runs: Sequence[FarmHost]) -> Callable[[], Metrics | None]:
+    """Every host's /metrics as one scrape, for the drain; None while a host does not answer
+    (one that does not answer is not drained)."""
+
+    def scrape() -> Metrics | None:
         scrapes = [run.scrape() for run in runs]
-        inflight = sum(s.total("outbox_farm_inflight") for s in scrapes if s is not None)
-        state = (rows, [s.counters() if s is not None else None for s in scrapes])
-        if rows == 0 and inflight == 0 and None not in scrapes and state == previous:
-            return True, time.monotonic() - began
-        previous = state
-        if time.monotonic() - began > timeout:
-            return False, time.monotonic() - began
-        say(f"draining: {rows} outbox row(s), {inflight:g} in flight")
-        time.sleep(every)
+        return None if None in scrapes else merged(scrapes)
 
-
-def wait_until(condition: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(every)
-    return condition()
+    return scrape
 
 
 # -- journals: the handler runs of every host ------------------------------------------------

@@ -13,7 +13,6 @@ import os
 import select
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,9 @@ from typing import Any
 
 import psutil
 
-from loadtests.farmproc import get, log_tail
-from loadtests.harness import CLI, Metrics, SetupError, kill_farm, stop_farm
+from loadtests.common.farmproc import get, log_tail
+from loadtests.common.harness import CLI, Metrics, SetupError, kill_farm, stop_farm
+from loadtests.common.waits import wait_until
 
 from .dbserver import cpu_seconds
 from .netns import Host
@@ -67,15 +67,15 @@ class FarmHost:
             return got[0], json.loads(got[1] or b"{}")
         return None
 
+    def ready(self) -> bool:
+        health = self.health()
+        return health is not None and health[0] == 200 and health[1].get("alive") == self.procs
+
     def wait_ready(self, timeout: float = BOOT_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SetupError(f"{self.host.role}: the farm exited:\n{self.tail()}")
-            health = self.health()
-            if health is not None and health[0] == 200 and health[1].get("alive") == self.procs:
-                return
-            time.sleep(0.2)
+        if wait_until(self.ready, timeout, watch=self.proc):
+            return
+        if self.proc.poll() is not None:
+            raise SetupError(f"{self.host.role}: the farm exited:\n{self.tail()}")
         raise SetupError(f"{self.host.role}: not ready within {timeout:g}s:\n{self.tail()}")
 
     def scrape(self, timeout: float = 5.0) -> Metrics | None:

@@ -24,6 +24,9 @@ from typing import Any
 
 import psycopg
 
+from loadtests.common import tables
+from loadtests.common.waits import wait_until
+
 from .bed import (
     Bed,
     database,
@@ -120,13 +123,8 @@ def throughput(
     return {"msg_per_s": handled / seconds if seconds else 0.0, "seconds": seconds}
 
 
-def _wait_empty(conn: psycopg.Connection[Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if outbox_rows(conn) == 0:
-            return True
-        time.sleep(0.5)
-    return False
+def _empty(conn: psycopg.Connection[Any]) -> bool:
+    return outbox_rows(conn) == 0
 
 
 def run(bed: Bed, smoke: bool) -> dict[str, Any]:
@@ -165,12 +163,12 @@ def run(bed: Bed, smoke: bool) -> dict[str, Any]:
                     str(plan.lag_seconds),
                 ) as prod:
                     finish(prod, timeout=plan.lag_seconds + 60)
-                ok &= _wait_empty(conn, 60)
+                ok &= wait_until(lambda: _empty(conn), 60, every=0.5)
                 tput = throughput(bed, dsn, plan, conn, str(index))
-                ok &= _wait_empty(conn, 180)
+                ok &= wait_until(lambda: _empty(conn), 180, every=0.5)
                 for run in runs:
                     run.stop()
-                dlq = conn.execute("SELECT count(*) FROM outbox_dlq").fetchone()
+                dlq = conn.execute(tables.query("SELECT count(*) FROM {dlq}")).fetchone()
             journal = read_journals(bed.work / f"latency-{index}")
             published = read_commits(commits) | read_commits(bed.work / f"backlog-{index}.tsv")
             unhandled = set(published) - {r.msg_id for r in journal}

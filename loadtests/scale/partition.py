@@ -18,9 +18,11 @@ from typing import Any
 
 import psycopg
 
-from loadtests import checker
-from loadtests.harness import Metrics
-from loadtests.invariants import Report
+from loadtests.common import checker
+from loadtests.common.drain import wait_for_drain
+from loadtests.common.harness import Metrics
+from loadtests.common.invariants import Report
+from loadtests.common.waits import wait_until
 
 from .bed import (
     Bed,
@@ -34,8 +36,7 @@ from .bed import (
     read_commits,
     read_journals,
     say,
-    wait_for_drain,
-    wait_until,
+    scraped,
 )
 from .hosts import FarmHost, finish, producer
 
@@ -169,7 +170,7 @@ def run(bed: Bed, plan: Plan) -> dict[str, Any]:
             return bool(scrape and scrape.total("outbox_farm_lease_lost_total") > 0)
 
         saw_refusal = wait_until(refused, timeout=90, every=1.0)
-        drained, drain_s = wait_for_drain(conn, runs, plan.drain)
+        drain = wait_for_drain(conn, scraped(runs), plan.drain, say=say)
         scrapes = {r.host.role: r.scrape() for r in runs}
         stops = {r.host.role: r.stop() for r in runs}
         journal = read_journals(bed.work / "partition-journal")
@@ -183,8 +184,8 @@ def run(bed: Bed, plan: Plan) -> dict[str, Any]:
         held,
         inflight[0],
         saw_refusal,
-        drained,
-        drain_s,
+        drain.drained,
+        drain.seconds,
         published,
         int(expected_rows[0]) if expected_rows else -1,
         journal,

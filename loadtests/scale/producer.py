@@ -24,10 +24,10 @@ from typing import IO, Any
 
 import psycopg
 
-from loadtests import expected, scenario
+from loadtests.common import expected, tables
 from outbox_farm import Farm
 
-PRODUCER = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+PRODUCER = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 QUEUE = "work"
 TXNS_PER_SECOND = 50  # the steady rate is spread over this many transactions a second
 BACKLOG_CHUNK = 5_000  # rows per statement batch inside the backlog's one transaction

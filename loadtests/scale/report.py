@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadtests.harness import align
+from loadtests.common.harness import align
 
 
 def _table(head: tuple[str, ...], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:

@@ -28,7 +28,7 @@ from typing import IO
 
 import orjson
 
-from loadtests import scenario
+from loadtests.common import tables
 from outbox_farm import Farm, Message
 
 HOST = os.environ.get("SCALE_HOST", "host")
@@ -37,7 +37,7 @@ _lo, _, _hi = os.environ.get("SCALE_SLEEP", "0,0").partition(",")
 SLEEP = (float(_lo or 0), float(_hi or _lo or 0))
 QUEUE = "work"
 
-farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 # pid -> this process's journal, opened on its first run (after the fork: never shared).
 _journals: dict[int, IO[str]] = {}
 

@@ -29,7 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from loadtests.farmproc import get
+from loadtests.common.farmproc import get
 from outbox_farm.prefork.child import WORKER_NAME
 from tests.steps import publish, wait_for
 

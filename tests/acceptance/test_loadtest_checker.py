@@ -1,10 +1,10 @@
 """The load test's checker catches each broken invariant, and the smoke load test passes.
 
-The checker (`loadtests/checker.py`) must not pass a broken farm, so each case below builds, in
-a real scratch database, the ledger / DLQ / outbox / expectations a farm with one specific bug
-would leave, plus the /metrics it would report, and asserts the checker fails naming exactly
-that invariant. Locust itself is never imported here (gevent's monkey-patching and its
-warnings stay out of pytest); the smoke test runs the whole load test as a subprocess.
+The checker (`loadtests/common/checker.py`) must not pass a broken farm, so each case below
+builds, in a real scratch database, the ledger / DLQ / outbox / expectations a farm with one
+specific bug would leave, plus the /metrics it would report, and asserts the checker fails
+naming exactly that invariant. Locust itself is never imported here (gevent's monkey-patching
+and its warnings stay out of pytest); the smoke test runs the whole load test as a subprocess.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import orjson
 import psycopg
 import pytest
 
-from loadtests import checker
-from loadtests.harness import Metrics
-from loadtests.invariants import INVARIANTS
-from loadtests.ledger import create_schema
+from loadtests.common import checker
+from loadtests.common.harness import Metrics
+from loadtests.common.invariants import INVARIANTS
+from loadtests.common.ledger import create_schema
 from tests.integration.brokers import AMQP, require
 
-LOADTESTS = Path(checker.__file__).resolve().parent
+CHECKER = Path(checker.__file__).resolve()
+RUN_LOADTEST = CHECKER.parents[1] / "load" / "run_loadtest.py"
 
 
 class State:
@@ -346,7 +347,7 @@ def test_the_checker_command_exits_1_naming_the_invariant(
         return subprocess.run(
             [
                 sys.executable,
-                str(LOADTESTS / "checker.py"),
+                str(CHECKER),
                 "--dsn",
                 dsn,
                 "--metrics-file",
@@ -375,7 +376,7 @@ def test_a_missing_metrics_endpoint_is_exit_2(dsn: str, conn: psycopg.Connection
     result = subprocess.run(
         [
             sys.executable,
-            str(LOADTESTS / "checker.py"),
+            str(CHECKER),
             "--dsn",
             dsn,
             "--metrics-url",
@@ -397,7 +398,7 @@ def test_a_missing_metrics_endpoint_is_exit_2(dsn: str, conn: psycopg.Connection
 def test_smoke_load_test_passes_end_to_end(server_dsn: str) -> None:
     try:
         result = subprocess.run(
-            [sys.executable, str(LOADTESTS / "run_loadtest.py"), "--smoke", "--dsn", server_dsn],
+            [sys.executable, str(RUN_LOADTEST), "--smoke", "--dsn", server_dsn],
             capture_output=True,
             text=True,
             timeout=90,
@@ -419,7 +420,7 @@ def test_smoke_load_test_in_relay_mode_passes_end_to_end(server_dsn: str, broker
     """Locust -> farm -> RabbitMQ or Kafka (a tansu broker the load test starts) -> consumer:
     every `ok` row arrived, every `poison` row was unroutable (no binding, no topic) and
     dead-lettered, and the same invariants hold."""
-    command = [sys.executable, str(LOADTESTS / "run_loadtest.py"), "--smoke", "--dsn", server_dsn]
+    command = [sys.executable, str(RUN_LOADTEST), "--smoke", "--dsn", server_dsn]
     command += ["--relay", broker]
     if broker == "rabbitmq":
         command += ["--amqp", require(AMQP)]
@@ -446,7 +447,7 @@ def test_relay_mode_without_a_broker_stops_at_setup_saying_what_to_do(server_dsn
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, str(LOADTESTS / "run_loadtest.py"), "--smoke", "--dsn", server_dsn]
+    command = [sys.executable, str(RUN_LOADTEST), "--smoke", "--dsn", server_dsn]
     result = subprocess.run(
         [*command, "--relay", "rabbitmq", "--amqp", f"amqp://guest:secret@127.0.0.1:{port}/"],
         capture_output=True,

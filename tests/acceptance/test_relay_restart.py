@@ -3,9 +3,9 @@ private broker (tansu, RabbitMQ, NATS JetStream, Redis) that is SIGKILLed and st
 its port, once while the relay is idle (its next rows meet a broker that forgot the producer:
 the issue's case), once under load. During the second outage the relay is reported down
 (`relay_up` 0, /healthz 503); after each restart every row arrives within 30 s; none is
-dead-lettered, though the relay's retry strategy (`loadtests.restartapp`) dead-letters a row at
-its first failure but a missing topic (no attempt is spent on the outage, nor on a broker that
-forgot the producer)."""
+dead-lettered, though the relay's retry strategy (`loadtests.common.restartapp`) dead-letters a
+row at its first failure but a missing topic (no attempt is spent on the outage, nor on a broker
+that forgot the producer)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from loadtests.restartable import Broker, Load, broker, publish, row_ids
+from loadtests.common.restartable import Broker, Load, broker, publish, row_ids
 from tests.acceptance.test_farm import RunningFarm, farm_process, scalar
 from tests.steps import wait_for
 
@@ -67,7 +67,9 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
     down."""
     env = {**private.env(), "PYTHONPATH": str(ROOT)}
     first = set(publish(dsn, FIRST))
-    with farm_process(tmp_path, dsn, procs=procs, app="loadtests.restartapp:farm", **env) as farm:
+    with farm_process(
+        tmp_path, dsn, procs=procs, app="loadtests.common.restartapp:farm", **env
+    ) as farm:
         arrive(private, first, farm, within=120)
         wait_for(lambda: up(farm), "relay_up 1 and /healthz 200", 60, farm)
 

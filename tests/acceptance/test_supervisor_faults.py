@@ -47,7 +47,7 @@ from loadtests.chaos.outage import (
     via,
     wall_clock_offset,
 )
-from loadtests.harness import scratch_database
+from loadtests.common.harness import scratch_database
 from outbox_farm.names import TableNames
 from tests.acceptance.test_farm import RunningFarm, farm_process
 from tests.steps import poll, publish, wait_for

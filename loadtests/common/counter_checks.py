@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection
 
-from loadtests.harness import Metrics
-from loadtests.invariants import Check, quote_ids
-from loadtests.ledger import Db, DlqState
+from loadtests.common.harness import Metrics
+from loadtests.common.invariants import Check, quote_ids
+from loadtests.common.ledger import Db, DlqState
 
 
 def duplicates(

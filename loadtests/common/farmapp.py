@@ -1,6 +1,7 @@
-"""The farm under load test: `outbox-farm start farmapp:farm` from this folder.
+"""The farm under load test: `outbox-farm start loadtests.common.farmapp:farm` from the
+repository's root.
 
-    cd loadtests && LOADTEST_DSN="$DSN" outbox-farm start farmapp:farm --dsn "$DSN" --procs 2
+    LOADTEST_DSN="$DSN" outbox-farm start loadtests.common.farmapp:farm --dsn "$DSN" --procs 2
 
 Every handler run records itself in `loadtest_ledger` (msg_id, queue, outcome, pid) in its
 own short transaction, through a connection pool that each worker process creates for itself
@@ -16,18 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
-
-from loadtests import scenario
+from loadtests.common import scenario, tables
 from outbox_farm import ConstantBackoff, DeadLetter, Farm, Message, NoRetry
 
 DSN = os.environ.get("LOADTEST_DSN") or os.environ.get("OUTBOX_FARM_DSN")
@@ -35,7 +32,7 @@ if not DSN:
     raise RuntimeError("set LOADTEST_DSN (the database whose loadtest_ledger records deliveries)")
 LEDGER_POOL_SIZE = int(os.environ.get("LOADTEST_LEDGER_POOL", "6"))
 
-farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 
 # pid -> (lock, [pool]). Keyed by pid so that nothing made in one process is used in another.
 _pools: dict[int, tuple[asyncio.Lock, list[AsyncConnectionPool[Any]]]] = {}

@@ -1,11 +1,11 @@
 """Locust publishers for the outbox farm load test.
 
-    locust -f loadtests/locustfile.py --headless -u 20 -r 20 -t 60s --host "$DSN"
-    locust -f loadtests/locustfile.py --web-host 127.0.0.1 --host "$DSN"       # web UI
+    locust -f loadtests/load/locustfile.py --headless -u 20 -r 20 -t 60s --host "$DSN"
+    locust -f loadtests/load/locustfile.py --web-host 127.0.0.1 --host "$DSN"       # web UI
 
 `--host` is the libpq DSN (or postgresql:// URL) of a database migrated by `outbox-farm
-migrate` that also holds the load test's tables (`ledger.create_schema`); `run_loadtest.py`
-prepares all of that, runs the farm and checks the result afterwards.
+migrate` that also holds the load test's tables (`common/ledger.create_schema`);
+`run_loadtest.py` prepares all of that, runs the farm and checks the result afterwards.
 
 Each task is one real transaction on the user's own psycopg 3 connection: an INSERT into
 `loadtest_expected` (the "domain row", with the message's id and intended fate) and
@@ -35,12 +35,12 @@ import psycopg
 from locust import User, constant_throughput, events, task
 from locust.env import Environment
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root
 
-from loadtests import expected, scenario
+from loadtests.common import expected, scenario, tables
 from outbox_farm import Farm
 
-farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)  # the producer side only
+farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)  # the producer side only
 
 
 @events.init_command_line_parser.add_listener

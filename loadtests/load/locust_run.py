@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loadtests.harness import align
+from loadtests.common.harness import align
 
 HERE = Path(__file__).resolve().parent
 STOP_GRACE = 5  # Locust's --stop-timeout: a user finishes its transaction

@@ -8,8 +8,8 @@ console` is started as a subprocess (as an operator runs it) and each page is fe
 times over HTTP, after one warm-up fetch; the median, the 95th percentile and the slowest are
 printed in milliseconds.
 
-    python loadtests/console_bench.py --dsn "host=127.0.0.1 user=postgres dbname=postgres"
-    python loadtests/console_bench.py --rows 200000 --runs 10
+    python -m loadtests.bench.console --dsn "host=127.0.0.1 user=postgres dbname=postgres"
+    python -m loadtests.bench.console --rows 200000 --runs 10
 
 Without --dsn (and without OUTBOX_FARM_DSN) the embedded Postgres is started. The budget the
 console is held to is 200 ms for the DLQ list (unfiltered and by queue, reason or time, any
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,14 +30,15 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtests.bench.common import add_dsn, scratch, server
+from loadtests.common import tables
+from loadtests.common.harness import free_port
 from outbox_farm import Farm
 
+from .common import add_dsn, scratch, server
+
 BUDGET_MS = 200.0
-FILL = """
-INSERT INTO outbox_dlq (original_id, queue, payload, headers, deliveries_count, created_at,
+FILL = tables.query("""
+INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
                         failed_at, failure_reason, last_exception)
 SELECT g, CASE WHEN g <= 500 THEN 'queue_rare' ELSE 'queue_' || (g % 10) END,
        convert_to('{"order_id": ' || g || ', "sku": "SKU-' || (g % 977) || '", "lines": 3}',
@@ -51,22 +51,16 @@ SELECT g, CASE WHEN g <= 500 THEN 'queue_rare' ELSE 'queue_' || (g % 10) END,
        'KeyError(''sku-' || (g % 977) || ''')' || E'\\nTraceback (innermost frames last):\\n'
        || E'  File "/srv/app/orders.py", line 41, in handle\\n    price = PRICES[order.sku]'
 FROM generate_series(1, %(rows)s) AS g
-"""
+""")
 
 
 # One row with a 10 MB payload: its page shows the first 64 KiB and offers the rest.
-BIG = """
-INSERT INTO outbox_dlq (original_id, queue, payload, headers, deliveries_count, created_at,
+BIG = tables.query("""
+INSERT INTO {dlq} (original_id, queue, payload, headers, deliveries_count, created_at,
                         failed_at, failure_reason, last_exception)
 VALUES (0, 'queue_big', convert_to(repeat('x', 10000000), 'UTF8'),
         '{"content-type": "text/plain"}', 1, now(), now(), 'rejected', 'TooBig()')
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+""")
 
 
 def fill(dsn: str, rows: int) -> None:
@@ -74,7 +68,7 @@ def fill(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(FILL.replace("%(rows)s", str(int(rows))))
         conn.execute(BIG)
-        conn.execute("VACUUM (ANALYZE) outbox_dlq")
+        conn.execute(tables.query("VACUUM (ANALYZE) {dlq}"))
     print(f"filled {rows:,} DLQ rows in {time.monotonic() - began:.1f} s", flush=True)
 
 
@@ -91,8 +85,10 @@ def pages(dsn: str, rows: int) -> list[tuple[str, str, bool]]:
     """(label, path, held to the budget) of every page timed."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT min(id), max(id) FILTER (WHERE queue <> 'queue_big'), "
-            "max(id) FILTER (WHERE queue = 'queue_big') FROM outbox_dlq"
+            tables.query(
+                "SELECT min(id), max(id) FILTER (WHERE queue <> 'queue_big'), "
+                "max(id) FILTER (WHERE queue = 'queue_big') FROM {dlq}"
+            )
         ).fetchone()
     assert row is not None
     low, high, big = int(row[0]), int(row[1]), int(row[2])
@@ -123,7 +119,7 @@ def pages(dsn: str, rows: int) -> list[tuple[str, str, bool]]:
 
 
 def run(admin: str, rows: int, runs: int) -> int:
-    farm = Farm(table="outbox", dlq_table="outbox_dlq")
+    farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
     with scratch(admin, farm) as dsn:
         fill(dsn, rows)
         port = free_port()

@@ -1,7 +1,7 @@
 """The farm a relay-restart test or chaos scenario starts: `outbox-farm start
-loadtests.restartapp:farm` from the repository's root, relaying queue `events` to the private
-broker that `loadtests.restartable.Broker.env()` names (RESTART_KIND, RESTART_URL,
-RESTART_NAME).
+loadtests.common.restartapp:farm` from the repository's root, relaying queue `events` to the
+private broker that `loadtests.common.restartable.Broker.env()` names (RESTART_KIND,
+RESTART_URL, RESTART_NAME).
 
 The relay's retry strategy gives up at a row's first failure, so a row that spent an attempt on
 the outage lands in the DLQ, where the checks look. One failure is retried: a topic that does
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from loadtests.restartable import target
+from loadtests.common.restartable import target
 from outbox_farm import Farm
 from outbox_farm.relay.runner import Unroutable
 

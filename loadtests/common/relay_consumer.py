@@ -1,8 +1,8 @@
 """The far side of the load test's relay mode: a consumer that records every message the relay
 published, so the checker can tell whether each committed row reached the broker.
 
-    python -m loadtests.relay_consumer --amqp URL --exchange X --queue Q --dsn DSN
-    python -m loadtests.relay_consumer --kafka SERVERS --exchange PREFIX --bind ok --dsn DSN
+    python -m loadtests.common.relay_consumer --amqp URL --exchange X --queue Q --dsn DSN
+    python -m loadtests.common.relay_consumer --kafka SERVERS --exchange PREFIX --bind ok --dsn DSN
 
 It declares a durable queue bound to the exchange for every routing key the load test expects
 to arrive (`--bind`, the relayed queues that must succeed), consumes with manual acks, and

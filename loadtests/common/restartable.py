@@ -4,8 +4,9 @@ servers: other suites publish to those.
 
 Each `Broker` makes its destination (`prepare`, again after a restart: a memory-only broker
 forgets it), builds the relay target a farm publishes with (`target`, also from the
-environment `env()` sets, for a farm started as a process: `loadtests.restartapp`), and reads
-back the message ids that arrived (`arrived`). `Load` publishes to the relayed queue meanwhile.
+environment `env()` sets, for a farm started as a process: `loadtests.common.restartapp`), and
+reads back the message ids that arrived (`arrived`). `Load` publishes to the relayed queue
+meanwhile.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pathlib import Path
 
 import psycopg
 
-from loadtests import kafkabroker
+from loadtests.common import kafkabroker
+from loadtests.common.harness import free_port, listening
+from loadtests.common.waits import wait_until
 from outbox_farm import Farm
 from outbox_farm.relay import Kafka, NatsJetStream, RabbitMQ, RedisStream, Target
 
@@ -45,7 +48,7 @@ class Broker:
             raise ValueError(f"no private broker of kind {kind!r}; choose from {KINDS}")
         self.kind = kind
         self.work = work
-        self.port = kafkabroker.free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.name = "relay_restart"  # the topic, stream or queue
         self._seen: set[str] = set()  # RabbitMQ: what was taken off the queue so far
@@ -71,7 +74,7 @@ class Broker:
             "RABBITMQ_NODENAME": f"of_restart_{port}@localhost",
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_PORT": port,
-            "RABBITMQ_DIST_PORT": str(kafkabroker.free_port()),
+            "RABBITMQ_DIST_PORT": str(free_port()),
             "RABBITMQ_MNESIA_BASE": f"{work}/mnesia",
             "RABBITMQ_LOG_BASE": f"{work}/log",
             "RABBITMQ_ENABLED_PLUGINS_FILE": f"{work}/plugins",
@@ -88,13 +91,11 @@ class Broker:
                 command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
                 start_new_session=True,  # killed with everything it started
             )  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _listening(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = (self.work / f"{self.kind}.log").read_text(errors="replace")[-1500:]
-                self.kill()
-                raise RuntimeError(f"private {self.kind} did not start on {self.port}:\n{tail}")
-            time.sleep(0.1)
+        port = self.port
+        if not wait_until(lambda: listening(port), START_TIMEOUT, every=0.1, watch=self.proc):
+            tail = (self.work / f"{self.kind}.log").read_text(errors="replace")[-1500:]
+            self.kill()
+            raise RuntimeError(f"private {self.kind} did not start on {self.port}:\n{tail}")
 
     def kill(self) -> None:
         """SIGKILL the broker and whatever it started (RabbitMQ's Erlang VM)."""
@@ -112,7 +113,7 @@ class Broker:
     # -- the destination ---------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
-        """What `loadtests.restartapp` needs to relay here."""
+        """What `loadtests.common.restartapp` needs to relay here."""
         return {"RESTART_KIND": self.kind, "RESTART_URL": self.url, "RESTART_NAME": self.name}
 
     def target(self) -> Target:
@@ -271,16 +272,6 @@ def broker(kind: str) -> Iterator[Broker]:
     finally:
         private.kill()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.5).close()
-    except OSError:
-        return False
-    return True
 
 
 def row_ids(message_ids: set[str]) -> set[int]:

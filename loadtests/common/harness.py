@@ -1,5 +1,6 @@
-"""What the benchmarks and the load test both stand on: a server, a scratch database on it,
-the farm as a real `outbox-farm start` subprocess, and what its /metrics says.
+"""What the benchmarks, the load test and the chaos and scale suites stand on: a server, a
+scratch database on it, the farm as a real `outbox-farm start` subprocess, and what its
+/metrics says.
 
 Both measure the farm the way a user runs it and must leave the server as they found it
 whatever happens in between (a failed phase, a time limit, Ctrl-C), so the database's drop,
@@ -123,6 +124,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on loopback `port` (a broker that started)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 def start_farm(

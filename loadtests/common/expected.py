@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from loadtests import scenario
+from loadtests.common import scenario
 from outbox_farm import Farm
 
 EXPECT = (

@@ -1,7 +1,7 @@
 """The load test's relay mode, the broker's side: which queues may be loaded, and the consumer
 process (`relay_consumer.py`) that records what reached RabbitMQ or Kafka.
 
-`run_loadtest.py --relay rabbitmq|kafka` starts the consumer before the farm (`relayapp.py`),
+`load/run_loadtest.py --relay rabbitmq|kafka` starts the consumer before the farm (`relayapp.py`),
 stops it after the drain (it empties its queue first), and reads its summary. With `--relay
 kafka` and no `--kafka`, a tansu broker (`kafkabroker.py`) serves the run.
 """
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests import scenario
-from loadtests.harness import SetupError
-from loadtests.kafkabroker import kafka_servers
+from loadtests.common import scenario
+from loadtests.common.harness import SetupError
+from loadtests.common.kafkabroker import kafka_servers
 from outbox_farm.dsn import redact_url
 
 HERE = Path(__file__).resolve().parent

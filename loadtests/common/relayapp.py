@@ -1,6 +1,7 @@
-"""The farm under the load test's relay mode: `outbox-farm start relayapp:farm` from this folder.
+"""The farm under the load test's relay mode: `outbox-farm start loadtests.common.relayapp:farm`
+from the repository's root.
 
-    cd loadtests && LOADTEST_AMQP=amqp://... LOADTEST_EXCHANGE=x outbox-farm start relayapp:farm
+    LOADTEST_AMQP=amqp://... LOADTEST_EXCHANGE=x outbox-farm start loadtests.common.relayapp:farm
 
 Two queues, both relayed to the broker of LOADTEST_RELAY (`rabbitmq`, with the routing key
 `{queue}`; or `kafka`, to the topic `<LOADTEST_EXCHANGE>.{queue}` keyed by the ordering key):
@@ -19,12 +20,8 @@ Each relay's metrics label is its queue's name, so the checker can put an unconf
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
-
-from loadtests import scenario
+from loadtests.common import scenario, tables
 from outbox_farm import Farm, NoRetry
 from outbox_farm.relay import Kafka, RabbitMQ, Target
 
@@ -32,7 +29,7 @@ KIND = os.environ.get("LOADTEST_RELAY", "rabbitmq")
 AMQP = os.environ.get("LOADTEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 KAFKA = os.environ.get("LOADTEST_KAFKA", "127.0.0.1:9092")
 EXCHANGE = os.environ.get("LOADTEST_EXCHANGE", "loadtest_relay")
-farm = Farm(table=scenario.TABLE, dlq_table=scenario.DLQ_TABLE)
+farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 
 
 def target(queue: str) -> Target:

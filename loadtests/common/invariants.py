@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtests.harness import Metrics, align
-from loadtests.ledger import Db, DlqState
+from loadtests.common.harness import Metrics, align
+from loadtests.common.ledger import Db, DlqState
 
 INVARIANTS: dict[str, str] = {
     "outbox-empty": "the outbox is empty at the end",

@@ -1,29 +1,30 @@
 """One whole load test on loopback: scratch database, farm, Locust, drain, check, clean up.
 
-    python loadtests/run_loadtest.py                      # 60 s of load, then drain and check
-    python loadtests/run_loadtest.py --smoke              # the same in well under a minute
-    python loadtests/run_loadtest.py --ui                 # Locust's web UI on 127.0.0.1:8089
-    python loadtests/run_loadtest.py --relay rabbitmq     # the farm relays to RabbitMQ
-    python loadtests/run_loadtest.py --relay kafka        # ... or to Kafka (tansu, or --kafka)
+    python loadtests/load/run_loadtest.py                 # 60 s of load, then drain and check
+    python loadtests/load/run_loadtest.py --smoke         # the same in well under a minute
+    python loadtests/load/run_loadtest.py --ui            # Locust's web UI on 127.0.0.1:8089
+    python loadtests/load/run_loadtest.py --relay rabbitmq # the farm relays to RabbitMQ
+    python loadtests/load/run_loadtest.py --relay kafka   # ... or to Kafka (tansu, or --kafka)
 
 Steps, each bounded in time: pick the server (--dsn, else OUTBOX_FARM_DSN, else the local
 "host=127.0.0.1 user=postgres dbname=postgres", else an embedded Postgres); create a scratch
 database there, migrate it and add the load test's tables; start `outbox-farm start
-farmapp:farm --procs N` with its own /metrics port; run Locust (`locustfile.py`) as a
-subprocess; wait for the farm to drain; run the checker (`checker.py`) against the database
-and /metrics; SIGTERM the farm; drop the scratch database; print the summary. The exit status
-is 0 only when every invariant held (1 otherwise; 2 when the run itself could not be set up).
+loadtests.common.farmapp:farm --procs N` with its own /metrics port; run Locust
+(`locustfile.py`) as a subprocess; wait for the farm to drain; run the checker
+(`common/checker.py`) against the database and /metrics; SIGTERM the farm; drop the scratch
+database; print the summary. The exit status is 0 only when every invariant held (1 otherwise; 2
+when the run itself could not be set up).
 
-With --relay rabbitmq the farm is `relayapp:farm`, which relays queue `ok` to an exchange of
-its own on the broker (--amqp) and queue `poison` to a routing key nothing is bound to (with
+With --relay rabbitmq the farm is `common/relayapp.py`, which relays queue `ok` to an exchange
+of its own on the broker (--amqp) and queue `poison` to a routing key nothing is bound to (with
 --relay kafka: to topics of its own, `poison`'s never created, with auto-creation off); a
-consumer (`relay_consumer.py`) records every message that arrives in the ledger, so the same
-checker verifies that every committed `ok` row reached the broker at least once, that no row
-was acked more often than messages arrived, that every duplicate is explained, and that every
-unroutable `poison` row ended in the DLQ, never received.
+consumer (`common/relay_consumer.py`) records every message that arrives in the ledger, so the
+same checker verifies that every committed `ok` row reached the broker at least once, that no
+row was acked more often than messages arrived, that every duplicate is explained, and that
+every unroutable `poison` row ended in the DLQ, never received.
 
-The farm's subprocess is run by `farmproc.py`, Locust's by `locust_run.py`; this file puts the
-steps in order and judges the run.
+The farm's subprocess is run by `common/farmproc.py`, Locust's by `locust_run.py`; this file
+puts the steps in order and judges the run.
 """
 
 from __future__ import annotations
@@ -40,22 +41,20 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root
 
-from loadtests import checker, scenario
-from loadtests.drain import Drain, wait_for_drain
-from loadtests.farmproc import the_farm
-from loadtests.harness import Metrics, SetupError, admin_server, scratch_database
-from loadtests.invariants import Report
-from loadtests.ledger import create_schema
-from loadtests.locust_run import locust_table, run_locust
-from loadtests.relaymode import RELAY_WEIGHTS, check_relayed
+from loadtests.common import checker, scenario, tables
+from loadtests.common.drain import Drain, wait_for_drain
+from loadtests.common.farmproc import the_farm
+from loadtests.common.harness import Metrics, SetupError, admin_server, scratch_database
+from loadtests.common.invariants import Report
+from loadtests.common.ledger import create_schema
+from loadtests.common.relaymode import RELAY_WEIGHTS, check_relayed
+from loadtests.load.locust_run import locust_table, run_locust
 from outbox_farm.dsn import redact
-from outbox_farm.names import TableNames
 
 LOCAL_DSN = "host=127.0.0.1 user=postgres dbname=postgres"
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
-NAMES = TableNames.build(scenario.TABLE, scenario.DLQ_TABLE)
 BOOT_TIMEOUT = 60.0  # for the farm to report all its workers healthy
 # Farm log events that mean something broke in the farm itself.
 BAD_EVENTS = (
@@ -189,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             admin_server(args.dsn, (os.environ.get("OUTBOX_FARM_DSN"), LOCAL_DSN), say) as admin,
             scratch_database(
                 admin,
-                NAMES,
+                tables.NAMES,
                 prefix="outbox_farm_load_",
                 prepare=create_schema,
                 keep=args.keep,

@@ -1,6 +1,6 @@
 """The load test's farm as a subprocess: started, waited on until healthy, stopped, read.
 
-`run_loadtest.py` runs one farm here (in relay mode behind the consumer it publishes to);
+`load/run_loadtest.py` runs one farm here (in relay mode behind the consumer it publishes to);
 the chaos suite (`chaos/farms.py`) starts its farms through the same `farm_subprocess`, so
 both give the farm the same environment, /metrics and JSON log, and neither can leave one
 running.
@@ -22,10 +22,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.harness import SetupError, free_port, kill_farm, start_farm, stop_farm
-from loadtests.relaymode import Consumer, relay_consumer
+from loadtests.common.harness import SetupError, free_port, kill_farm, start_farm, stop_farm
+from loadtests.common.relaymode import Consumer, relay_consumer
+from loadtests.common.waits import wait_until
 
-HERE = Path(__file__).resolve().parent
+# Farms start in the repository, their apps named by module, wherever the app lives.
+ROOT = Path(__file__).resolve().parents[2]
+APP = "loadtests.common.farmapp:farm"
+RELAY_APP = "loadtests.common.relayapp:farm"
 GRACEFUL = 10.0  # the farm's --graceful-timeout
 
 
@@ -109,17 +113,18 @@ class FarmProcess:
                 found[str(json.loads(line).get("event", "-"))] += 1
         return found
 
+    def healthy(self) -> bool:
+        got = get(f"http://127.0.0.1:{self.port}/healthz")
+        if got is None or got[0] != 200:
+            return False
+        health = json.loads(got[1])
+        return bool(health.get("procs") == health.get("alive") == self.procs)
+
     def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SetupError(f"the farm exited ({self.proc.returncode}):\n{self.log_tail()}")
-            got = get(f"http://127.0.0.1:{self.port}/healthz")
-            if got is not None and got[0] == 200:
-                health = json.loads(got[1])
-                if health.get("procs") == health.get("alive") == self.procs:
-                    return
-            time.sleep(0.2)
+        if wait_until(self.healthy, timeout, watch=self.proc):
+            return
+        if self.proc.poll() is not None:
+            raise SetupError(f"the farm exited ({self.proc.returncode}):\n{self.log_tail()}")
         raise SetupError(f"the farm was not healthy within {timeout:g}s:\n{self.log_tail()}")
 
     def stop(self) -> tuple[int | None, float]:
@@ -130,11 +135,11 @@ class FarmProcess:
 
 @contextlib.contextmanager
 def farm_process(
-    dsn: str, procs: int, work: Path, app: str = "farmapp:farm", **extra_env: str
+    dsn: str, procs: int, work: Path, app: str = APP, **extra_env: str
 ) -> Iterator[FarmProcess]:
     log_path = work / "farm.log"
     with farm_subprocess(
-        app, dsn, procs, work, cwd=HERE, log=log_path, metrics_dir=work / "metrics", env=extra_env
+        app, dsn, procs, work, cwd=ROOT, log=log_path, metrics_dir=work / "metrics", env=extra_env
     ) as (proc, port):
         yield FarmProcess(proc, port, log_path, procs)
 
@@ -150,5 +155,5 @@ def the_farm(
         return
     with relay_consumer(args, dsn, work) as consumer:
         say(f"relay mode: {consumer.where}, destination {consumer.exchange}")
-        with farm_process(dsn, args.procs, work, "relayapp:farm", **consumer.env) as farm:
+        with farm_process(dsn, args.procs, work, RELAY_APP, **consumer.env) as farm:
             yield farm, consumer

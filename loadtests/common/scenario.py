@@ -1,9 +1,10 @@
 """The load test's queues and what must become of each message: one place for all of it.
 
-Imported by `farmapp.py` (the farm under test), `locustfile.py` (the publishers) and
-`run_loadtest.py`. `checker.py` takes only the table names and SUCCESS from here: it reads
-every expectation from the database (the `loadtest_expected` row written in the same
-transaction as each outbox row), so a test can hand it any state.
+Imported by `farmapp.py` (the farm under test), `load/locustfile.py` (the publishers),
+`load/run_loadtest.py` and the chaos and scale suites. `checker.py` takes only SUCCESS from
+here (the tables are in `tables.py`): it reads every expectation from the database (the
+`loadtest_expected` row written in the same transaction as each outbox row), so a test can
+hand it any state.
 
 Queue  | handler                                              | expected fate
 -------|------------------------------------------------------|---------------------------------
@@ -28,9 +29,6 @@ an unconfirmed outcome; that is what the checker verifies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-TABLE = "outbox"
-DLQ_TABLE = "outbox_dlq"
 
 SUCCESS = "success"  # the other expectations are DLQ failure_reason values
 

@@ -1,6 +1,6 @@
 """After a load test: wait for the farm to drain, then check the delivery invariants.
 
-    python loadtests/checker.py --dsn "$DSN" --metrics-url http://127.0.0.1:9464/metrics
+    python loadtests/common/checker.py --dsn "$DSN" --metrics-url http://127.0.0.1:9464/metrics
 
 Sources of truth, all in the load test's database plus the farm's /metrics:
 
@@ -28,14 +28,15 @@ from typing import Any
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path: the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root
 
-from loadtests.counter_checks import acks, duplicates, metric_pairs
-from loadtests.drain import wait_for_drain
-from loadtests.harness import Metrics
-from loadtests.invariants import Check, Report, queue_rows, quote_ids
-from loadtests.ledger import Db, DlqState, dlq_state, payload_msg_id
-from loadtests.scenario import DLQ_TABLE, SUCCESS, TABLE
+from loadtests.common.counter_checks import acks, duplicates, metric_pairs
+from loadtests.common.drain import wait_for_drain
+from loadtests.common.harness import Metrics
+from loadtests.common.invariants import Check, Report, queue_rows, quote_ids
+from loadtests.common.ledger import Db, DlqState, dlq_state, payload_msg_id
+from loadtests.common.scenario import SUCCESS
+from loadtests.common.tables import DLQ, OUTBOX
 from outbox_farm.names import TableNames
 
 # -- the checks that read the database alone -------------------------------------------------
@@ -206,8 +207,8 @@ def check(
     conn: psycopg.Connection[Any],
     metrics: Metrics,
     *,
-    table: str = TABLE,
-    dlq_table: str = DLQ_TABLE,
+    table: str = OUTBOX,
+    dlq_table: str = DLQ,
     killed: Collection[int] = (),
 ) -> Report:
     """Every invariant over the database behind `conn` and one /metrics scrape (`killed`: the
@@ -239,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     source.add_argument("--metrics-file", help="a saved /metrics text instead of --metrics-url")
     parser.add_argument("--drain-timeout", type=float, default=60.0, help="seconds (default 60)")
-    parser.add_argument("--table", default=TABLE)
-    parser.add_argument("--dlq-table", default=DLQ_TABLE)
+    parser.add_argument("--table", default=OUTBOX)
+    parser.add_argument("--dlq-table", default=DLQ)
     args = parser.parse_args(argv)
     try:
         with psycopg.connect(args.dsn, autocommit=True, connect_timeout=10) as conn:
