@@ -393,6 +393,7 @@ def test_a_missing_metrics_endpoint_is_exit_2(dsn: str, conn: psycopg.Connection
     assert "no answer from http://127.0.0.1:1/metrics" in result.stderr
 
 
+@pytest.mark.one_server
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_smoke_load_test_passes_end_to_end(server_dsn: str) -> None:
@@ -413,6 +414,7 @@ def test_smoke_load_test_passes_end_to_end(server_dsn: str) -> None:
     print(result.stdout)
 
 
+@pytest.mark.one_server
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("broker", ["rabbitmq", "kafka"])

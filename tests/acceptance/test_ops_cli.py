@@ -135,6 +135,7 @@ def _ctrl_c_after_first_frame(dsn: str, output: Path, delay: float) -> int:
                 proc.wait(timeout=10)
 
 
+@pytest.mark.one_server
 @pytest.mark.slow
 def test_stats_watch_exits_cleanly_on_ctrl_c_at_any_moment(
     dsn: str, conn: Conn, tmp_path: Path

@@ -31,6 +31,7 @@ def _why_not() -> str | None:
     return None
 
 
+@pytest.mark.one_server
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
 def test_a_partitioned_host_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:

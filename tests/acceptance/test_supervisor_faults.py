@@ -358,6 +358,7 @@ def clocked_farm(
     )
 
 
+@pytest.mark.one_server
 def test_a_forward_wall_clock_step_kills_no_worker(
     app_dir: Path, dsn: str, clock: FakeClock
 ) -> None:
@@ -402,6 +403,7 @@ def test_a_forward_wall_clock_step_kills_no_worker(
     assert code == 0, farm.log_tail()
 
 
+@pytest.mark.one_server
 @pytest.mark.parametrize("offset", ["-1h", "-10m"])
 def test_after_a_backward_wall_clock_step_crashes_stay_crashes(
     app_dir: Path, dsn: str, clock: FakeClock, offset: str
@@ -487,6 +489,7 @@ def wait_healthy(farm: RunningFarm, procs: int, timeout: float) -> bool:
 # -- 2. database outages during crashes ----------------------------------------------------
 
 
+@pytest.mark.one_server
 @pytest.mark.timeout(240)
 def test_a_database_restart_while_workers_die_is_waited_out(
     app_dir: Path, private_db: tuple[StoppableServer, str]
@@ -548,6 +551,7 @@ def test_a_database_restart_while_workers_die_is_waited_out(
     assert code == 0, farm.log_tail()
 
 
+@pytest.mark.one_server
 @pytest.mark.timeout(240)
 def test_a_blackholed_database_never_blocks_the_arbiter(
     app_dir: Path, private_db: tuple[StoppableServer, str]
@@ -617,6 +621,7 @@ def test_a_blackholed_database_never_blocks_the_arbiter(
     assert code == 0, farm.log_tail()
 
 
+@pytest.mark.one_server
 def test_sigterm_during_a_blackhole_exits_within_the_graceful_timeout(
     app_dir: Path, private_db: tuple[StoppableServer, str]
 ) -> None:

@@ -117,6 +117,7 @@ def restarts(farm: Any) -> dict[str, float]:
     }
 
 
+@pytest.mark.one_server
 def test_twenty_crashes_of_every_kind_never_stop_the_farm(
     fault_dir: Path, dsn: str, ledger: psycopg.Connection[Any]
 ) -> None:
