@@ -46,6 +46,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0008_key_blocked on outbox",
             "0009_dlq_cause on outbox_dlq",
             "0010_farm_code on outbox",
+            "0011_queue_control on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -59,6 +60,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0008_key_blocked on outbox",
             "applying 0009_dlq_cause on outbox_dlq",
             "applying 0010_farm_code on outbox",
+            "applying 0011_queue_control on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -70,6 +72,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 6, "row_values_check"),
             ("outbox", 8, "key_blocked"),
             ("outbox", 10, "farm_code"),
+            ("outbox", 11, "queue_control"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -94,9 +97,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0008_key_blocked on outbox",
             "0009_dlq_cause on outbox_dlq",
             "0010_farm_code on outbox",
+            "0011_queue_control on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 10
+        assert len(records(conn)) == 11
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -142,6 +146,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0008_key_blocked on outbox",
         "0009_dlq_cause on outbox_dlq",
         "0010_farm_code on outbox",
+        "0011_queue_control on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -153,6 +158,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 6, "row_values_check"),
             ("outbox", 8, "key_blocked"),
             ("outbox", 10, "farm_code"),
+            ("outbox", 11, "queue_control"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -167,6 +173,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox_dlq_causes",),
             ("outbox_farm_code",),
             ("outbox_farm_migrations",),
+            ("outbox_farm_queues",),
         ]
         assert check_schema(conn, DEFAULT) == []
 
@@ -186,6 +193,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0008_key_blocked on jobs",
             "0009_dlq_cause on jobs_dead",
             "0010_farm_code on jobs",
+            "0011_queue_control on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -211,9 +219,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 7,
+            *["jobs"] * 8,
             *["jobs_dead"] * 3,
-            *["outbox"] * 7,
+            *["outbox"] * 8,
             *["outbox_dlq"] * 3,
         ]
 
@@ -234,6 +242,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0008_key_blocked on app.jobs",
             "0009_dlq_cause on app.jobs_dlq",
             "0010_farm_code on app.jobs",
+            "0011_queue_control on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -261,6 +270,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0006_row_values_check on outbox",
             "0008_key_blocked on outbox",
             "0010_farm_code on outbox",
+            "0011_queue_control on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -272,6 +282,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 6, "row_values_check"),
             ("outbox", 8, "key_blocked"),
             ("outbox", 10, "farm_code"),
+            ("outbox", 11, "queue_control"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -297,7 +308,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (7 if dlq is None else 10)
+        assert len(result.applied) == (8 if dlq is None else 11)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 
