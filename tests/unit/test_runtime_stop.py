@@ -51,9 +51,7 @@ def test_stop_drains_every_queue_at_once_and_starts_nothing_new() -> None:
             # One release lets both handlers finish, and the stop ends: the queues are drained
             # together, not one after another while the other queue's executor took its next row.
             await eventually(
-                lambda: all(
-                    r.acquired_token is None for r in store.rows if r.id not in running()
-                ),
+                lambda: all(r.acquired_token is None for r in store.rows if r.id not in running()),
                 "the rows not started released",
             )
             gate.set()
