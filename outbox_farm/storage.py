@@ -122,6 +122,26 @@ class Written:
     claimed: list[Message] = field(default_factory=list)
 
 
+# What a NOTIFY's payload starts with when it announces a change of controls (see `db.control`).
+CONTROL_PREFIX = "outbox_farm.control:"
+
+
+def is_control(payload: str) -> bool:
+    """Whether a wake-up's payload announces a change of controls rather than names a queue."""
+    return payload.startswith(CONTROL_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueControl:
+    """The operator's hand on one queue, as the farms see it: paused (until `paused_until`, or
+    until resumed when None), and why."""
+
+    queue: str
+    paused: bool
+    paused_until: datetime | None = None
+    reason: str | None = None
+
+
 class Flush(Protocol):
     """The writes of one completer flush, sent in order; see `Store.flush`."""
 
@@ -181,6 +201,12 @@ class Store(Protocol):
         None when it would be allowed (what the fetcher's pause probes)."""
         ...
 
+    async def controls(self) -> dict[str, QueueControl]:
+        """The queues of this outbox paused now, by queue: a pause whose `paused_until` has
+        passed on the store's clock is over. Raises `SchemaError` when the store keeps no
+        controls (a database not yet migrated): the caller claims as if none were paused."""
+        ...
+
 
 @runtime_checkable
 class Notifier(Protocol):
@@ -189,6 +215,6 @@ class Notifier(Protocol):
     a store without it is polled."""
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        """Call `callback` with the queue of every row published from now on; the function
-        returned ends that."""
+        """Call `callback` with the queue of every row published from now on (or a payload
+        `is_control` tells apart, when the controls change); the function returned ends that."""
         ...

@@ -4,7 +4,7 @@ read them, and the NOTIFY that makes every farm read them again at once.
 The NOTIFY goes on the farm's own channel, not a second one: every farm already LISTENs there
 (one connection, reconnected and health-checked by the listener, which reloads the controls on
 each reconnect), and a channel derived from the farm's could pass Postgres's 63-byte limit that
-`names` already holds the farm's channel to. Its payload is `CONTROL_PREFIX` followed by the
+`names` already holds the farm's channel to. Its payload is `storage.CONTROL_PREFIX` followed by the
 queue. The channel's other payloads are queue names, so a listener tells the two apart by the
 prefix; and were a queue ever named so, the cost is one spurious reload or one spurious wake of
 a fetcher that finds nothing new, never a missed one.
@@ -20,8 +20,7 @@ from psycopg import sql
 
 from ..names import TableNames
 from ..queries import load_blocks
-
-CONTROL_PREFIX = "outbox_farm.control:"
+from ..storage import CONTROL_PREFIX
 
 
 @cache
@@ -34,8 +33,3 @@ def notify_changed(conn: psycopg.Connection[Any], names: TableNames, queue: str)
     """Tell every farm on `names`' outbox that `queue`'s controls changed: they reload them
     once the caller's transaction commits."""
     conn.execute(_changed_statement(names.channel), {"payload": CONTROL_PREFIX + queue})
-
-
-def is_control(payload: str) -> bool:
-    """Whether a NOTIFY on the farm's channel announces a change of controls."""
-    return payload.startswith(CONTROL_PREFIX)

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from ..errors import DatabaseError
 from ..message import Message
 from ..queries import Queries
-from ..storage import Claim, Write, release
+from ..storage import Claim, QueueControl, Write, release
 from .boundary import boundary
 from .claims import SET_ASIDE_TOKEN, send_claim
 from .outcomes import PipelineFlush, params, statement
@@ -100,6 +100,15 @@ class PostgresStore:
         except DatabaseError as exc:
             return exc
         return None
+
+    async def controls(self) -> dict[str, QueueControl]:
+        """From `outbox_farm_queues` (migration 0011), on the database clock."""
+        target = str(self.queries.names.outbox)
+        with boundary():
+            async with self.pool.connection() as conn:
+                cursor = await conn.execute(self.queries["control_load"], {"target": target})
+                rows = await cursor.fetchall()
+        return {queue: QueueControl(queue, True, until, reason) for queue, until, reason in rows}
 
     async def _execute(self, write: Write) -> None:
         """`write` alone, on a pooled connection, its result unread."""

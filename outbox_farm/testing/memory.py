@@ -42,7 +42,7 @@ from ..message import Message
 from ..observe import Observer
 from ..producer import BatchOptions, PublishOptions
 from ..settings import RuntimeSettings
-from ..storage import Claim, Write, Written, release
+from ..storage import CONTROL_PREFIX, Claim, QueueControl, Write, Written, release
 from ..worker.runtime import Runtime
 from .memory_rows import DeadLetter, Row, after, check_due
 from .memory_table import Tables, first_of_key, pending
@@ -74,6 +74,7 @@ class MemoryStore:
         self._lock = threading.RLock()
         self._tables = Tables(farm.names.dlq is not None if dlq is None else dlq)
         self._subscribers: list[Subscriber] = []
+        self._paused: dict[str, QueueControl] = {}
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -230,6 +231,21 @@ class MemoryStore:
                 )
             ]
 
+    # -- the operator's controls, as `outbox-farm queue pause|resume` --------------------
+
+    def pause(self, queue: str, until: datetime | None = None, reason: str | None = None) -> None:
+        """Stop every runtime on this store claiming `queue` (until `until` on `clock`, or
+        until `resume`); handlers running finish."""
+        with self._lock:
+            self._paused[queue] = QueueControl(queue, True, until, reason)
+        self._notify([CONTROL_PREFIX + queue])
+
+    def resume(self, queue: str) -> None:
+        """Let the runtimes claim `queue` again, at once."""
+        with self._lock:
+            self._paused.pop(queue, None)
+        self._notify([CONTROL_PREFIX + queue])
+
     # -- the storage port (storage.Store) ------------------------------------------------
 
     @property
@@ -316,6 +332,16 @@ class MemoryStore:
     async def refusal(self, write: Write) -> None:
         """No privileges here: nothing is refused."""
         return None
+
+    async def controls(self) -> dict[str, QueueControl]:
+        """The pauses set by `pause` whose `paused_until` is not yet past on `clock`."""
+        with self._lock:
+            now = self.now()
+            return {
+                queue: control
+                for queue, control in self._paused.items()
+                if control.paused_until is None or control.paused_until > now
+            }
 
     # -- the writes ------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Unpack
 
 import psycopg
@@ -122,6 +122,15 @@ class Outbox(ABC):
     async def wakeups(self, step: Callable[[], Awaitable[object]]) -> list[str]:
         """The queues whose fetchers `step` wakes, in order (NOTIFY's payloads on Postgres)."""
 
+    @abstractmethod
+    async def pause(
+        self, queue: str, until_in: float | None = None, reason: str | None = None
+    ) -> None:
+        """Pause `queue` as an operator would, until `until_in` seconds from now if given."""
+
+    @abstractmethod
+    async def resume(self, queue: str) -> None: ...
+
     async def claim(self, queue: str = "q", **options: Any) -> list[Message]:
         return await self.store.claim(claim_of(queue, **options))
 
@@ -164,6 +173,15 @@ class InMemory(Outbox):
 
     async def without_dlq(self) -> None:
         self.memory = self.store = MemoryStore(dlq=False, clock=self.clock)
+
+    async def pause(
+        self, queue: str, until_in: float | None = None, reason: str | None = None
+    ) -> None:
+        until = None if until_in is None else self.memory.now() + timedelta(seconds=until_in)
+        self.memory.pause(queue, until, reason)
+
+    async def resume(self, queue: str) -> None:
+        self.memory.resume(queue)
 
     async def wakeups(self, step: Callable[[], Awaitable[object]]) -> list[str]:
         woken: list[str] = []
@@ -232,6 +250,23 @@ class OnPostgres(Outbox):
         )
         async with self.conn.cursor(row_factory=dict_row) as cursor:
             return [DeadLetter(**found) for found in await (await cursor.execute(query)).fetchall()]
+
+    async def pause(
+        self, queue: str, until_in: float | None = None, reason: str | None = None
+    ) -> None:
+        await self.conn.execute(
+            "INSERT INTO outbox_farm_queues (target, queue, paused, paused_until, reason)"
+            " VALUES (%s, %s, true, now() + make_interval(secs => %s), %s)"
+            " ON CONFLICT (target, queue) DO UPDATE SET paused = true,"
+            " paused_until = excluded.paused_until, reason = excluded.reason",
+            [str(self.NAMES.outbox), queue, until_in, reason],
+        )
+
+    async def resume(self, queue: str) -> None:
+        await self.conn.execute(
+            "UPDATE outbox_farm_queues SET paused = false WHERE target = %s AND queue = %s",
+            [str(self.NAMES.outbox), queue],
+        )
 
     async def without_dlq(self) -> None:
         assert isinstance(self.store, PostgresStore)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import psycopg
 
-from outbox_farm.db.control import is_control, notify_changed
+from outbox_farm.db.control import notify_changed
 from outbox_farm.names import TableNames
+from outbox_farm.storage import is_control
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
 
