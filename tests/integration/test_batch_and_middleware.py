@@ -1,8 +1,5 @@
-"""Middleware chains and batch handlers, against a real Postgres.
-
-Middleware: the farm's wraps the queue's own, outermost first, around async and sync handlers;
-it may short-circuit, replace the exception or transform the result; what escapes it is decided
-like a handler's exception, under the handler's timeout. Batch handlers: batches of at most
+"""Batch handlers, against a real Postgres (middleware chains are tested over the in-memory
+store, in tests/unit/test_runtime_middleware.py). Batch handlers: batches of at most
 `batch` rows, formed from what waits and what arrives within `linger`; each row decided on its
 own (the handler's ack/nack/reject, else what its return or exception gives); rows over
 `max_deliveries` never passed in; the timeout bounds the whole call.
@@ -22,7 +19,6 @@ import pytest
 from outbox_farm import (
     AckPolicy,
     CallNext,
-    ConfigurationError,
     ConstantBackoff,
     DeadLetter,
     Farm,
@@ -30,169 +26,14 @@ from outbox_farm import (
     Message,
     NoRetry,
     Outcome,
-    Reason,
     Retry,
 )
-from outbox_farm.middleware import chain
 from tests.integration.delivery_kit import DLQ, POLL, Db, database, qname, records
 from tests.steps import eventually, publish
 
 
 async def empty(db: Db, queue: str) -> bool:
     return await db.outbox_count(queue) == 0
-
-
-# -- middleware ------------------------------------------------------------------------------
-
-
-def test_middleware_runs_outermost_first_on_the_loop_around_async_and_sync_handlers(
-    dsn: str, conn: psycopg.Connection
-) -> None:
-    """The farm's middleware is outside the queue's own; each sees the message and the result
-    of the rest of the chain, and may transform it. A sync handler runs in its thread, its
-    middleware on the event loop."""
-    seen: list[tuple[str, str, Any]] = []
-
-    def tracer(name: str, bump: int = 0) -> Any:
-        async def middleware(msg: Message, call_next: CallNext) -> Any:
-            seen.append((name, "in", threading.current_thread() is threading.main_thread()))
-            result = await call_next(msg)
-            seen.append((name, "out", result))
-            return result + bump
-
-        return middleware
-
-    farm = Farm(dlq_table=DLQ, middleware=[tracer("farm-1"), tracer("farm-2")])
-    aq, sq = qname("mw_async"), qname("mw_sync")
-
-    @farm.handler(aq, middleware=[tracer("own", bump=1)])
-    async def handle_async(msg: Message) -> int:
-        seen.append(("handler", msg.text(), threading.current_thread() is threading.main_thread()))
-        return 40
-
-    @farm.handler(sq, middleware=[tracer("own", bump=1)])
-    def handle_sync(msg: Message) -> int:
-        seen.append(("handler", msg.text(), threading.current_thread() is threading.main_thread()))
-        return 40
-
-    async def scenario(queue: str) -> None:
-        async with database(dsn) as db, farm.running(dsn, poll_interval=POLL, queues=[queue]):
-            publish(conn, [queue], queue=queue)
-            await eventually(lambda: empty(db, queue), "the ack")
-
-    for queue, on_loop in ((aq, True), (sq, False)):
-        seen.clear()
-        asyncio.run(scenario(queue))
-        assert seen == [
-            ("farm-1", "in", True),
-            ("farm-2", "in", True),
-            ("own", "in", True),
-            ("handler", queue, on_loop),
-            ("own", "out", 40),
-            ("farm-2", "out", 41),
-            ("farm-1", "out", 41),
-        ], queue
-
-
-def test_middleware_may_short_circuit_and_its_exceptions_are_handler_failures(
-    dsn: str, conn: psycopg.Connection
-) -> None:
-    """A middleware that does not call on acks the row unrun; one that replaces the handler's
-    exception decides the row by its own; one that raises before the handler fails the row
-    like a handler would (retry strategy, DLQ, on_failure hook)."""
-    q = qname("mw_exc")
-    ran: list[bytes] = []
-    hooked: list[tuple[bytes, str, Kind, Reason | None]] = []
-
-    def hook(msg: Message, exc: BaseException, outcome: Outcome) -> None:
-        hooked.append((msg.body, type(exc).__name__, outcome.kind, outcome.reason))
-
-    async def gate(msg: Message, call_next: CallNext) -> Any:
-        if msg.body == b"skip":
-            return None
-        if msg.body == b"broken":
-            raise ValueError("middleware bug")
-        try:
-            return await call_next(msg)
-        except KeyError as exc:
-            raise DeadLetter(f"unknown sku {exc}") from exc
-
-    farm = Farm(dlq_table=DLQ, on_failure=hook)
-
-    @farm.handler(q, retry=NoRetry(), middleware=[gate])
-    async def handle(msg: Message) -> None:
-        ran.append(msg.body)
-        if msg.body == b"sku":
-            raise KeyError("X-1")
-
-    bodies = ["skip", "broken", "sku", "ok"]
-    ids = dict(zip(bodies, publish(conn, bodies, queue=q), strict=True))
-
-    async def scenario() -> None:
-        async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
-            await eventually(lambda: empty(db, q), "every row to be done")
-            assert [r[:3] for r in await db.dlq_rows(q)] == [
-                (ids["broken"], "retry_terminal", repr(ValueError("middleware bug"))),
-                (ids["sku"], "rejected", repr(DeadLetter("unknown sku 'X-1'"))),
-            ]
-
-    asyncio.run(scenario())
-    assert sorted(ran) == [b"ok", b"sku"]
-    assert sorted(hooked) == [
-        (b"broken", "ValueError", Kind.TERMINAL, Reason.RETRY_TERMINAL),
-        (b"sku", "DeadLetter", Kind.TERMINAL, Reason.REJECTED),
-    ]
-
-
-def test_the_timeout_covers_the_middleware_too(dsn: str, conn: psycopg.Connection) -> None:
-    q = qname("mw_hang")
-    ran: list[int] = []
-
-    async def hang(msg: Message, call_next: CallNext) -> Any:
-        await asyncio.sleep(60)  # past the handler's timeout, which cancels it
-        return await call_next(msg)
-
-    farm = Farm(dlq_table=DLQ)
-
-    @farm.handler(q, timeout=0.2, retry=NoRetry(), middleware=[hang])
-    async def handle(msg: Message) -> None:
-        ran.append(msg.id)
-
-    [row_id] = publish(conn, ["x"], queue=q)
-
-    async def scenario() -> None:
-        async with database(dsn) as db, farm.running(dsn, poll_interval=POLL):
-            rows = await eventually(lambda: db.dlq_rows(q), "the DLQ row")
-            assert [(r[0], r[1], r[2].split("(")[0]) for r in rows] == [
-                (row_id, "retry_terminal", "HandlerTimeout")
-            ]
-
-    asyncio.run(scenario())
-    assert ran == []
-
-
-async def _noop(msg: Message) -> None:
-    return None
-
-
-async def _pass(msg: Message, call_next: CallNext) -> Any:
-    return await call_next(msg)
-
-
-def test_middleware_must_be_a_list_of_callables() -> None:
-    with pytest.raises(ConfigurationError, match="the farm's middleware must be callables"):
-        Farm(middleware=[_pass, "tracing"])  # type: ignore[list-item]
-    with pytest.raises(ConfigurationError, match="middleware must be a list"):
-        Farm().handler("q", middleware=_pass)(_noop)  # type: ignore[arg-type]
-    farm = Farm(middleware=(_pass,))
-    farm.handler("q", middleware=[_pass, _pass])(_noop)
-    assert farm.handlers["q"].middleware == (_pass, _pass, _pass)
-
-
-def test_no_middleware_is_no_link_at_all() -> None:
-    """A queue without middleware calls its handler directly: not a coroutine more per run."""
-    assert chain((), _noop) is _noop
-    assert chain((_pass,), _noop) is not _noop
 
 
 # -- batch handlers --------------------------------------------------------------------------
@@ -469,18 +310,3 @@ def test_a_sync_batch_handler_runs_in_a_thread_and_middleware_sees_the_batch(
 
     asyncio.run(scenario())
     assert seen == [("middleware", [b"m0", b"m1", b"m2", b"m3"]), ("handler", False)]
-
-
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"batch": 0},
-        {"batch": 2.5},
-        {"batch": True},
-        {"batch": 5, "linger": -1.0},
-        {"batch": 5, "linger": 5.0, "lease_ttl": 10.0},
-    ],
-)
-def test_bad_batch_options_are_refused_at_registration(options: dict[str, Any]) -> None:
-    with pytest.raises(ConfigurationError):
-        Farm().handler("q", **options)(_noop)
