@@ -65,6 +65,7 @@ class Metrics:
     dlq_purged: Counter
     claim_errors: Counter
     queue_stalled: Gauge
+    queue_paused: Gauge
     set_aside: Counter
 
 
@@ -164,6 +165,13 @@ def metrics() -> Metrics:
             "queue_stalled",
             "1 while a worker finds the queue stalled (its claims keep failing, or its oldest "
             "ready row ages while the worker is idle), else 0; the highest of the live workers.",
+            "livemax",
+            "queue",
+        ),
+        queue_paused=gauge(
+            "queue_paused",
+            "1 while an operator has paused the queue (no worker claims it; `outbox-farm queue "
+            "resume`), else 0; the highest of the live workers, each as its last look found it.",
             "livemax",
             "queue",
         ),

@@ -183,6 +183,13 @@ class Stall:
             return self._set(None, None)
         return False
 
+    def paused(self) -> bool:
+        """The operator paused the queue: its rows waiting is no stall, and the count starts
+        afresh once it resumes. True when this ended a stall."""
+        self._failures = 0
+        self._idle_overdue = 0
+        return self._set(None, None) if self.kind is not None else False
+
     def idle(self, overdue: float) -> bool:
         """An idle fetch (nothing held, the claim came back empty) found the oldest ready row
         due `overdue` seconds ago (0 or less: none is due). Two such fetches in a row with a

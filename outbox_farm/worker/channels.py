@@ -39,6 +39,11 @@ class Fetching(Protocol):
         """The queue's rows in flight: the completer settles each row once it is written."""
         ...
 
+    @property
+    def held_by(self) -> str | None:
+        """Why an operator holds the queue (no claim then, a hand-over's neither); None."""
+        ...
+
     def note_due(self, delay: float) -> None:
         """A row of the queue becomes due in `delay` seconds (a retry just written)."""
         ...

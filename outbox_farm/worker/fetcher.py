@@ -13,6 +13,8 @@ STALL_OVERDUE seconds: the farm has room, yet that row is not taken.
 
 While the completer finds its rows' acks or retries refused for want of a privilege, the
 queue's claims are paused: the fetcher probes the refused write on a clock instead (see `pause`).
+While an operator holds the queue (`hold`, from the queue controls' watcher), it claims nothing
+and waits for the release alone; the rows it holds already run and are written as usual.
 """
 
 from __future__ import annotations
@@ -105,11 +107,24 @@ class Fetcher:
         )
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self.held_by: str | None = None  # why an operator holds the queue; None: claim
 
     # -- called by other components ------------------------------------------------------
 
     def wake(self) -> None:
         """Something may be claimable now (NOTIFY, listener reconnect)."""
+        self._wake.set()
+
+    def hold(self, why: str) -> None:
+        """Claim nothing more (an operator paused the queue) until `release`: the claim
+        under way, if any, still delivers its rows. A paused queue is not stalled."""
+        self.held_by = why
+        if self.stall.paused():
+            self.observer.stalled(self.spec.queue, None)
+
+    def release(self) -> None:
+        """Claim again, at once."""
+        self.held_by = None
         self._wake.set()
 
     def note_due(self, delay: float) -> None:
@@ -151,6 +166,9 @@ class Fetcher:
                 await ledger.slots.wait()
                 continue
             self._wake.clear()
+            if self.held_by is not None:
+                await self._wake.wait()  # set by `release`, by a stop, or by a NOTIFY
+                continue
             want = min(free, self.batch)
             try:
                 if await self.pause.held():

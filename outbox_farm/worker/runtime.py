@@ -35,8 +35,9 @@ from ..problems import Problems
 from ..queries import Queries
 from ..relay.runner import Relay
 from ..settings import RuntimeSettings
-from ..storage import Notifier, Store
+from ..storage import Notifier, QueueControl, Store, is_control
 from .completer import Completer
+from .control import ControlWatch, describe
 from .executor import Executors
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
@@ -111,6 +112,7 @@ class Runtime:
         self.fetchers: dict[str, Fetcher] = {}
         self.executors: dict[str, Executors] = {}
         self.completer: Completer | None = None
+        self.controls: ControlWatch | None = None  # from `start` on
         self.store = store
         self.heartbeats: list[Heartbeat] = []
         self.relays: list[Relay] = []
@@ -171,6 +173,8 @@ class Runtime:
             if spec.heartbeat:
                 self.heartbeats.append(Heartbeat(spec, fetcher.ledger, store, self.problems))
         completer.connect(self.fetchers)
+        self.controls = ControlWatch(store, self.fetchers)
+        await self.controls.load()  # before any claim: a queue paused now is never claimed
 
         completer.start(self.supervisor)
         self.observer.serving([spec.queue for spec in self.specs])
@@ -183,6 +187,7 @@ class Runtime:
             self.listener.start(self.supervisor)
         if isinstance(store, Notifier):
             self._unsubscribe = store.subscribe(self._on_notify)
+        self.controls.start(self.supervisor)
         for fetcher in self.fetchers.values():
             fetcher.start(self.supervisor)
         log.info(
@@ -288,6 +293,7 @@ class Runtime:
         if self._unsubscribe is not None:
             self._unsubscribe()
         loops: list[Awaitable[None]] = [h.stop() for h in self.heartbeats]
+        loops += [self.controls.close()] if self.controls is not None else []
         if self.listener is not None:
             loops.append(self.listener.close())
         loops += [_cancel(task) for task in self._chores]
@@ -356,10 +362,16 @@ class Runtime:
         )
 
     @property
+    def paused(self) -> dict[str, QueueControl]:
+        """The queues of this runtime an operator has paused, as it last read them."""
+        return dict(self.controls.paused) if self.controls is not None else {}
+
+    @property
     def warnings(self) -> list[str]:
         """What degrades the farm without stopping it, one line each: farms on the database
-        that run different code for a queue (see `chores.farm_code`)."""
-        return self.code_watch.warnings if self.code_watch is not None else []
+        that run different code for a queue (see `chores.farm_code`); paused queues."""
+        code = self.code_watch.warnings if self.code_watch is not None else []
+        return code + [describe(control) for control in self.paused.values()]
 
     def _broken(self, reason: str) -> None:
         """A component failed too often (the supervisor's verdict): the runtime is broken."""
@@ -373,8 +385,12 @@ class Runtime:
         fetcher = self.fetchers.get(queue)
         if fetcher is not None:
             fetcher.wake()
+        elif is_control(queue) and self.controls is not None:
+            self.controls.changed()
 
     def _wake_all(self) -> None:
+        if self.controls is not None:
+            self.controls.changed()
         for fetcher in self.fetchers.values():
             fetcher.wake()
 
