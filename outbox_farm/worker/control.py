@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from ..errors import DatabaseError, SchemaError
 from ..metrics import metrics
+from ..problems import one_line
 from ..storage import QueueControl, Store
 from .fetcher import Fetcher
 from .supervised import Policy, Supervisor
@@ -39,10 +40,10 @@ def describe(control: QueueControl) -> str:
 class ControlWatch:
     """The controls of `fetchers`' queues, from `store`; `paused` is what this runtime sees."""
 
-    def __init__(self, store: Store, fetchers: Mapping[str, Fetcher], *, poll: float = POLL):
+    def __init__(self, store: Store, fetchers: Mapping[str, Fetcher]) -> None:
         self.store = store
         self.fetchers = fetchers
-        self.poll = poll
+        self.poll = POLL
         self.paused: dict[str, QueueControl] = {}
         self._changed = asyncio.Event()
         self._missing_said = False
@@ -71,7 +72,7 @@ class ControlWatch:
                 log.warning(
                     "no queue can be paused: the queue controls cannot be read (%s); run "
                     "`outbox-farm migrate`, the farm reads them again every %gs meanwhile",
-                    exc,
+                    one_line(exc),
                     self.poll,
                     extra={"event": "controls_missing"},
                 )
