@@ -83,7 +83,17 @@ def test_terminating_every_backend_repeatedly_loses_nothing(dsn: str) -> None:
                 await eventually(lambda: handled, "the first deliveries", timeout=3.0)
                 for _ in range(3):
                     remaining = await outbox_count(aconn)
-                    kills.append((int(await one(aconn, KILL_ALL)), remaining))
+                    killed = 0
+
+                    async def killed_some() -> bool:
+                        # Between the ack that showed the runtime back and this moment, its
+                        # pool may hold no connection yet: terminate once it holds one.
+                        nonlocal killed
+                        killed = int(await one(aconn, KILL_ALL))
+                        return killed > 0
+
+                    await eventually(killed_some, "a backend of the farm to terminate")
+                    kills.append((killed, remaining))
                     # Acks land again before the next kill: the runtime has reconnected.
                     await eventually(lambda left=remaining: acked_below(left), "acks again")
                 # Rows whose claim committed but whose result was lost come back after the
