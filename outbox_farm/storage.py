@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import DatabaseError
+from .limits import Limits
 from .message import Message
 
 
@@ -134,12 +135,13 @@ def is_control(payload: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class QueueControl:
     """The operator's hand on one queue, as the farms see it: paused (until `paused_until`, or
-    until resumed when None), and why."""
+    until resumed when None), and why; and its farm-wide `limits`."""
 
     queue: str
     paused: bool
     paused_until: datetime | None = None
     reason: str | None = None
+    limits: Limits = Limits()
 
 
 class Flush(Protocol):

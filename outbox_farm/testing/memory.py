@@ -45,7 +45,7 @@ from ..settings import RuntimeSettings
 from ..storage import CONTROL_PREFIX, Claim, QueueControl, Write, Written, release
 from ..worker.runtime import Runtime
 from .memory_rows import DeadLetter, Row, after, check_due
-from .memory_table import Tables, first_of_key, pending
+from .memory_table import Tables, due_order, first_of_key, pending
 
 Subscriber = tuple[Callable[[str], None], asyncio.AbstractEventLoop | None]
 SETTLED_POLL = 0.005  # seconds between looks while `settled` waits
@@ -275,7 +275,7 @@ class MemoryStore:
             ]
             expired.sort(key=lambda row: (row.lease_expires_at, row.id))
             due = [row for row in rows if pending(row, heads) and row.next_attempt_at <= now]
-            due.sort(key=lambda row: (row.next_attempt_at, row.id))
+            due.sort(key=due_order)
             return [row.take(claim, now) for row in (expired + due)[: claim.limit]]
 
     async def next_due(self, queue: str) -> float | None:

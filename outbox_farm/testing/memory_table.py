@@ -164,3 +164,8 @@ def first_of_key(row: Row, heads: Heads) -> bool:
 def pending(row: Row, heads: Heads) -> bool:
     """Free, and first of its key: a claim takes it once it is due."""
     return row.acquired_token is None and first_of_key(row, heads)
+
+
+def due_order(row: Row) -> tuple[Any, ...]:
+    """The order a claim takes due rows in: soonest due first, then oldest."""
+    return (row.next_attempt_at, row.id)

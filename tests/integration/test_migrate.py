@@ -47,6 +47,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0009_dlq_cause on outbox_dlq",
             "0010_farm_code on outbox",
             "0011_queue_control on outbox",
+            "0012_queue_limits on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -61,6 +62,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0009_dlq_cause on outbox_dlq",
             "applying 0010_farm_code on outbox",
             "applying 0011_queue_control on outbox",
+            "applying 0012_queue_limits on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -73,6 +75,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 8, "key_blocked"),
             ("outbox", 10, "farm_code"),
             ("outbox", 11, "queue_control"),
+            ("outbox", 12, "queue_limits"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -98,9 +101,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0009_dlq_cause on outbox_dlq",
             "0010_farm_code on outbox",
             "0011_queue_control on outbox",
+            "0012_queue_limits on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 11
+        assert len(records(conn)) == 12
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -147,6 +151,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0009_dlq_cause on outbox_dlq",
         "0010_farm_code on outbox",
         "0011_queue_control on outbox",
+        "0012_queue_limits on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -159,6 +164,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 8, "key_blocked"),
             ("outbox", 10, "farm_code"),
             ("outbox", 11, "queue_control"),
+            ("outbox", 12, "queue_limits"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -194,6 +200,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0009_dlq_cause on jobs_dead",
             "0010_farm_code on jobs",
             "0011_queue_control on jobs",
+            "0012_queue_limits on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -219,9 +226,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 8,
+            *["jobs"] * 9,
             *["jobs_dead"] * 3,
-            *["outbox"] * 8,
+            *["outbox"] * 9,
             *["outbox_dlq"] * 3,
         ]
 
@@ -243,6 +250,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0009_dlq_cause on app.jobs_dlq",
             "0010_farm_code on app.jobs",
             "0011_queue_control on app.jobs",
+            "0012_queue_limits on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -271,6 +279,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0008_key_blocked on outbox",
             "0010_farm_code on outbox",
             "0011_queue_control on outbox",
+            "0012_queue_limits on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -283,6 +292,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 8, "key_blocked"),
             ("outbox", 10, "farm_code"),
             ("outbox", 11, "queue_control"),
+            ("outbox", 12, "queue_limits"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -308,7 +318,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (8 if dlq is None else 11)
+        assert len(result.applied) == (9 if dlq is None else 12)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

@@ -1,0 +1,98 @@
+"""A queue's farm-wide limits, as an operator states them and as the farms apply them.
+
+A rate is kept as it was given (`6000/min` reads back as `6000/min`, not `100/s`), and applied
+as a token bucket refilled continuously at `per_second`, shared by every process and host
+through the queue's row of `outbox_farm_queues`. The bucket holds at most `burst` tokens: a
+tenth of a second's worth (one at least), so a queue idle for an hour starts again at its rate,
+not with an hour's worth at once, and no one-second window ever sees more than the rate plus a
+tenth of it. A claim takes at most what the bucket holds; a claim that finds fewer rows than it
+was allowed leaves the rest in the bucket.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+BURST_SECONDS = 0.1
+"""The bucket's size, in seconds of the rate: how far a burst may run ahead of it."""
+
+_UNITS = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+}
+_NAMES = {1.0: "s", 60.0: "min", 3600.0: "h", 86400.0: "day"}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([a-z]+?)s?\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """`count` rows per `seconds`."""
+
+    count: int
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not (0 < self.seconds < math.inf):
+            raise ValueError(f"a rate needs a count of 1 or more per a positive time: {self}")
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.seconds
+
+    @property
+    def burst(self) -> float:
+        """The most tokens the bucket holds (see the module)."""
+        return max(1.0, self.per_second * BURST_SECONDS)
+
+    def __str__(self) -> str:
+        unit = _NAMES.get(self.seconds)
+        return f"{self.count}/{unit}" if unit else f"{self.count}/{self.seconds:g}s"
+
+
+def parse_rate(text: str) -> Rate:
+    """`100/s`, `6000/min`, `50/h`, `1000/day`, `5/10s`: a count, a slash, an optional number
+    and a unit (s, sec, second, m, min, minute, h, hour, d, day; a plural s is allowed)."""
+    found = _RATE.match(text.lower())
+    unit = _UNITS.get(found.group(3)) if found else None
+    if found is None or unit is None:
+        raise ValueError(
+            f"not a rate: {text!r}; write a count per a unit of time, such as 100/s, "
+            "6000/min, 50/h or 5/10s"
+        )
+    many = float(found.group(2)) if found.group(2) else 1.0
+    if not many > 0:
+        raise ValueError(f"not a rate: {text!r}; the time it is counted over must be positive")
+    count = int(found.group(1))
+    if count < 1 or count > 2**31 - 1:
+        raise ValueError(f"not a rate: {text!r}; the count must be from 1 to 2147483647")
+    return Rate(count, many * unit)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a queue may run, farm-wide: at most `rate`, and at most `max_running` at once
+    (leased rows, from their claim until their outcome is written). None: no such limit."""
+
+    rate: Rate | None = None
+    max_running: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.rate is not None or self.max_running is not None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.rate is not None:
+            parts.append(f"rate {self.rate}")
+        if self.max_running is not None:
+            parts.append(f"at most {self.max_running} running")
+        return ", ".join(parts) or "no limits"
