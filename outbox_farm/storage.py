@@ -141,7 +141,7 @@ class QueueControl:
     paused: bool
     paused_until: datetime | None = None
     reason: str | None = None
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
 
 
 class Flush(Protocol):
