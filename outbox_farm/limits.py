@@ -96,3 +96,38 @@ class Limits:
         if self.max_running is not None:
             parts.append(f"at most {self.max_running} running")
         return ", ".join(parts) or "no limits"
+
+
+ROOM_POLL = 0.05
+"""Seconds a claim held back by `max_running` waits before it asks again: the rows that free
+the room are acked by other processes, which tell nobody."""
+
+
+def allowance(
+    want: int,
+    *,
+    tokens: float | None,
+    per_second: float | None,
+    size: float | None,
+    room: int | None,
+) -> tuple[int, float]:
+    """How many of `want` rows a claim may take now, and after how many seconds asking again
+    is worth it (0: at once). `tokens`, `per_second`, `size`: the rate's bucket as refilled
+    now, None when there is no rate; `room`: rows that may start before `max_running` is
+    reached, None when there is no such limit.
+
+    A claim held back by the rate waits until the bucket holds a claim's worth (`want`, or the
+    whole bucket when smaller), so a limited queue is claimed in a few larger claims rather than
+    one row at a time; one held back by `max_running` asks again after `ROOM_POLL`."""
+    allowed, wait = want, 0.0
+    if room is not None and room < want:
+        allowed = max(room, 0)
+        wait = ROOM_POLL
+    if tokens is not None and per_second is not None and size is not None:
+        whole = int(tokens + 1e-9)  # a float a hair under an integer still pays for it
+        if whole < allowed:
+            allowed = whole
+        need = min(float(want), size)
+        if tokens + 1e-9 < need:
+            wait = max(wait, (need - tokens) / per_second)
+    return allowed, wait

@@ -66,6 +66,8 @@ class Metrics:
     claim_errors: Counter
     queue_stalled: Gauge
     queue_paused: Gauge
+    queue_limit: Gauge
+    limited_claims: Counter
     set_aside: Counter
 
 
@@ -173,6 +175,21 @@ def metrics() -> Metrics:
             "1 while an operator has paused the queue (no worker claims it; `outbox-farm queue "
             "resume`), else 0; the highest of the live workers, each as its last look found it.",
             "livemax",
+            "queue",
+        ),
+        queue_limit=gauge(
+            "queue_limit",
+            "The queue's farm-wide limits as the workers apply them (`outbox-farm queue "
+            "limit`): `limit` is rate_per_second or max_running; 0 when the queue has no such "
+            "limit. The highest of the live workers, each as its last look found it.",
+            "livemax",
+            "queue",
+            "limit",
+        ),
+        limited_claims=counter(
+            "limited_claims",
+            "Claims the queue's farm-wide limits cut short: its rate's budget or its most "
+            "running at once allowed fewer rows than the worker had room for.",
             "queue",
         ),
         set_aside=counter(

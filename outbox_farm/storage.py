@@ -144,6 +144,17 @@ class QueueControl:
     limits: Limits = field(default_factory=Limits)
 
 
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """What a claim of a limited queue took (`Store.claim_limited`): `messages`; `allowed`,
+    how many rows the queue's limits let it take (no more than it asked); and `wait`, the
+    seconds after which the limits may let the queue take more (0: at once)."""
+
+    messages: list[Message]
+    allowed: int
+    wait: float = 0.0
+
+
 class Flush(Protocol):
     """The writes of one completer flush, sent in order; see `Store.flush`."""
 
@@ -167,6 +178,13 @@ class Store(Protocol):
     async def claim(self, claim: Claim) -> list[Message]:
         """Take up to `claim.limit` rows under `claim.token`: the messages, in claim order.
         A row whose stored values cannot be loaded comes back with `Message.invalid` set."""
+        ...
+
+    async def claim_limited(self, claim: Claim) -> Allowed:
+        """`claim`, for a queue with farm-wide limits (`QueueControl.limits`): within what
+        they allow now, taken from the budget every process and host of the outbox shares
+        (a rate's bucket, a most running at once), in one step with the claim, so two claims
+        never both spend one share. A queue whose limits were cleared is claimed whole."""
         ...
 
     async def next_due(self, queue: str) -> float | None:
@@ -204,9 +222,10 @@ class Store(Protocol):
         ...
 
     async def controls(self) -> dict[str, QueueControl]:
-        """The queues of this outbox paused now, by queue: a pause whose `paused_until` has
-        passed on the store's clock is over. Raises `SchemaError` when the store keeps no
-        controls (a database not yet migrated): the caller claims as if none were paused."""
+        """The queues of this outbox with a control in force, by queue: paused now (a pause
+        whose `paused_until` has passed on the store's clock is over), or limited. Raises
+        `SchemaError` when the store keeps no controls (a database not yet migrated): the
+        caller claims as if nothing were paused or limited."""
         ...
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
+from datetime import datetime
 
 from ..errors import DatabaseError
+from ..limits import BURST_SECONDS, Limits, Rate, allowance
 from ..message import Message
 from ..queries import Queries
-from ..storage import Claim, QueueControl, Write, release
+from ..storage import Allowed, Claim, QueueControl, Write, release
 from .boundary import boundary
 from .claims import SET_ASIDE_TOKEN, send_claim
 from .outcomes import PipelineFlush, params, statement
@@ -38,6 +41,34 @@ class PostgresStore:
         with boundary():
             async with self.pool.connection() as conn:
                 return await (await send_claim(conn, self.queries, claim)).fetchall()
+
+    async def claim_limited(self, claim: Claim) -> Allowed:
+        """One transaction: lock the queue's row of `outbox_farm_queues` (claims of the queue
+        take turns, on every host), read what its limits allow with a snapshot taken after the
+        lock (so every claim before it counts), claim that many, and write back what is left
+        of the rate's bucket. See `limit_allowance`."""
+        key = {"target": str(self.queries.names.outbox), "queue": claim.queue}
+        want = claim.limit or 0
+        args = {**key, "aside": SET_ASIDE_TOKEN, "burst_seconds": BURST_SECONDS}
+        with boundary():
+            async with self.pool.connection() as conn, conn.transaction():
+                await conn.execute(self.queries["limit_lock"], key)
+                found = await (await conn.execute(self.queries["limit_allowance"], args)).fetchone()
+                if found is None:  # the controls' row is gone: nothing limits the queue
+                    allowed, wait, tokens, at = want, 0.0, None, None
+                else:
+                    tokens, per_second, size, at, room = found
+                    allowed, wait = allowance(
+                        want, tokens=tokens, per_second=per_second, size=size, room=room
+                    )
+                if not allowed:
+                    return Allowed([], 0, wait)
+                cursor = await send_claim(conn, self.queries, replace(claim, limit=allowed))
+                messages = await cursor.fetchall()
+                if tokens is not None:
+                    left = {**key, "left": tokens - len(messages), "at": at}
+                    await conn.execute(self.queries["limit_spend"], left)
+        return Allowed(messages, allowed, wait)
 
     async def next_due(self, queue: str) -> float | None:
         """On the database clock."""
@@ -108,10 +139,27 @@ class PostgresStore:
             async with self.pool.connection() as conn:
                 cursor = await conn.execute(self.queries["control_load"], {"target": target})
                 rows = await cursor.fetchall()
-        return {queue: QueueControl(queue, True, until, reason) for queue, until, reason in rows}
+        return {row[0]: _control(*row) for row in rows}
 
     async def _execute(self, write: Write) -> None:
         """`write` alone, on a pooled connection, its result unread."""
         with boundary():
             async with self.pool.connection() as conn:
                 await conn.execute(self.queries[statement(write)], params(write))
+
+
+def _control(
+    queue: str,
+    paused: bool,
+    until: datetime | None,
+    reason: str | None,
+    rate_count: int | None,
+    rate_seconds: float | None,
+    max_running: int | None,
+) -> QueueControl:
+    """A row of `control_load` as the farm sees it."""
+    rate = Rate(rate_count, rate_seconds) if rate_count and rate_seconds else None
+    limits = Limits(rate, max_running)
+    if not paused:
+        until, reason = None, None
+    return QueueControl(queue, paused, until, reason, limits)

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Unpack
 
@@ -38,11 +39,12 @@ import orjson
 from ..db.claims import SET_ASIDE_TOKEN
 from ..db.publish import Due, NewRow
 from ..farm import Farm
+from ..limits import Limits, allowance
 from ..message import Message
 from ..observe import Observer
 from ..producer import BatchOptions, PublishOptions
 from ..settings import RuntimeSettings
-from ..storage import CONTROL_PREFIX, Claim, QueueControl, Write, Written, release
+from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Write, Written, release
 from ..worker.runtime import Runtime
 from .memory_rows import DeadLetter, Row, after, check_due
 from .memory_table import Tables, due_order, first_of_key, pending
@@ -75,6 +77,8 @@ class MemoryStore:
         self._tables = Tables(farm.names.dlq is not None if dlq is None else dlq)
         self._subscribers: list[Subscriber] = []
         self._paused: dict[str, QueueControl] = {}
+        self._limits: dict[str, Limits] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}  # queue: tokens left, when (clock)
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -246,6 +250,19 @@ class MemoryStore:
             self._paused.pop(queue, None)
         self._notify([CONTROL_PREFIX + queue])
 
+    def limit(self, queue: str, limits: Limits) -> None:
+        """Set `queue`'s limits, shared by every runtime on this store (`Limits()`: none); a
+        new rate starts with a full bucket."""
+        with self._lock:
+            if limits:
+                if limits.rate != self._limits.get(queue, Limits()).rate:
+                    self._buckets.pop(queue, None)
+                self._limits[queue] = limits
+            else:
+                self._limits.pop(queue, None)
+                self._buckets.pop(queue, None)
+        self._notify([CONTROL_PREFIX + queue])
+
     # -- the storage port (storage.Store) ------------------------------------------------
 
     @property
@@ -277,6 +294,41 @@ class MemoryStore:
             due = [row for row in rows if pending(row, heads) and row.next_attempt_at <= now]
             due.sort(key=due_order)
             return [row.take(claim, now) for row in (expired + due)[: claim.limit]]
+
+    async def claim_limited(self, claim: Claim) -> Allowed:
+        """`claim` within the queue's limits (see `limits.allowance`): the rate's bucket
+        refilled on `clock`, and `max_running` less the rows of the queue leased now (a lease
+        past its expiry, or a row set aside, is not running)."""
+        want = claim.limit or 0
+        with self._lock:
+            limits = self._limits.get(claim.queue, Limits())
+            now = self.now()
+            room = None
+            if limits.max_running is not None:
+                leased = sum(
+                    1
+                    for row in self._tables.rows.values()
+                    if row.queue == claim.queue
+                    and row.acquired_token not in (None, SET_ASIDE_TOKEN)
+                    and row.lease_expires_at is not None
+                    and row.lease_expires_at > now
+                )
+                room = limits.max_running - leased
+            rate, tokens, at = limits.rate, None, self.clock()
+            if rate is not None:
+                left, then = self._buckets.get(claim.queue, (rate.burst, at))
+                tokens = min(rate.burst, left + rate.per_second * max(at - then, 0.0))
+            allowed, wait = allowance(
+                want,
+                tokens=tokens,
+                per_second=rate.per_second if rate else None,
+                size=rate.burst if rate else None,
+                room=room,
+            )
+            messages = await self.claim(replace(claim, limit=allowed)) if allowed else []
+            if tokens is not None:
+                self._buckets[claim.queue] = (tokens - len(messages), at)
+        return Allowed(messages, allowed, wait)
 
     async def next_due(self, queue: str) -> float | None:
         """Seconds until the earliest due time of a row a claim could take (free, and first of
@@ -334,14 +386,20 @@ class MemoryStore:
         return None
 
     async def controls(self) -> dict[str, QueueControl]:
-        """The pauses set by `pause` whose `paused_until` is not yet past on `clock`."""
+        """The pauses set by `pause` whose `paused_until` is not yet past on `clock`, and the
+        limits set by `limit`."""
         with self._lock:
             now = self.now()
-            return {
+            paused = {
                 queue: control
                 for queue, control in self._paused.items()
                 if control.paused_until is None or control.paused_until > now
             }
+            found = {}
+            for queue in sorted({*paused, *self._limits}):
+                control = paused.get(queue, QueueControl(queue, False))
+                found[queue] = replace(control, limits=self._limits.get(queue, Limits()))
+            return found
 
     # -- the writes ------------------------------------------------------------------------
 

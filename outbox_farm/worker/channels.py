@@ -40,8 +40,10 @@ class Fetching(Protocol):
         ...
 
     @property
-    def held_by(self) -> str | None:
-        """Why an operator holds the queue (no claim then, a hand-over's neither); None."""
+    def hands_over(self) -> bool:
+        """Whether an ack may claim the next rows of its keys for the queue (`handover`): not
+        while an operator holds it, nor while its farm-wide limits apply (a hand-over claims
+        outside them)."""
         ...
 
     def note_due(self, delay: float) -> None:

@@ -280,7 +280,7 @@ class Completer:
             return None
         for queue in {outcome.queue for outcome in ack.outcomes}:
             fetcher = self.fetchers.get(queue)
-            if fetcher is not None and fetcher.ledger.keyed and fetcher.held_by is None:
+            if fetcher is not None and fetcher.ledger.keyed and fetcher.hands_over:
                 return _Handover(fetcher, fetcher.handover())
         return None
 

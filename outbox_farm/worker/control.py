@@ -1,8 +1,10 @@
 """The queue controls' watcher: one per runtime, it keeps the runtime's view of the operator's
 controls of its queues current and tells each queue's fetcher (`Fetcher.hold`, `release`).
 
-It loads the controls once before any fetcher claims (a farm started while a queue is paused
-never claims it), again at once on the NOTIFY a change sends and on every (re)connect of the
+Controls are pauses (`Fetcher.hold`) and farm-wide limits (`Fetcher.limit`: the queue's claims
+then go through `Store.claim_limited`). It loads them once before any fetcher claims (a farm
+started while a queue is paused never claims it, one started while it is limited never claims
+past the limit), again at once on the NOTIFY a change sends and on every (re)connect of the
 listener (NOTIFYs sent while it was down are lost), and every POLL seconds whatever happens, so
 a missed NOTIFY, or a runtime without a listener, costs at most that long. A pause that ends at
 its `paused_until` is reloaded at that instant, not at the next poll. A store without the
@@ -18,6 +20,7 @@ import time
 from collections.abc import Mapping
 
 from ..errors import DatabaseError, SchemaError
+from ..limits import Limits
 from ..metrics import metrics
 from ..problems import one_line
 from ..storage import QueueControl, Store
@@ -83,7 +86,8 @@ class ControlWatch:
             return
         self._apply({q: c for q, c in paused.items() if q in self.fetchers})
 
-    def _apply(self, paused: dict[str, QueueControl]) -> None:
+    def _apply(self, controls: dict[str, QueueControl]) -> None:
+        paused = {queue: control for queue, control in controls.items() if control.paused}
         gauge = metrics().queue_paused
         for queue, fetcher in self.fetchers.items():
             control = paused.get(queue)
@@ -94,7 +98,25 @@ class ControlWatch:
                 fetcher.release()
                 log.info("queue %s resumed", queue, extra={"event": "queue_resumed"})
             gauge.labels(queue).set(1 if control is not None else 0)
+            limits = controls[queue].limits if queue in controls else Limits()
+            if limits != fetcher.limits:
+                self._limit(fetcher, limits)
         self.paused = paused
+
+    @staticmethod
+    def _limit(fetcher: Fetcher, limits: Limits) -> None:
+        queue = fetcher.spec.queue
+        fetcher.limit(limits)
+        log.info(
+            "queue %s: %s, farm-wide",
+            queue,
+            limits,
+            extra={"event": "queue_limits", "queue": queue, "limits": str(limits)},
+        )
+        gauge = metrics().queue_limit
+        rate = limits.rate.per_second if limits.rate else 0
+        gauge.labels(queue, "rate_per_second").set(rate)
+        gauge.labels(queue, "max_running").set(limits.max_running or 0)
 
     def _wait(self) -> float:
         """Seconds until the next load: the poll, or sooner when a pause ends sooner."""

@@ -15,6 +15,9 @@ While the completer finds its rows' acks or retries refused for want of a privil
 queue's claims are paused: the fetcher probes the refused write on a clock instead (see `pause`).
 While an operator holds the queue (`hold`, from the queue controls' watcher), it claims nothing
 and waits for the release alone; the rows it holds already run and are written as usual.
+While the queue has farm-wide limits (`limit`, from the same watcher), each claim asks the store
+for what the limits allow (`Store.claim_limited`), and one cut short by them waits for the time
+the store says the limits need, instead of a poll.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import uuid
 from ..backoff import Backoff
 from ..errors import ConnectionLost, DatabaseError, PermanentError
 from ..handler import HandlerSpec
+from ..limits import Limits
 from ..message import Message
 from ..metrics import metrics
 from ..observe import Observer
@@ -108,6 +112,8 @@ class Fetcher:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self.held_by: str | None = None  # why an operator holds the queue; None: claim
+        self.limits = Limits()  # the queue's farm-wide limits; none: claim as the room allows
+        self._held_back: float | None = None  # seconds the limits asked the last claim to wait
 
     # -- called by other components ------------------------------------------------------
 
@@ -125,6 +131,16 @@ class Fetcher:
     def release(self) -> None:
         """Claim again, at once."""
         self.held_by = None
+        self._wake.set()
+
+    @property
+    def hands_over(self) -> bool:
+        """See `channels.Fetching.hands_over`."""
+        return self.held_by is None and not self.limits
+
+    def limit(self, limits: Limits) -> None:
+        """Claim within `limits` from now on (`Limits()`: without), starting at once."""
+        self.limits = limits
         self._wake.set()
 
     def note_due(self, delay: float) -> None:
@@ -177,6 +193,10 @@ class Fetcher:
                 if got == want:
                     backoff.reset()
                     continue  # more may be waiting: claim again at once
+                if self._held_back is not None:  # cut short by the limits, not by the rows
+                    backoff.reset()
+                    await self._rest(self._held_back)
+                    continue
                 if got:
                     # Let the executors start on what came in before the look for the next
                     # due row: its statement's set-up would otherwise run first, and an idle
@@ -247,7 +267,16 @@ class Fetcher:
         started = time.perf_counter()
         claim = self._new_claim(limit)
         far = claim.far
-        msgs = await self.store.claim(claim)
+        self._held_back = None
+        if self.limits:
+            allowed = await self.store.claim_limited(claim)
+            msgs = allowed.messages
+            if allowed.allowed < limit:
+                metrics().limited_claims.labels(self.spec.queue).inc()
+                if len(msgs) == allowed.allowed:  # rows were left: the limits held them
+                    self._held_back = allowed.wait
+        else:
+            msgs = await self.store.claim(claim)
         if far and len(msgs) < limit:  # a full claim may have left the far rows out
             self._far_at = time.monotonic() + FAR_EVERY
         self.observer.claimed(self.spec.queue, len(msgs), time.perf_counter() - started)

@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 
 from outbox_farm.db.pool import open_pool
 from outbox_farm.db.store import PostgresStore
+from outbox_farm.limits import Limits
 from outbox_farm.message import Message
 from outbox_farm.names import TableNames
 from outbox_farm.producer import BatchOptions, Producer, PublishOptions
@@ -49,6 +50,7 @@ TIMES = {  # every timestamp of the tables, which `later` moves back on Postgres
         "lease_expires_at",
     ],
     "outbox_dlq": ["created_at", "failed_at"],
+    "outbox_farm_queues": ["paused_until", "changed_at", "tokens_at"],
 }
 
 
@@ -131,6 +133,10 @@ class Outbox(ABC):
     @abstractmethod
     async def resume(self, queue: str) -> None: ...
 
+    @abstractmethod
+    async def limit(self, queue: str, limits: Limits) -> None:
+        """Set `queue`'s farm-wide limits as an operator would (`Limits()`: clear them)."""
+
     async def claim(self, queue: str = "q", **options: Any) -> list[Message]:
         return await self.store.claim(claim_of(queue, **options))
 
@@ -182,6 +188,9 @@ class InMemory(Outbox):
 
     async def resume(self, queue: str) -> None:
         self.memory.resume(queue)
+
+    async def limit(self, queue: str, limits: Limits) -> None:
+        self.memory.limit(queue, limits)
 
     async def wakeups(self, step: Callable[[], Awaitable[object]]) -> list[str]:
         woken: list[str] = []
@@ -266,6 +275,25 @@ class OnPostgres(Outbox):
         await self.conn.execute(
             "UPDATE outbox_farm_queues SET paused = false WHERE target = %s AND queue = %s",
             [str(self.NAMES.outbox), queue],
+        )
+
+    async def limit(self, queue: str, limits: Limits) -> None:
+        rate = limits.rate
+        await self.conn.execute(
+            "INSERT INTO outbox_farm_queues (target, queue, rate_count, rate_seconds, max_running)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (target, queue) DO UPDATE SET"
+            " rate_count = excluded.rate_count, rate_seconds = excluded.rate_seconds,"
+            " max_running = excluded.max_running, tokens = CASE WHEN"
+            " (outbox_farm_queues.rate_count, outbox_farm_queues.rate_seconds)"
+            " IS DISTINCT FROM (excluded.rate_count, excluded.rate_seconds)"
+            " THEN NULL ELSE outbox_farm_queues.tokens END",
+            [
+                str(self.NAMES.outbox),
+                queue,
+                rate.count if rate else None,
+                rate.seconds if rate else None,
+                limits.max_running,
+            ],
         )
 
     async def without_dlq(self) -> None:

@@ -227,7 +227,7 @@ class _Fetcher:
         self.ledger = ledger
         self.token = uuid.uuid4()
         self.taken: list[list[Message]] = []
-        self.held_by: str | None = None  # not paused: the hand-over may claim
+        self.hands_over = True  # neither paused nor limited: the hand-over may claim
 
     def note_due(self, delay: float) -> None:
         pass
