@@ -1,6 +1,7 @@
-"""The operator tools as a Python API, for admin scripts: what `outbox-farm stats`, `dlq` and
-`doctor` run. Every function takes a psycopg connection (outside a transaction: replay and
-purge commit batch by batch) and the `TableNames` of the farm's tables.
+"""The operator tools as a Python API, for admin scripts: what `outbox-farm stats`, `dlq`,
+`queue` and `doctor` run. Every function takes a psycopg connection (outside a transaction:
+replay and purge commit batch by batch, each queue change is a transaction of its own) and the
+`TableNames` of the farm's tables.
 
     from outbox_farm.admin import DlqFilter, TableNames, When, dlq_replay
 
@@ -26,9 +27,20 @@ from .dlq import (
     dlq_summary,
 )
 from .durations import When, parse_duration
+from .queues import (
+    UNCHANGED,
+    QueueState,
+    Unchanged,
+    limit_queue,
+    pause_queue,
+    queue_state,
+    queue_states,
+    resume_queue,
+)
 from .stats import Count, DlqCounts, QueueStats, queue_stats
 
 __all__ = [
+    "UNCHANGED",
     "CauseGroup",
     "Count",
     "DlqCounts",
@@ -37,11 +49,13 @@ __all__ = [
     "DlqRow",
     "Done",
     "Payload",
+    "QueueState",
     "QueueStats",
     "Selection",
     "Summary",
     "SummaryLine",
     "TableNames",
+    "Unchanged",
     "When",
     "dlq_causes",
     "dlq_count",
@@ -50,6 +64,11 @@ __all__ = [
     "dlq_replay",
     "dlq_show",
     "dlq_summary",
+    "limit_queue",
     "parse_duration",
+    "pause_queue",
+    "queue_state",
+    "queue_states",
     "queue_stats",
+    "resume_queue",
 ]

@@ -438,3 +438,73 @@ FROM (
 ) AS holders
 ORDER BY xid_age DESC
 LIMIT 1
+
+-- name: admin_queue_state
+-- A row of `outbox_farm_queues` as the operator's tools show it (`q`), filled into the
+-- statements below. `paused` is paused now: a pause whose `paused_until` has passed is over, on
+-- the database's clock, the one every farm judges it by; its `paused_until` then reads NULL.
+-- The limits' columns are read through the row's JSON image, which has them or not: a database
+-- migrated to 0011 but not 0012 still shows its pauses (the limits' statements say to migrate).
+q.queue::text,
+q.paused AND (q.paused_until IS NULL OR q.paused_until > now()) AS paused,
+CASE WHEN q.paused AND q.paused_until > now() THEN q.paused_until END AS paused_until,
+q.reason, q.changed_by, q.changed_at,
+(to_jsonb(q) ->> 'rate_count')::int AS rate_count,
+(to_jsonb(q) ->> 'rate_seconds')::float8 AS rate_seconds,
+(to_jsonb(q) ->> 'max_running')::int AS max_running
+
+-- name: admin_queue_controls_kept
+-- Whether the controls table exists (migration 0011), asked before reading it where its
+-- absence is no error (`stats` on a database migrated by an older release): a failed read
+-- would abort the caller's transaction. Unqualified, as the migration made it and the farms
+-- read it: on the search path.
+SELECT to_regclass('outbox_farm_queues') IS NOT NULL
+
+-- name: admin_queue_states
+-- The controls of one outbox's queues, by queue; `queue` NULL: every queue with a row.
+SELECT {admin_queue_state}
+FROM outbox_farm_queues AS q
+WHERE q.target = %(target)s AND (%(queue)s::text IS NULL OR q.queue = %(queue)s::text)
+ORDER BY q.queue
+
+-- name: admin_queue_pause
+-- Pause a queue, until `until` (a time) or for `seconds` from now (database clock), or until
+-- resumed when both are NULL; a pause in force is replaced (a new end, reason and author).
+-- A pause that would end already is refused by matching nothing (the caller says so): the
+-- check is on the database's clock, the one the farms end the pause by.
+INSERT INTO outbox_farm_queues AS q (target, queue, paused, paused_until, reason, changed_by,
+                                     changed_at)
+SELECT %(target)s, %(queue)s, true, e.until, %(reason)s, %(by)s, now()
+FROM (SELECT coalesce(%(until)s::timestamptz,
+                      now() + make_interval(secs => %(seconds)s::float8)) AS until) AS e
+WHERE e.until IS NULL OR e.until > now()
+ON CONFLICT (target, queue) DO UPDATE
+SET paused = true, paused_until = excluded.paused_until, reason = excluded.reason,
+    changed_by = excluded.changed_by, changed_at = excluded.changed_at
+RETURNING {admin_queue_state}
+
+-- name: admin_queue_resume
+-- End a queue's pause. Only a queue with a row has anything to end: no row is made for one
+-- that has none. The reason goes with the pause; the row keeps who resumed it and when.
+UPDATE outbox_farm_queues AS q
+SET paused = false, paused_until = NULL, reason = NULL, changed_by = %(by)s, changed_at = now()
+WHERE q.target = %(target)s AND q.queue = %(queue)s
+RETURNING {admin_queue_state}
+
+-- name: admin_queue_limit
+-- Set or clear a queue's farm-wide limits (migration 0012), leaving the pause as it is. Each
+-- limit is changed only when its `set_` flag is true (NULL values then clear it). A changed
+-- rate empties `tokens` (NULL: a full bucket of the new rate), so the new rate applies from
+-- now rather than from a bucket sized for the old one.
+INSERT INTO outbox_farm_queues AS q (target, queue, rate_count, rate_seconds, max_running,
+                                     changed_by, changed_at)
+VALUES (%(target)s, %(queue)s, %(rate_count)s::int, %(rate_seconds)s::float8,
+        %(max_running)s::int, %(by)s, now())
+ON CONFLICT (target, queue) DO UPDATE
+SET rate_count = CASE WHEN %(set_rate)s THEN excluded.rate_count ELSE q.rate_count END,
+    rate_seconds = CASE WHEN %(set_rate)s THEN excluded.rate_seconds ELSE q.rate_seconds END,
+    tokens = CASE WHEN %(set_rate)s THEN NULL ELSE q.tokens END,
+    tokens_at = CASE WHEN %(set_rate)s THEN NULL ELSE q.tokens_at END,
+    max_running = CASE WHEN %(set_max)s THEN excluded.max_running ELSE q.max_running END,
+    changed_by = excluded.changed_by, changed_at = excluded.changed_at
+RETURNING {admin_queue_state}
