@@ -1,7 +1,7 @@
 """The `outbox-farm` command line.
 
-Each command lives in the module of its kind (`schema`, `start`, `ops`, `dlq`) and only reads
-options and prints; what it runs lives outside this package, all but the log set-up
+Each command lives in the module of its kind (`schema`, `start`, `ops`, `queues`, `dlq`) and
+only reads options and prints; what it runs lives outside this package, all but the log set-up
 (`log_setup`), which only the commands that run a process need. The group below is the one
 place where the library's errors become the command line's: one line, exit status 1, with
 every fragment of the DSN's secret masked (whatever libpq or a client library quoted).
@@ -20,6 +20,7 @@ from .demo import demo
 from .dlq import dlq
 from .ops import doctor_command, stats
 from .options import EPILOG
+from .queues import queue
 from .schema import check, migrate_command, sql
 from .start import start
 
@@ -38,5 +39,6 @@ def main() -> None:
     """outbox_farm: deliver every committed outbox row to its handler, at least once."""
 
 
-for command in (migrate_command, check, sql, start, demo, stats, dlq, doctor_command, console):
+COMMANDS = (migrate_command, check, sql, start, demo, stats, queue, dlq, doctor_command, console)
+for command in COMMANDS:
     main.add_command(command)
