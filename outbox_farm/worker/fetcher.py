@@ -195,7 +195,7 @@ class Fetcher:
                     continue  # more may be waiting: claim again at once
                 if self._held_back is not None:  # cut short by the limits, not by the rows
                     backoff.reset()
-                    await self._rest(self._held_back)
+                    await self._held(self._held_back)
                     continue
                 if got:
                     # Let the executors start on what came in before the look for the next
@@ -227,6 +227,21 @@ class Fetcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
+
+    async def _held(self, wait: float) -> None:
+        """Sleep `wait` seconds, the time the limits asked for, or until woken; under a
+        `max_running`, sooner too when one of this process's rows of the queue is written: the
+        place it held is free then, and this process, which saw it first, claims it (the others
+        find it at their next look)."""
+        self.ledger.slots.clear()
+        waiters = [asyncio.ensure_future(self._wake.wait())]
+        if self.limits.max_running is not None:
+            waiters.append(asyncio.ensure_future(self.ledger.slots.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     async def _free_stranded(self) -> int:
         """At most every `STRANDED_EVERY` seconds, when a claim came back short: unmark the
