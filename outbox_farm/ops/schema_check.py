@@ -96,6 +96,26 @@ CAUSE_TRIGGERS = tuple(
     f"outbox_farm_causes_{op}" for op in ("delete", "insert", "truncate", "update")
 )
 CAUSES_VERSION = 9
+# The operator's controls of each queue, one table for every outbox of the database (migration
+# 0011; its limits' columns, 0012): column -> (type, NOT NULL, must have a default).
+CONTROLS_TABLE = QualifiedName(None, "outbox_farm_queues")
+CONTROL_COLUMNS: dict[str, tuple[str, bool, bool]] = {
+    "target": ("text", True, False),
+    "queue": (VARCHAR, True, False),
+    "paused": ("boolean", True, True),
+    "paused_until": (TSTZ, False, False),
+    "reason": ("text", False, False),
+    "changed_by": ("text", False, False),
+    "changed_at": (TSTZ, True, True),
+}
+LIMIT_COLUMNS: dict[str, tuple[str, bool, bool]] = {
+    "rate_count": ("integer", False, False),
+    "rate_seconds": ("double precision", False, False),
+    "max_running": ("integer", False, False),
+    "tokens": ("double precision", False, False),
+    "tokens_at": (TSTZ, False, False),
+}
+CONTROLS_VERSION, LIMITS_VERSION = 11, 12
 FIX_HINT = (
     "run `outbox-farm migrate`, or for a drifted index or CHECK drop it and recreate it as "
     "`outbox-farm sql` prints it"
@@ -317,6 +337,38 @@ def _check_causes(conn: Connection, names: TableNames, recorded: bool) -> list[P
     return found
 
 
+def _check_controls(conn: Connection, applied: set[int]) -> list[Problem]:
+    """The queue controls' table (migrations 0011 and 0012), which `queue pause|resume|limit`
+    write and every farm reads. Without it a farm pauses and limits nothing (it says so in its
+    log), and the operator's commands fail; without the 0012 columns, limits do. Once a
+    migration is recorded for the outbox, only `--repair` runs it again."""
+    label = str(CONTROLS_TABLE)
+
+    def hint(version: int) -> str:
+        if version in applied:
+            return "run `outbox-farm migrate --repair` (it makes it again)"
+        return "run `outbox-farm migrate`"
+
+    live = read_table(conn, CONTROLS_TABLE)
+    if live is None:
+        return [
+            Problem(
+                label,
+                "table does not exist (migration 0011: queue pauses and limits; without it no "
+                f"farm can be paused or limited); {hint(CONTROLS_VERSION)}",
+            )
+        ]
+    found = [
+        Problem(p.table, f"{p.message} (migration 0011); {hint(CONTROLS_VERSION)}")
+        for p in _check_columns(label, live.columns, CONTROL_COLUMNS)
+    ]
+    found += [
+        Problem(p.table, f"{p.message} (migration 0012: queue limits); {hint(LIMITS_VERSION)}")
+        for p in _check_columns(label, live.columns, LIMIT_COLUMNS)
+    ]
+    return found
+
+
 @dataclass(frozen=True)
 class Assessment:
     problems: list[Problem]
@@ -337,6 +389,8 @@ def assess_schema(conn: Connection, names: TableNames) -> Assessment:
         problems += _check_table(conn, names.dlq, DLQ_COLUMNS, DLQ_INDEXES, False)
         causes_applied = (str(names.dlq), CAUSES_VERSION) in {(t, v) for t, v, _ in recorded}
         problems += _check_causes(conn, names, causes_applied)
+    outbox_applied = {v for t, v, _ in recorded if t == str(names.outbox)}
+    problems += _check_controls(conn, outbox_applied)
     shipped = max(m.version for m in load_migrations())
     newer = [record for record in recorded if record[1] > shipped]
     if not newer:

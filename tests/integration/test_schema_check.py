@@ -318,3 +318,31 @@ def test_invalid_timer_index_is_reported(conn: Conn) -> None:
         Farm().publish(conn, b"x", queue="q", timer_id="t2")
     # ... so the check must say so.
     assert any("timer index" in p for p in problems(conn))
+
+
+def test_missing_queue_controls_table_says_to_migrate(conn: Conn) -> None:
+    conn.execute("DELETE FROM outbox_farm_migrations WHERE version IN (11, 12)")
+    conn.execute("DROP TABLE outbox_farm_queues")
+    found = only(conn)
+    assert found.startswith("outbox_farm_queues: table does not exist (migration 0011")
+    assert found.endswith("run `outbox-farm migrate`")
+    migrate(conn, NAMES)
+    assert check_schema(conn, NAMES) == []
+
+
+def test_queue_controls_table_dropped_after_its_migration_says_to_repair(conn: Conn) -> None:
+    conn.execute("DROP TABLE outbox_farm_queues")
+    assert only(conn).endswith("run `outbox-farm migrate --repair` (it makes it again)")
+    migrate(conn, NAMES, repair=True)
+    assert check_schema(conn, NAMES) == []
+
+
+def test_missing_queue_limits_columns_are_each_reported(conn: Conn) -> None:
+    conn.execute("ALTER TABLE outbox_farm_queues DROP COLUMN max_running, DROP COLUMN tokens")
+    found = problems(conn)
+    assert len(found) == 2, found
+    assert found[0].startswith(
+        "outbox_farm_queues: column max_running is missing (expected integer) (migration 0012"
+    )
+    assert "column tokens is missing" in found[1]
+    assert all(p.endswith("`outbox-farm migrate --repair` (it makes it again)") for p in found)
