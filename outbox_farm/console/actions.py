@@ -227,7 +227,11 @@ async def run(request: Request) -> Response:
     form = await checked_form(request)
     signer: Signer = request.app.state.signer
     plan = signer.read_plan(request.state.session, str(form.get("plan") or ""))
-    if plan is None or time.time() - float(plan.get("made", 0)) > PLAN_SECONDS:
+    if (
+        plan is None
+        or plan.get("action") not in ACTIONS  # a plan of another page (a queue's pause)
+        or time.time() - float(plan.get("made", 0)) > PLAN_SECONDS
+    ):
         return _refused(
             request,
             "this confirmation does not come from a dry run of this session (or is over an "

@@ -23,7 +23,7 @@ from starlette.templating import Jinja2Templates
 
 from ..errors import OutboxFarmError
 from ..names import TableNames
-from . import actions, login, render, views
+from . import actions, login, queue_actions, queues, render, views
 from .database import Database
 from .limits import BodyLimit
 from .pages import database_error
@@ -66,6 +66,7 @@ def _templates() -> Jinja2Templates:
     )
     env.filters.update(age=render.age, number=render.number, when=render.when)
     env.filters["pretty_json"] = render.pretty_json
+    env.filters["queue_path"] = queues.queue_path
     return Jinja2Templates(env=env)
 
 
@@ -95,6 +96,10 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/dlq/{row_id:int}/payload", views.dlq_row_payload, name="dlq_row_payload"),
         Route("/dlq/preview", actions.preview, methods=["POST"], name="dlq_preview"),
         Route("/dlq/run", actions.run, methods=["POST"], name="dlq_run"),
+        Route("/queues", queues.queue_list, name="queues"),
+        Route("/queues/preview", queue_actions.preview, methods=["POST"], name="queue_preview"),
+        Route("/queues/run", queue_actions.run, methods=["POST"], name="queue_run"),
+        Route("/queues/{queue:path}", queues.queue_page, name="queue"),
         Route("/farm", views.farm, name="farm"),
         Route("/farm/live", views.farm_live, name="farm_live"),
         Route("/login", login.login_form, name="login"),

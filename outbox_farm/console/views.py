@@ -29,6 +29,7 @@ from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError, Schema
 from ..names import TableNames
 from .limits import MAX_IDS
 from .pages import error_page, log, page
+from .queues import Controls, read_controls
 from .render import Chart, StoredException, correlation
 from .telemetry import FarmView
 
@@ -53,6 +54,7 @@ class Overview:
     idle: set[str] = field(default_factory=set)
     hidden: int = 0  # queues without rows left off the page (past `IDLE_SHOWN`)
     causes: Causes | None = None
+    controls: Controls = field(default_factory=Controls)
 
 
 @dataclass
@@ -101,21 +103,25 @@ def _overview(request: Request, farm: FarmView) -> Overview:
     recent: Recent = request.app.state.recent
     with settings.database.connection() as conn:
         stats = queue_stats(conn, settings.names)
+        controls = read_controls(conn, settings.names)
         found = {q.queue for q in stats}
-        seen = recent.note(found, time.monotonic())
-        # A queue the farm handles, or one that drained lately, stays on the page with its
-        # zeros (an idle queue is news too), as many as `IDLE_SHOWN`: each costs a few
+        # A queue paused or limited, one the farm handles, or one that drained (or was
+        # resumed) lately stays on the page with its zeros (an idle queue is news too; a
+        # paused one most of all: listed first), as many as `IDLE_SHOWN`: each costs a few
         # statements, and a farm may name thousands.
-        drained = sorted(seen - found)
-        named = sorted(set(farm.latest.queues if farm.latest else ()) - found - set(drained))
-        missing = [q for q in drained + named if q]
+        held = [q for q in controls.active() if q not in found]
+        seen = recent.note(found | set(held), time.monotonic())
+        drained = sorted(seen - found - set(held))
+        named = set(farm.latest.queues if farm.latest else ())
+        named_only = sorted(named - found - set(drained) - set(held))
+        missing = [q for q in held + drained + named_only if q]
         for queue in missing[:IDLE_SHOWN]:
             stats += queue_stats(conn, settings.names, queue)
         causes = _causes(conn, settings.names, DlqFilter())
     stats.sort(key=lambda q: q.queue)
     idle = {q.queue for q in stats if not any(c.value for c in q.counts.values())}
     hidden = max(len(missing) - IDLE_SHOWN, 0)
-    return Overview(stats, farm, Chart.of(farm.points), idle, hidden, causes)
+    return Overview(stats, farm, Chart.of(farm.points), idle, hidden, causes, controls)
 
 
 async def overview(request: Request) -> Response:
