@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from outbox_farm.admin.queues import pause_queue, queue_state
 from tests.acceptance.test_farm import FARMAPP, farm_process, free_port
-from tests.console.console_kit import Conn, console_process, dlq_ids, fail
+from tests.console.console_kit import NAMES, Conn, console_process, dlq_ids, fail
 from tests.steps import wait_for
 from tests.tools import missing_tool
 
@@ -237,3 +238,51 @@ def test_a_live_part_says_so_when_its_session_ends(
         page.locator("#live-error").wait_for(state="visible")
         assert "session has ended" in page.locator("#live-error").inner_text()
         assert page.locator("#queues").count() == 0  # the stale numbers are gone
+
+
+def test_pause_a_queue_with_its_confirmation_see_it_paused_and_resume_it(
+    page: Any, tmp_path: Path, dsn: str, conn: Conn
+) -> None:
+    conn.execute("INSERT INTO outbox (queue, payload) VALUES ('emails', 'x')")
+    row = 'tr[data-queue="emails"]'
+    with console_process(tmp_path, dsn, "--metrics-url", "") as console:
+        page.goto(console.url + "/")
+        assert page.locator(f"{row} td.control").inner_text() == "running"
+        page.click(f"{row} th a")
+        page.wait_for_url("**/queues/emails")
+        page.fill('#pause-form input[name="reason"]', "smtp relay down")
+        page.fill('#pause-form input[name="until"]', "1h")
+        page.click("#pause")
+        assert page.locator("h1").inner_text() == "Pause queue emails?"
+        assert (
+            "within a second; running handlers finish" in page.locator("#consequence").inner_text()
+        )
+        assert not queue_state(conn, NAMES, "emails").paused  # nothing until confirmed
+        page.click("#confirm")
+        assert page.locator("#done").get_attribute("data-paused") == "yes"
+        state = queue_state(conn, NAMES, "emails")
+        assert (state.paused, state.reason, state.changed_by) == (
+            True,
+            "smtp relay down",
+            "loopback",
+        )
+        page.goto(console.url + "/")
+        badge = page.locator(f"{row} .tag.paused")
+        assert badge.is_visible()
+        detail = page.locator(f"{row} td.control").inner_text()
+        assert "“smtp relay down”, by loopback, since" in detail
+        page.screenshot(path=str(tmp_path / "overview-paused.png"), full_page=True)
+        # Resume from the queue's page, confirmed likewise.
+        page.click(f"{row} th a")
+        page.click("#resume")
+        assert page.locator("h1").inner_text() == "Resume queue emails?"
+        assert queue_state(conn, NAMES, "emails").paused
+        page.click("#confirm")
+        assert page.locator("#done").get_attribute("data-paused") == "no"
+        assert not queue_state(conn, NAMES, "emails").paused
+        page.goto(console.url + "/")
+        assert page.locator(f"{row} td.control").inner_text() == "running"
+        # Paused elsewhere (the CLI, another console): the overview shows it without a reload.
+        pause_queue(conn, NAMES, "emails", reason="deploy", by="ann@ops")
+        wait_for(lambda: badge.count() == 1, "the paused badge on the live overview", 60)
+        assert "by ann@ops" in page.locator(f"{row} td.control").inner_text()
