@@ -15,22 +15,30 @@ mark of a farm that is not running for the queue (or whose claims of it never ta
 A busy farm that is merely behind holds leases, and is not stalled: its lag is the oldest
 ready row's age. Judged from two index probes; the claim itself is probed by `doctor`.
 
-The queues shown are those with rows in the outbox or the DLQ, and those the caller knows of
-(`known`: the app's registered queues, those a running farm serves), which show with zeros
-when idle: a queue that is registered and empty is news too. Each queue's DLQ rows are also
-shown by cause, the few causes with most rows (`dlq_causes`, from migration 0009's counts).
+A paused queue is never stalled: its rows wait because an operator said so. Each queue shows
+its pause (`paused`, until when and why) and its farm-wide `limits`, as `queue list` does.
+
+The queues shown are those with rows in the outbox or the DLQ, those paused or limited, and
+those the caller knows of (`known`: the app's registered queues, those a running farm serves),
+which show with zeros when idle: a queue that is registered and empty is news too. Each
+queue's DLQ rows are also shown by cause, the few causes with most rows (`dlq_causes`, from
+migration 0009's counts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 
+from ..db import queue_controls
 from ..db.connect import Connection
 from ..db.dlq import CauseGroup, counts_kept
 from ..db.operator import OUTBOX_CONDITIONS, OutboxFigure, StallFacts, StatsReader
+from ..limits import Limits
 from ..names import TableNames
 from .dlq import DlqFilter, dlq_causes
+from .queues import QueueState, queue_states
 
 EXACT_LIMIT = 10_000  # rows counted one by one before the estimate is used
 # Planner cost units (about one per page read) above which a capped count is not run at all.
@@ -70,6 +78,10 @@ class QueueStats:
     dlq: list[DlqCounts] = field(default_factory=list)
     stalled: str | None = None  # why the queue looks stalled (`stall_reason`); None: it is not
     causes: list[CauseGroup] = field(default_factory=list)  # its DLQ's top causes, most first
+    paused: bool = False  # paused now by an operator (`outbox-farm queue pause`)
+    paused_until: datetime | None = None  # when that pause ends by itself; None: at a resume
+    pause_reason: str | None = None
+    limits: Limits = field(default_factory=Limits)  # farm-wide (`outbox-farm queue limit`)
 
     def dlq_total(self, window: str) -> Count:
         """Sum over reasons of one window (`last_hour`, `last_day`, `total`)."""
@@ -127,6 +139,14 @@ def _causes(conn: Connection, names: TableNames, queues: list[str]) -> dict[str,
     return {q: dlq_causes(conn, names, DlqFilter(queue=q), CAUSES_PER_QUEUE) for q in queues}
 
 
+def _controls(conn: Connection, names: TableNames) -> dict[str, QueueState]:
+    """The queues' controls by queue; none on a database migrated before the controls table
+    (the other figures do not need it; `check` reports it)."""
+    if not queue_controls.controls_kept(conn, names):
+        return {}
+    return {state.queue: state for state in queue_states(conn, names)}
+
+
 def queue_stats(
     conn: Connection,
     names: TableNames,
@@ -136,20 +156,32 @@ def queue_stats(
     *,
     known: Iterable[str] = (),
 ) -> list[QueueStats]:
-    """Numbers for `queue`, or for every queue with rows in the outbox or the DLQ and every
-    queue of `known` (with zeros when it has none), sorted; each marked stalled when its
-    oldest claimable row has waited over `stall_after` seconds with none of its rows leased."""
+    """Numbers for `queue`, or for every queue with rows in the outbox or the DLQ, every
+    queue paused or limited and every queue of `known` (with zeros when it has none), sorted;
+    each with its pause and limits, and marked stalled when its oldest claimable row has
+    waited over `stall_after` seconds with none of its rows leased, unless it is paused."""
     reader = StatsReader(conn, names)
-    queues = [queue] if queue is not None else sorted(set(reader.queues()) | set(known))
+    controls = _controls(conn, names)
+    if queue is not None:
+        queues = [queue]
+    else:
+        queues = sorted(set(reader.queues()) | set(known) | set(controls))
     causes = _causes(conn, names, queues)
-    return [
-        QueueStats(
-            q,
-            {figure: _count(reader, figure, q, exact_limit) for figure in OUTBOX_COUNTS},
-            reader.oldest_ready(q),
-            _dlq(reader, q, exact_limit) if names.dlq is not None else [],
-            stall_reason(reader.stall(q), stall_after),
-            causes.get(q, []),
+    found = []
+    for q in queues:
+        control = controls.get(q) or QueueState.free(q)
+        found.append(
+            QueueStats(
+                q,
+                {figure: _count(reader, figure, q, exact_limit) for figure in OUTBOX_COUNTS},
+                reader.oldest_ready(q),
+                _dlq(reader, q, exact_limit) if names.dlq is not None else [],
+                None if control.paused else stall_reason(reader.stall(q), stall_after),
+                causes.get(q, []),
+                control.paused,
+                control.paused_until,
+                control.reason if control.paused else None,
+                control.limits,
+            )
         )
-        for q in queues
-    ]
+    return found

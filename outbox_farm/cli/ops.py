@@ -37,17 +37,32 @@ def _n(count: Any) -> str:
     return str(count.value) if count.exact else f"~{count.value}"
 
 
+def _pause(q: Any) -> str:
+    """A queue's pause in one cell: until when, and why."""
+    if not q.paused:
+        return "-"
+    end = (
+        "until resumed"
+        if q.paused_until is None
+        else f"until {q.paused_until:%Y-%m-%d %H:%M:%S %Z}"
+    )
+    return f"{end} ({q.pause_reason})" if q.pause_reason else end
+
+
 def _render(frame: dict[str, Any]) -> str:
     rates = frame["farm"].get("queues", {})
     headers = ["queue", *(n.replace("_", " ") for n in OUTBOX_COUNTS), "oldest ready"]
-    headers += ["dlq 1h", "dlq 1d", "dlq all", "stalled"]
+    headers += ["dlq 1h", "dlq 1d", "dlq all", "paused", "stalled"]
     if rates:
         headers += ["acked/s", "retries/s", "terminal/s", "p99 lag"]
-    rows, reasons, stalls, causes = [], [], [], []
+    rows, reasons, stalls, causes, controls = [], [], [], [], []
     for q in frame["queues"]:
         row = [q.queue, *(_n(q.counts[n]) for n in OUTBOX_COUNTS), _age(q.oldest_ready_age)]
         row += [_n(q.dlq_total(w)) for w in ("last_hour", "last_day", "total")]
+        row.append("PAUSED" if q.paused else "-")
         row.append("STALLED" if q.stalled else "-")
+        if q.paused or q.limits:
+            controls.append([q.queue, _pause(q), str(q.limits) if q.limits else "-"])
         if q.stalled:
             stalls.append(f"{q.queue}: {q.stalled}")
         if rates:
@@ -63,6 +78,12 @@ def _render(frame: dict[str, Any]) -> str:
     out = [text_table(headers, rows) if rows else "no rows in the outbox or the DLQ"]
     if stalls:
         out += ["", *stalls]
+    if controls:
+        out += [
+            "",
+            "Paused and limited (farm-wide; change with outbox-farm queue pause|resume|limit):",
+            text_table(["queue", "paused", "limits"], controls),
+        ]
     if reasons:
         out += ["", "DLQ by reason:", text_table(["queue", "reason", "1h", "1d", "all"], reasons)]
     if causes:
@@ -136,7 +157,8 @@ def stats(
 ) -> None:
     """Per queue: ready, scheduled, waiting (deep in an ordering key's line), in flight,
     expired leases, retrying rows, the oldest ready row's age, DLQ rows by reason (last hour,
-    day, all) and its top causes, whether it is stalled, and the running farm's rates.
+    day, all) and its top causes, whether it is paused and its farm-wide limits (`outbox-farm
+    queue`), whether it is stalled, and the running farm's rates.
 
     The queues are those with rows, those the running farm serves (read from --metrics-url)
     and those --app registers: an idle queue shows with zeros.
@@ -145,7 +167,8 @@ def stats(
     text, "exact": false in JSON), so this answers in milliseconds on any table size.
     STALLED ("stalled" in JSON, the reason): a row has been claimable for over 60s (the
     farm's own threshold) while none of the queue's rows is leased, so nobody is working on
-    it. A queue whose claims fail is found by `outbox-farm doctor`, which probes them.
+    it. A paused queue is never stalled. A queue whose claims fail is found by `outbox-farm
+    doctor`, which probes them.
     """
     known = list(load_farm(app).handlers) if app else []
     with connected(dsn, notice, autocommit=True) as conn:

@@ -267,3 +267,47 @@ def test_stats_shows_the_queues_the_app_registers(
     )
     assert text.exit_code == 0, text.output
     assert any(line.split()[:2] == ["idle_q", "0"] for line in text.stdout.splitlines())
+
+
+def test_a_paused_queue_shows_paused_and_not_stalled(conn: Conn) -> None:
+    from outbox_farm.admin import limit_queue, pause_queue
+    from outbox_farm.limits import Limits, Rate
+
+    conn.execute(ROWS)  # q's oldest ready row waited 90 s with nothing of it leased but...
+    conn.execute("DELETE FROM outbox WHERE acquired_token IS NOT NULL")  # ...now nothing is
+    before = {s.queue: s for s in queue_stats(conn, NAMES, stall_after=60)}
+    assert before["q"].stalled is not None  # the positive control: an idle q is a stall
+    assert not before["q"].paused
+
+    pause_queue(conn, NAMES, "q", reason="maintenance", seconds=3600)
+    limit_queue(conn, NAMES, "empty", rate=Rate(100, 1.0), max_running=3)
+    stats = {s.queue: s for s in queue_stats(conn, NAMES, stall_after=60)}
+    q = stats["q"]
+    assert q.paused
+    assert q.pause_reason == "maintenance"
+    assert q.paused_until is not None
+    assert q.stalled is None
+    assert stats["empty"].limits == Limits(Rate(100, 1.0), 3)  # a queue without rows shows
+    assert not stats["empty"].paused
+    assert stats["other"].limits == Limits()
+
+    result = CliRunner().invoke(
+        main, ["stats", "--dsn", conn.info.dsn, "--metrics-url", "", "--table", "outbox"]
+    )
+    assert result.exit_code == 0, result.output
+    table = result.output.split("\n\n")[0]  # the figures, before the notes and other tables
+    lines = {line.split()[0]: line.split() for line in table.splitlines()}
+    assert lines["queue"][-2:] == ["paused", "stalled"]
+    assert lines["q"][-2:] == ["PAUSED", "-"]
+    assert lines["other"][-2:] == ["-", "-"]
+    assert "Paused and limited" in result.output
+    assert "(maintenance)" in result.output
+    assert "rate 100/s, at most 3 running" in result.output
+
+
+def test_stats_without_the_controls_table_shows_the_rest(conn: Conn) -> None:
+    conn.execute(ROWS)
+    conn.execute("DROP TABLE outbox_farm_queues")
+    stats = {s.queue: s for s in queue_stats(conn, NAMES)}
+    assert sorted(stats) == ["other", "q"]
+    assert not stats["q"].paused
