@@ -202,9 +202,9 @@ async def run(request: Request) -> Response:
             f"{by}: nothing was changed; look at them again on the queue's page"
         )
         return _refused(request, message, 409, back)
-    except SchemaError:
-        error = "refused: " + NOT_MIGRATED
-        return _refused(request, NOT_MIGRATED, 503, back)
+    except SchemaError as exc:  # its message names the migration missing, and what to run
+        error = f"refused: {exc}"
+        return _refused(request, str(exc), 503, back)
     except ConfigurationError as exc:  # a pause's end that passed while the page was open
         error = f"refused: {exc}"
         return _refused(request, str(exc), 400, back)

@@ -333,6 +333,21 @@ def test_a_database_without_the_controls_table_is_served_and_says_to_migrate(
     with client(dsn) as http:  # the positive control: controls shown and offered
         assert 'class="running"' in overview_row(http, "emails")
         assert 'id="pause-form"' in http.get("/queues/emails").text
+    # Migrated to 0011, not 0012: pauses shown and made, limits refused saying what to run.
+    conn.execute(
+        "ALTER TABLE outbox_farm_queues DROP COLUMN rate_count CASCADE, DROP COLUMN rate_seconds,"
+        " DROP COLUMN max_running, DROP COLUMN tokens, DROP COLUMN tokens_at"
+    )
+    with client(dsn) as http:
+        assert 'class="running"' in overview_row(http, "emails")
+        csrf = csrf_of(http.get("/queues/emails").text)
+        asked = preview(http, csrf, "emails", "limit", rate="5/s")
+        refused = confirm(http, asked.text)
+        assert refused.status_code == 503
+        assert "limits&#39; columns of outbox_farm_queues of migration 0012" in refused.text
+        assert "run `outbox-farm migrate`" in refused.text
+        assert confirm(http, preview(http, csrf, "emails", "pause").text).status_code == 200
+    assert queue_state(conn, NAMES, "emails").paused
     conn.execute("DROP TABLE outbox_farm_queues")
     with client(dsn) as http:
         overview = http.get("/")
