@@ -5,11 +5,13 @@ once, to handlers registered with `@farm.handler`, run by `outbox-farm start` or
 `async with farm.running(dsn)`.
 """
 
+from .breaker import Breaker
 from .errors import (
     ConfigurationError,
     ConnectionLost,
     DatabaseError,
     DeadLetter,
+    DownstreamDown,
     IdentifierError,
     MigrationError,
     OutboxFarmError,
@@ -34,12 +36,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AckPolicy",
+    "Breaker",
     "CallNext",
     "ConfigurationError",
     "ConnectionLost",
     "ConstantBackoff",
     "DatabaseError",
     "DeadLetter",
+    "DownstreamDown",
     "ExponentialBackoff",
     "Farm",
     "IdentifierError",

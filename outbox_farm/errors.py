@@ -73,6 +73,12 @@ class Retry(Exception):
         self.delay = delay
 
 
+class DownstreamDown(Exception):
+    """Raised by a handler: what it calls is down, not this message at fault. With a `Breaker`
+    on the queue, it opens the breaker at once (the queue holds, probing, its rows' attempts
+    kept); without one, it is a failure like any other."""
+
+
 class DeadLetter(Exception):
     """Raised by a handler: give up on this message now (DLQ reason `rejected`)."""
 

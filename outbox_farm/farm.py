@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .breaker import Breaker
 from .errors import ConfigurationError
 from .handler import DEFAULT_RETRY, AckPolicy, FailureHook, HandlerSpec
 from .middleware import Middleware, check
@@ -102,6 +103,7 @@ class Farm:
         linger: float = 0.005,
         middleware: Sequence[Middleware] = (),
         transactional: bool = False,
+        breaker: Breaker | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function (async or plain) as the handler of `queue`.
 
@@ -138,6 +140,7 @@ class Farm:
                 batch=batch,
                 linger=linger,
                 middleware=chain,
+                breaker=breaker,
                 transactional=transactional,
             )
             return func

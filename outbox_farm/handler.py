@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .breaker import Breaker
 from .errors import ConfigurationError
 from .message import Message
 from .middleware import Middleware, check
@@ -62,6 +63,10 @@ class HandlerSpec:
     handler returns: the handler's writes and the row's completion commit together, or neither
     does (a raise, a nack or reject, a lost lease). Not for batch handlers, which settle rows
     one by one.
+
+    `breaker=Breaker(...)`: hold the queue on every farm while its handler keeps failing (or
+    raises `DownstreamDown`), probing with one row at a time, instead of spending the rows'
+    attempts: see `breaker`.
     """
 
     queue: str
@@ -79,6 +84,7 @@ class HandlerSpec:
     linger: float = 0.005
     middleware: tuple[Middleware, ...] = ()
     transactional: bool = False
+    breaker: Breaker | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.func):
@@ -99,6 +105,8 @@ class HandlerSpec:
             raise ConfigurationError(
                 f"retry must have a next_delay(attempt, exc, elapsed) method, got {self.retry!r}"
             )
+        if self.breaker is not None and not isinstance(self.breaker, Breaker):
+            raise ConfigurationError(f"breaker must be a Breaker, got {self.breaker!r}")
         if not isinstance(self.ack, AckPolicy):
             raise ConfigurationError(f"ack must be an AckPolicy, got {self.ack!r}")
         check_seconds(self.lease_ttl, "lease_ttl", positive=True)

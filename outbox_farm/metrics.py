@@ -67,6 +67,7 @@ class Metrics:
     queue_stalled: Gauge
     queue_paused: Gauge
     queue_limit: Gauge
+    breaker_open: Gauge
     limited_claims: Counter
     set_aside: Counter
 
@@ -185,6 +186,14 @@ def metrics() -> Metrics:
             "livemax",
             "queue",
             "limit",
+        ),
+        breaker_open=gauge(
+            "breaker_open",
+            "1 while the queue's breaker is open (its handler kept failing, or said its "
+            "downstream is down): no worker claims it but one probe row per interval; else 0. "
+            "The highest of the live workers, each as its last look found it.",
+            "livemax",
+            "queue",
         ),
         limited_claims=counter(
             "limited_claims",

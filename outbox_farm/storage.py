@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from .breaker import Breaker
 from .errors import DatabaseError
 from .limits import Limits
 from .message import Message
@@ -133,15 +134,29 @@ def is_control(payload: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Tripped:
+    """An open breaker, as the farms see it: open `since`, for `reason` (the failure that
+    opened it); its next probe may run `probe_in` seconds after it was read (the store's
+    clock; negative: already)."""
+
+    since: datetime
+    probe_in: float
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueControl:
     """The operator's hand on one queue, as the farms see it: paused (until `paused_until`, or
-    until resumed when None), and why; and its farm-wide `limits`."""
+    until resumed when None), and why; its farm-wide `limits`; and its breaker's state, open
+    (`tripped`) or counting `failures` in a row."""
 
     queue: str
     paused: bool
     paused_until: datetime | None = None
     reason: str | None = None
     limits: Limits = field(default_factory=Limits)
+    tripped: Tripped | None = None
+    failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +200,30 @@ class Store(Protocol):
         they allow now, taken from the budget every process and host of the outbox shares
         (a rate's bucket, a most running at once), in one step with the claim, so two claims
         never both spend one share. A queue whose limits were cleared is claimed whole."""
+        ...
+
+    async def breaker_failed(
+        self, queue: str, breaker: Breaker, reason: str, *, down: bool
+    ) -> tuple[bool, bool]:
+        """Count a failed run of `queue`'s handler toward its breaker, farm-wide: (whether
+        this failure opened it, whether it is open now). It opens at the `breaker.failures`-th
+        failure in a row, or at once when `down`, with `reason`, its first probe
+        `breaker.probe_every` seconds on; opening it tells every runtime on the store. A failure
+        while it is open is not counted."""
+        ...
+
+    async def breaker_reset(self, queue: str) -> None:
+        """A run of `queue` succeeded: its breaker's count of failures in a row starts again."""
+        ...
+
+    async def breaker_probe(self, queue: str, every: float) -> bool:
+        """Whether this caller may run the next probe of `queue`'s open breaker now: one caller
+        of every runtime on the store wins it each `every` seconds."""
+        ...
+
+    async def breaker_close(self, queue: str) -> bool:
+        """Close `queue`'s breaker (a run succeeded while it was open), telling every runtime
+        on the store; False when it was not open."""
         ...
 
     async def next_due(self, queue: str) -> float | None:

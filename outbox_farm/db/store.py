@@ -14,12 +14,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
+from ..breaker import Breaker
 from ..errors import DatabaseError
 from ..limits import BURST_SECONDS, Limits, Rate, allowance
 from ..message import Message
 from ..queries import Queries
-from ..storage import Allowed, Claim, QueueControl, Write, release
+from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Tripped, Write, release
 from .boundary import boundary
 from .claims import SET_ASIDE_TOKEN, send_claim
 from .outcomes import PipelineFlush, params, statement
@@ -47,7 +49,7 @@ class PostgresStore:
         take turns, on every host), read what its limits allow with a snapshot taken after the
         lock (so every claim before it counts), claim that many, and write back what is left
         of the rate's bucket. See `limit_allowance`."""
-        key = {"target": str(self.queries.names.outbox), "queue": claim.queue}
+        key = self._control_key(claim.queue)
         want = claim.limit or 0
         args = {**key, "aside": SET_ASIDE_TOKEN, "burst_seconds": BURST_SECONDS}
         with boundary():
@@ -69,6 +71,47 @@ class PostgresStore:
                     left = {**key, "left": tokens - len(messages), "at": at}
                     await conn.execute(self.queries["limit_spend"], left)
         return Allowed(messages, allowed, wait)
+
+    async def breaker_failed(
+        self, queue: str, breaker: Breaker, reason: str, *, down: bool
+    ) -> tuple[bool, bool]:
+        """Under the queue's row lock (`breaker_failed`), so the count is exact across hosts."""
+        args = {
+            **self._control_key(queue),
+            "threshold": breaker.failures,
+            "every": breaker.probe_every,
+            "reason": reason,
+            "down": down,
+            "payload": CONTROL_PREFIX + queue,
+        }
+        found = await self._one("breaker_failed", args)
+        return (bool(found[0]), bool(found[1])) if found is not None else (False, False)
+
+    async def breaker_reset(self, queue: str) -> None:
+        await self._one("breaker_reset", self._control_key(queue))
+
+    async def breaker_probe(self, queue: str, every: float) -> bool:
+        return (
+            await self._one("breaker_probe", {**self._control_key(queue), "every": every})
+            is not None
+        )
+
+    async def breaker_close(self, queue: str) -> bool:
+        args = {**self._control_key(queue), "payload": CONTROL_PREFIX + queue}
+        found = await self._one("breaker_close", args)
+        return bool(found and found[0])
+
+    def _control_key(self, queue: str) -> dict[str, Any]:
+        """The key of `queue`'s row of `outbox_farm_queues`."""
+        return {"target": str(self.queries.names.outbox), "queue": queue}
+
+    async def _one(self, name: str, args: dict[str, Any]) -> Any:
+        """The statement `name` on a pooled connection: its first row, None when it has none
+        (or returns no rows at all)."""
+        with boundary():
+            async with self.pool.connection() as conn:
+                cursor = await conn.execute(self.queries[name], args)
+                return await cursor.fetchone() if cursor.description is not None else None
 
     async def next_due(self, queue: str) -> float | None:
         """On the database clock."""
@@ -156,10 +199,15 @@ def _control(
     rate_count: int | None,
     rate_seconds: float | None,
     max_running: int | None,
+    failures: int,
+    open_since: datetime | None,
+    probe_in: float | None,
+    why: str | None,
 ) -> QueueControl:
     """A row of `control_load` as the farm sees it."""
     rate = Rate(rate_count, rate_seconds) if rate_count and rate_seconds else None
     limits = Limits(rate, max_running)
     if not paused:
         until, reason = None, None
-    return QueueControl(queue, paused, until, reason, limits)
+    tripped = None if open_since is None else Tripped(open_since, probe_in or 0.0, why)
+    return QueueControl(queue, paused, until, reason, limits, tripped, failures)

@@ -30,12 +30,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Unpack
 
 import orjson
 
+from ..breaker import Breaker
 from ..db.claims import SET_ASIDE_TOKEN
 from ..db.publish import Due, NewRow
 from ..farm import Farm
@@ -44,7 +45,16 @@ from ..message import Message
 from ..observe import Observer
 from ..producer import BatchOptions, PublishOptions
 from ..settings import RuntimeSettings
-from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Write, Written, release
+from ..storage import (
+    CONTROL_PREFIX,
+    Allowed,
+    Claim,
+    QueueControl,
+    Tripped,
+    Write,
+    Written,
+    release,
+)
 from ..worker.runtime import Runtime
 from .memory_rows import DeadLetter, Row, after, check_due
 from .memory_table import Tables, due_order, first_of_key, pending
@@ -79,6 +89,7 @@ class MemoryStore:
         self._paused: dict[str, QueueControl] = {}
         self._limits: dict[str, Limits] = {}
         self._buckets: dict[str, tuple[float, float]] = {}  # queue: tokens left, when (clock)
+        self._breakers: dict[str, _BreakerRow] = {}
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -330,6 +341,50 @@ class MemoryStore:
                 self._buckets[claim.queue] = (tokens - len(messages), at)
         return Allowed(messages, allowed, wait)
 
+    async def breaker_failed(
+        self, queue: str, breaker: Breaker, reason: str, *, down: bool
+    ) -> tuple[bool, bool]:
+        """As `breaker_failed`: counted under the lock, opened at the threshold or when
+        `down`, the first probe `probe_every` seconds on; opening it wakes every runtime."""
+        with self._lock:
+            row = self._breakers.setdefault(queue, _BreakerRow())
+            if row.open_since is not None:
+                return False, True
+            row.failures += 1
+            if not down and row.failures < breaker.failures:
+                return False, False
+            now = self.now()
+            row.open_since, row.reason = now, reason
+            row.probe_at = after(now, breaker.probe_every)
+        self._notify([CONTROL_PREFIX + queue])
+        return True, True
+
+    async def breaker_reset(self, queue: str) -> None:
+        with self._lock:
+            row = self._breakers.get(queue)
+            if row is not None and row.open_since is None:
+                row.failures = 0
+
+    async def breaker_probe(self, queue: str, every: float) -> bool:
+        with self._lock:
+            row = self._breakers.get(queue)
+            now = self.now()
+            if row is None or row.open_since is None or row.probe_at is None:
+                return False
+            if row.probe_at > now:
+                return False
+            row.probe_at = after(now, every)
+            return True
+
+    async def breaker_close(self, queue: str) -> bool:
+        with self._lock:
+            row = self._breakers.get(queue)
+            if row is None or row.open_since is None:
+                return False
+            self._breakers[queue] = _BreakerRow()
+        self._notify([CONTROL_PREFIX + queue])
+        return True
+
     async def next_due(self, queue: str) -> float | None:
         """Seconds until the earliest due time of a row a claim could take (free, and first of
         its key) or the earliest lease expiry; None when neither exists."""
@@ -395,10 +450,21 @@ class MemoryStore:
                 for queue, control in self._paused.items()
                 if control.paused_until is None or control.paused_until > now
             }
+            breakers = {
+                q: row for q, row in self._breakers.items() if row.failures or row.open_since
+            }
             found = {}
-            for queue in sorted({*paused, *self._limits}):
+            for queue in sorted({*paused, *self._limits, *breakers}):
                 control = paused.get(queue, QueueControl(queue, False))
-                found[queue] = replace(control, limits=self._limits.get(queue, Limits()))
+                row = breakers.get(queue, _BreakerRow())
+                tripped = None
+                if row.open_since is not None and row.probe_at is not None:
+                    probe_in = (row.probe_at - now).total_seconds()
+                    tripped = Tripped(row.open_since, probe_in, row.reason)
+                limits = self._limits.get(queue, Limits())
+                found[queue] = replace(
+                    control, limits=limits, tripped=tripped, failures=row.failures
+                )
             return found
 
     # -- the writes ------------------------------------------------------------------------
@@ -422,6 +488,16 @@ class MemoryFlush:
         if handover is not None and write.kind != "ack":
             raise ValueError(f"a hand-over is sent with an ack, not with a {write.kind}")
         return self._store._write(write, handover)
+
+
+@dataclass(slots=True)
+class _BreakerRow:
+    """A queue's breaker, as its columns of `outbox_farm_queues` keep it."""
+
+    failures: int = 0
+    open_since: datetime | None = None
+    probe_at: datetime | None = None
+    reason: str | None = None
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

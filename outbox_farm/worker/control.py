@@ -1,8 +1,9 @@
 """The queue controls' watcher: one per runtime, it keeps the runtime's view of the operator's
 controls of its queues current and tells each queue's fetcher (`Fetcher.hold`, `release`).
 
-Controls are pauses (`Fetcher.hold`) and farm-wide limits (`Fetcher.limit`: the queue's claims
-then go through `Store.claim_limited`). It loads them once before any fetcher claims (a farm
+Controls are pauses (`Fetcher.hold`), farm-wide limits (`Fetcher.limit`: the queue's claims
+then go through `Store.claim_limited`) and the state of a queue's breaker (`QueueBreaker.known`:
+open, the fetcher claims only probes). It loads them once before any fetcher claims (a farm
 started while a queue is paused never claims it, one started while it is limited never claims
 past the limit), again at once on the NOTIFY a change sends and on every (re)connect of the
 listener (NOTIFYs sent while it was down are lost), and every POLL seconds whatever happens, so
@@ -24,6 +25,8 @@ from ..limits import Limits
 from ..metrics import metrics
 from ..problems import one_line
 from ..storage import QueueControl, Store
+from .breaker import QueueBreaker
+from .breaker import describe as describe_tripped
 from .fetcher import Fetcher
 from .supervised import Policy, Supervisor
 
@@ -98,10 +101,24 @@ class ControlWatch:
                 fetcher.release()
                 log.info("queue %s resumed", queue, extra={"event": "queue_resumed"})
             gauge.labels(queue).set(1 if control is not None else 0)
-            limits = controls[queue].limits if queue in controls else Limits()
+            found = controls.get(queue)
+            limits = found.limits if found is not None else Limits()
             if limits != fetcher.limits:
                 self._limit(fetcher, limits)
+            if fetcher.breaker is not None:
+                self._breaker(fetcher, fetcher.breaker, found)
         self.paused = paused
+
+    @staticmethod
+    def _breaker(fetcher: Fetcher, breaker: QueueBreaker, found: QueueControl | None) -> None:
+        tripped = found.tripped if found is not None else None
+        if breaker.known(tripped, found.failures if found is not None else 0):
+            queue = fetcher.spec.queue
+            if tripped is not None:
+                log.info(describe_tripped(queue, tripped), extra={"event": "breaker_open"})
+            else:
+                log.info("queue %s breaker closed", queue, extra={"event": "breaker_closed"})
+            fetcher.wake()
 
     @staticmethod
     def _limit(fetcher: Fetcher, limits: Limits) -> None:

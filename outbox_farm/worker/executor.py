@@ -75,6 +75,7 @@ class Executors(Slots):
         )
         queue, call, timeout, committed = spec.queue, self._call, self._timeout, self._committed
         hook, monotonic, perf_counter = spec.on_failure, time.monotonic, time.perf_counter
+        breaker = self.breaker
         while True:
             msg = inbox.take()
             if msg is EMPTY:
@@ -83,7 +84,7 @@ class Executors(Slots):
                 return
             slot.hand = (msg,)
             now = monotonic()
-            if self._closing or now > msg.start_by:
+            if self._closing or now > msg.start_by or (breaker and breaker.holds(msg)):
                 await self._not_started(msg)
                 slot.hand = ()
                 continue
@@ -113,11 +114,12 @@ class Executors(Slots):
             exc = None if committed and msg.id in committed else exc
             duration = perf_counter() - began
             observer.handler_finished(queue, duration)
-            if exc is None and decision.completes(spec, msg):  # `decide`'s first step
+            if exc is None and breaker is None and decision.completes(spec, msg):
+                # `decide`'s first step: a plain ack
                 outcome = Outcome(_ACK, msg.id, msg.lease_token, queue, msg.deliveries_count)
                 notes = QUIET
             else:
-                outcome, notes = decision.decide(spec, msg, exc, started, duration)
+                outcome, notes = await self._decide(msg, exc, started, duration)
             if not ledger.finish(msg.id, msg.lease_token):
                 slot.hand = ()  # its lease was lost while it ran: nothing to write
                 continue
@@ -133,11 +135,23 @@ class Executors(Slots):
             if hook is not None:
                 await on_failure(spec, msg, exc, outcome)
 
+    async def _decide(
+        self, msg: Message, exc: BaseException | None, started: float, duration: float
+    ) -> Verdict:
+        """`decision.decide`, and what the queue's breaker, if it has one, makes of it."""
+        verdict = decision.decide(self.spec, msg, exc, started, duration)
+        if self.breaker is not None:
+            return await self.breaker.settle(msg, exc, *verdict)
+        return verdict
+
     async def _not_started(self, msg: Message) -> None:
         """A row taken from the inbox that is not to be started: released when the stop
-        began, else handed back (too little of its lease is left)."""
+        began or the queue's breaker is open (its attempts and delivery as they were), else
+        handed back (too little of its lease is left)."""
         if self._closing:
             self.completer.put_nowait(decision.released(msg))
+        elif self.breaker is not None and self.breaker.holds(msg):
+            await self.completer.put(decision.released(msg))
         else:
             await self._hand_back(msg)
 
@@ -151,6 +165,7 @@ class Executors(Slots):
         """`_work` for a batch handler: one call per batch, the rest per row, written out here
         as in `_work` (a relay runs this loop for every row it sends)."""
         ledger, spec, observer, completer = self.ledger, self.spec, self.observer, self.completer
+        breaker = self.breaker
         while True:
             async with self._forming:
                 rows = await self._take()
@@ -164,8 +179,8 @@ class Executors(Slots):
             runs: list[tuple[Message, float]] = []  # the rows passed in, and their start
             now = time.monotonic()
             for msg in rows:
-                if now > msg.start_by:
-                    await self._hand_back(msg)
+                if now > msg.start_by or (breaker and breaker.holds(msg)):
+                    await self._not_started(msg)
                     continue
                 ledger.start(msg.id)
                 unrun = decision.before_run(spec, msg)
@@ -185,7 +200,7 @@ class Executors(Slots):
             observer.handler_finished(spec.queue, duration)
             written: list[tuple[Message, Outcome]] = []
             for msg, started in runs:
-                outcome = self._settle(msg, decision.decide(spec, msg, exc, started, duration))
+                outcome = self._settle(msg, await self._decide(msg, exc, started, duration))
                 if outcome is not None:
                     written.append((msg, outcome))
             await completer.put_all([outcome for _, outcome in written])

@@ -39,6 +39,7 @@ from ..observe import Observer
 from ..problems import Problems, Stall
 from ..storage import Claim, Store
 from ..tokens import lease_token
+from .breaker import QueueBreaker
 from .channels import Flushing
 from .inbox import Inbox
 from .inflight import Ledger
@@ -114,6 +115,7 @@ class Fetcher:
         self.held_by: str | None = None  # why an operator holds the queue; None: claim
         self.limits = Limits()  # the queue's farm-wide limits; none: claim as the room allows
         self._held_back: float | None = None  # seconds the limits asked the last claim to wait
+        self.breaker: QueueBreaker | None = None  # the queue's, when it has one (`runtime`)
 
     # -- called by other components ------------------------------------------------------
 
@@ -185,6 +187,9 @@ class Fetcher:
             if self.held_by is not None:
                 await self._wake.wait()  # set by `release`, by a stop, or by a NOTIFY
                 continue
+            if self.breaker is not None and self.breaker.tripped is not None:
+                await self._probe(self.breaker)
+                continue
             want = min(free, self.batch)
             try:
                 if await self.pause.held():
@@ -242,6 +247,38 @@ class Fetcher:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+
+    async def _probe(self, breaker: QueueBreaker) -> None:
+        """While the queue's breaker is open, claim nothing but its probe: one row, when this
+        process wins the probe's turn (one process of one host wins each interval), and only
+        once its last probe ended. A breaker open is no stall, as a pause is none."""
+        if self.stall.paused():
+            self.observer.stalled(self.spec.queue, None)
+        wait = breaker.probe_at - time.monotonic()
+        if breaker.probes or wait > 0:
+            await self._rest(wait if wait > 0 else breaker.breaker.probe_every)
+            return
+        queue = self.spec.queue
+        try:
+            won = await self.store.breaker_probe(queue, breaker.breaker.probe_every)
+            breaker.probed(won)
+            if not won:
+                return
+            claim = self._new_claim(1)
+            msgs = await self.store.claim(claim)
+        except DatabaseError as exc:
+            log.debug("probe of queue %s not claimed (%s)", queue, exc)
+            breaker.probed(False)
+            return
+        breaker.probes.update(msg.id for msg in msgs)
+        if msgs:
+            log.info(
+                "probing queue %s's downstream with row %s",
+                queue,
+                msgs[0].id,
+                extra={"event": "breaker_probe", "queue": queue, "row_id": msgs[0].id},
+            )
+        await self._take(claim, msgs)
 
     async def _free_stranded(self) -> int:
         """At most every `STRANDED_EVERY` seconds, when a claim came back short: unmark the

@@ -36,6 +36,8 @@ from ..queries import Queries
 from ..relay.runner import Relay
 from ..settings import RuntimeSettings
 from ..storage import Notifier, QueueControl, Store, is_control
+from .breaker import QueueBreaker
+from .breaker import describe as describe_tripped
 from .completer import Completer
 from .control import ControlWatch, describe
 from .executor import Executors
@@ -164,9 +166,12 @@ class Runtime:
                 problems=self.problems,
             )
             self.fetchers[spec.queue] = fetcher
-            self.executors[spec.queue] = Executors(
+            executors = self.executors[spec.queue] = Executors(
                 spec, inbox, fetcher.ledger, completer, self.observer, complete=complete
             )
+            if spec.breaker is not None:
+                breaker = QueueBreaker(spec.queue, spec.breaker, store)
+                fetcher.breaker = executors.breaker = breaker
             if isinstance(spec.func, Relay):
                 spec.func.observer = self.observer
                 self.relays.append(spec.func)
@@ -369,9 +374,15 @@ class Runtime:
     @property
     def warnings(self) -> list[str]:
         """What degrades the farm without stopping it, one line each: farms on the database
-        that run different code for a queue (see `chores.farm_code`); paused queues."""
+        that run different code for a queue (see `chores.farm_code`); paused queues; queues
+        whose breaker is open."""
         code = self.code_watch.warnings if self.code_watch is not None else []
-        return code + [describe(control) for control in self.paused.values()]
+        tripped = [
+            describe_tripped(queue, fetcher.breaker.tripped)
+            for queue, fetcher in self.fetchers.items()
+            if fetcher.breaker is not None and fetcher.breaker.tripped is not None
+        ]
+        return code + [describe(control) for control in self.paused.values()] + tripped
 
     def _broken(self, reason: str) -> None:
         """A component failed too often (the supervisor's verdict): the runtime is broken."""

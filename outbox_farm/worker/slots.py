@@ -21,6 +21,7 @@ from ..handler import HandlerSpec
 from ..message import Message
 from ..observe import Observer
 from ..outcome import Outcome
+from .breaker import QueueBreaker
 from .completer import Completer
 from .inbox import Inbox
 from .inflight import Ledger
@@ -70,6 +71,7 @@ class Slots:
         self.inbox = inbox
         self.completer = completer
         self.ledger = ledger
+        self.breaker: QueueBreaker | None = None  # the queue's, when it has one (`runtime`)
         self._timeout = spec.effective_timeout
         self._slots: list[Slot] = []
         self._tasks: list[asyncio.Task[None]] = []

@@ -50,7 +50,13 @@ TIMES = {  # every timestamp of the tables, which `later` moves back on Postgres
         "lease_expires_at",
     ],
     "outbox_dlq": ["created_at", "failed_at"],
-    "outbox_farm_queues": ["paused_until", "changed_at", "tokens_at"],
+    "outbox_farm_queues": [
+        "paused_until",
+        "changed_at",
+        "tokens_at",
+        "breaker_open_since",
+        "breaker_probe_at",
+    ],
 }
 
 
