@@ -34,6 +34,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 RELAY_BATCH = 4000
 
 
+RELAY_BREAKER = Breaker(failures=5, probe_every=5.0)
+"""A relay queue's breaker unless given: opened by its first batch that finds the broker out of
+reach; probing as often as the relay's own hold connects anew at most (every 5 s)."""
+
+
 class Farm:
     """Configuration shared by producers and workers.
 
@@ -160,6 +165,7 @@ class Farm:
         prefetch: int | None = None,
         linger: float = 0.005,
         on_failure: FailureHook | None = None,
+        breaker: Breaker | None = RELAY_BREAKER,
     ) -> Relay:
         """Relay the rows of `queue` to a broker: `to` is a target (`RabbitMQ`, `NatsJetStream`,
         `RedisStream` from `outbox_farm.relay`, or your own `relay.Target`).
@@ -175,6 +181,12 @@ class Farm:
         order. No
         `max_deliveries` by default: an outage's re-claims (a restarted process) must not
         dead-letter rows the broker never refused.
+
+        The hold is the queue's breaker (`Breaker`, see `breaker`): the first batch that finds
+        the broker unreachable, or unanswering, opens it, so every process of every host stops
+        claiming the queue beyond one probe row per `probe_every`, instead of each claiming
+        batches to hold; the first confirm after the outage closes it. `breaker=None` keeps the
+        hold within each batch.
         """
         from .relay.base import Target
         from .relay.runner import RELAY_TIMEOUT, Relay
@@ -196,6 +208,7 @@ class Farm:
             on_failure=on_failure,
             batch=batch,
             linger=linger,
+            breaker=breaker,
         )(runner)
         return runner
 

@@ -10,7 +10,8 @@ until the broker confirms or refuses it: a broker that is down, or up but has fo
 producer, costs no attempt and no dead letter (only a row the broker keeps failing while it
 confirms others spends one). While the broker is unreachable, or answers nothing, the rows stay
 in the outbox (leased; the heartbeat renews them) and `outbox_farm_relay_up{target}` and
-`problem` (which `/healthz` reports) say so, until the broker confirms again.
+`problem` (which `/healthz` reports) say so, until the broker confirms again. The hold is the
+queue's breaker too (`trip`, see `Farm.relay`): every farm holds the queue but for its probes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 
@@ -122,6 +123,9 @@ class Relay:
         self._suspects = Suspects()  # rows judged at fault for no answer (hold.py)
         self._lock = asyncio.Lock()
         self.observer = Observer()  # the runtime's, once it serves this relay's queue
+        # The queue's breaker's `trip`, once the runtime serves the queue with one: called when
+        # the broker is found out of reach, so every farm holds the queue, not this batch alone.
+        self.trip: Callable[[str], Awaitable[None]] | None = None
 
     def __repr__(self) -> str:
         return f"Relay(to={self.label})"
@@ -161,7 +165,7 @@ class Relay:
                 return
             anew = bool(failed)
             if len(failed) == len(rows):  # no answer at all: the broker is not there for us
-                self._down(f"no answer from its broker: {next(iter(failed.values())).reason}")
+                await self._down(f"no answer from its broker: {next(iter(failed.values())).reason}")
                 await backoff.wait()
             else:
                 backoff.reset()
@@ -251,7 +255,7 @@ class Relay:
                 try:
                     await self.target.connect()
                 except TargetUnavailable as exc:
-                    self._down(f"cannot reach its broker: {exc}")
+                    await self._down(f"cannot reach its broker: {exc}")
                     await backoff.wait()
                     continue
                 self._up = True
@@ -281,7 +285,8 @@ class Relay:
             "relay to %s delivers", self.label, extra={"event": "relay_up", "target": self.label}
         )
 
-    def _down(self, why: str) -> None:
+    async def _down(self, why: str) -> None:
+        """Report the relay down, and open the queue's breaker: the outage is the broker's."""
         reason = f"relay to {self.label}: {why}"
         if self.problem != reason:
             log.warning(
@@ -291,6 +296,8 @@ class Relay:
             )
         self._reported, self.problem = True, reason
         self.observer.relay_connection(self.label, False)
+        if self.trip is not None:
+            await self.trip(reason)
 
     async def close(self) -> None:
         await self.target.close()

@@ -91,31 +91,42 @@ class QueueBreaker:
         if self.tripped is not None:
             return decision.released(msg), QUIET
         down = isinstance(exc, DownstreamDown)
+        why = "the handler said the downstream is down" if down else None
+        opened, open_ = await self._failed(exception_line(exc), down=down, why=why)
+        if open_ and not opened:
+            return decision.released(msg), QUIET
+        return outcome, notes
+
+    async def trip(self, reason: str) -> None:
+        """Open the breaker now, for a cause outside any row (a relay's broker out of reach);
+        nothing when it is open already."""
+        if self.tripped is None:
+            await self._failed(reason, down=True, why="its downstream is out of reach")
+
+    async def _failed(self, reason: str, *, down: bool, why: str | None) -> tuple[bool, bool]:
+        """Count a failure (`down`: open at once) farm-wide; (opened by it, open now). A store
+        out of reach counts nothing: (False, False)."""
         try:
             opened, open_ = await self.store.breaker_failed(
-                self.queue, self.breaker, exception_line(exc), down=down
+                self.queue, self.breaker, reason, down=down
             )
         except DatabaseError as error:
             log.debug("breaker of queue %s: failure not counted (%s)", self.queue, error)
-            return outcome, notes
+            return False, False
         self.counting = True
         if open_ and self.tripped is None:  # here at once; the controls' load says it later
-            self.known(Tripped(datetime.now(UTC), self.breaker.probe_every, exception_line(exc)), 0)
+            self.known(Tripped(datetime.now(UTC), self.breaker.probe_every, reason), 0)
         if opened:
             log.warning(
-                "breaker of queue %s opened after %s: %s; the queue holds on every farm, one "
-                "row probes every %gs, and the rows keep their attempts",
+                "breaker of queue %s opened: %s (%s); the queue holds on every farm, one row "
+                "probes every %gs, and the rows keep their attempts",
                 self.queue,
-                "the handler said the downstream is down"
-                if down
-                else f"{self.breaker.failures} failures in a row",
-                exception_line(exc),
+                why or f"{self.breaker.failures} failures in a row",
+                reason,
                 self.breaker.probe_every,
-                extra={"event": "breaker_opened", "queue": self.queue, "row_id": msg.id},
+                extra={"event": "breaker_opened", "queue": self.queue},
             )
-        elif open_:
-            return decision.released(msg), QUIET
-        return outcome, notes
+        return opened, open_
 
     async def _succeeded(self, probe: bool) -> None:
         if not (probe or self.tripped is not None or self.counting):

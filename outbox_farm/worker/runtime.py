@@ -169,11 +169,13 @@ class Runtime:
             executors = self.executors[spec.queue] = Executors(
                 spec, inbox, fetcher.ledger, completer, self.observer, complete=complete
             )
+            breaker = None
             if spec.breaker is not None:
                 breaker = QueueBreaker(spec.queue, spec.breaker, store)
                 fetcher.breaker = executors.breaker = breaker
             if isinstance(spec.func, Relay):
                 spec.func.observer = self.observer
+                spec.func.trip = breaker.trip if breaker is not None else None
                 self.relays.append(spec.func)
             if spec.heartbeat:
                 self.heartbeats.append(Heartbeat(spec, fetcher.ledger, store, self.problems))
