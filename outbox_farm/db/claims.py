@@ -9,14 +9,15 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import orjson
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
 from ..message import Message
-from ..queries import Queries
+from ..queries import Queries, load_blocks
 from ..storage import Claim
 
 CLAIMED_COLUMNS = (
@@ -211,6 +212,59 @@ def _names(cursor: AsyncCursor[Any]) -> tuple[str, ...]:
     return tuple((name or b"").decode() for name in names)
 
 
+# The fragments of `claim` that rank rows by `priority` (migration 0013).
+RANKING = ("claim_ranked", "claim_after_ranked", "claim_ranked_union")
+RECHECK = 30.0  # seconds a table found without `priority` is claimed from without it
+
+
+def unranked(queries: Queries) -> str:
+    """`claim` for a table without `priority` (before migration 0013): the ranking fragments
+    left out, which is the claim of the release before it."""
+    blocks = load_blocks()
+    omitted = {fragment: sql.SQL("") for fragment in RANKING}
+    take = sql.SQL(queries["take"])  # composed already: nothing in it is formatted again
+    composed = sql.SQL(blocks["claim"]).format(**queries.names.identifiers(), take=take, **omitted)
+    return composed.as_string(None)
+
+
+class _Claims:
+    """The claim statement one outbox table takes: with priorities once its table has the
+    column, without it (asked again every `RECHECK` seconds) until then."""
+
+    def __init__(self, queries: Queries) -> None:
+        self.ranked = queries["claim"]
+        self.unranked = unranked(queries)
+        self.query = queries["claim_schema"]
+        self.args = {"table": queries.names.outbox.identifier().as_string(None)}
+        self.statement: str | None = None
+        self.until = 0.0
+
+
+_claims: WeakKeyDictionary[Queries, _Claims] = WeakKeyDictionary()
+
+
+async def claim_statement(conn: AsyncConnection[Any], queries: Queries) -> str:
+    """The text of `claim` for `queries`' table, asked of the catalog on `conn` on the table's
+    first claim in this process, and again every `RECHECK` seconds while it has no `priority`
+    column: a farm started before `outbox-farm migrate` claims without priorities (as the
+    release before did) instead of failing every claim, and ranks them within `RECHECK` of the
+    migration. Once found, the column is not asked for again (migrations only add)."""
+    found = _claims.get(queries)
+    if found is None:
+        found = _claims[queries] = _Claims(queries)
+    if found.statement is not None and (
+        found.statement is found.ranked or found.until > time.monotonic()
+    ):
+        return found.statement
+    row = await (await conn.execute(found.query, found.args)).fetchone()
+    if row is not None and row[0]:
+        found.statement = found.ranked
+    else:  # no column (or no table: the claim fails as it always did, saying to migrate)
+        found.statement = found.unranked if row is not None else found.ranked
+        found.until = time.monotonic() + RECHECK
+    return found.statement
+
+
 def claim_params(claim: Claim) -> tuple[str, dict[str, Any]]:
     """The statement of `claim` and its arguments: `claim`, or a hand-over's `ack_next`."""
     params: dict[str, Any] = {
@@ -232,10 +286,11 @@ async def send_claim(
     def messages(cursor: AsyncCursor[Any]) -> MessageMaker:
         return message_maker(_names(cursor), claim, time.monotonic())
 
+    statement, params = claim_params(claim)
+    text = await claim_statement(conn, queries) if statement == "claim" else queries[statement]
     cursor = conn.cursor(row_factory=messages)
     cursor.adapters.register_loader("jsonb", HeadersLoader)
-    statement, params = claim_params(claim)
-    await cursor.execute(queries[statement], params, binary=True)
+    await cursor.execute(text, params, binary=True)
     return cursor
 
 

@@ -21,6 +21,18 @@
 -- only when the other branches left room). The fetcher asks for it (`far`) once every few
 -- seconds, not on every claim: a false `far` is a one-time filter that skips the probe, which
 -- otherwise costs a tenth of a small claim's time for rows that almost never exist.
+-- Priorities (migration 0013): `ranked` takes due rows with a `priority` above 0, highest first,
+-- then in due order, over the priority index, which holds only such rows: a queue that uses no
+-- priority pays one probe of an empty index, and `pending` then walks exactly as before (its
+-- `ranked` array is empty). `ranked` takes at most three quarters of the claim, rounded at
+-- random (`limit - floor(limit / 4 + random())`: a 4-row claim keeps exactly 1 row, a 1-row
+-- claim keeps its row one time in four): the rest come from `pending` in plain due order,
+-- whatever their priority, so rows of priority 0 keep moving however many higher ones arrive.
+-- `pending` leaves out the rows `ranked` took: SKIP LOCKED does not skip this statement's own
+-- locks, and a row taken twice would count twice against the limit. A keyed row still waits
+-- for the older rows of its key, whatever its priority. The claim of a table that has not had
+-- 0013 leaves the three `claim_ranked*` fragments out (`db.claims` asks the catalog), and is
+-- the statement of the release before it.
 -- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery. Both
 -- counters are kept in [0, bigint max - 1) whatever another writer stored, so `+ 1` here and in
 -- `retry` can never overflow (one such row would otherwise fail every claim of its queue).
@@ -56,10 +68,11 @@ WITH expired AS (
       AND c.acquired_at < now() - make_interval(secs => %(lease_ttl)s::float8)
     LIMIT %(limit)s
     FOR UPDATE OF c SKIP LOCKED
-), pending AS (
+){claim_ranked}, pending AS (
     SELECT c.id, c.ordering_key FROM {outbox} AS c
     WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND NOT c.key_blocked
       AND c.next_attempt_at <= now()
+      {claim_after_ranked}
       AND (c.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {outbox} AS older
           WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key AND older.id < c.id))
@@ -73,8 +86,9 @@ WITH expired AS (
     LIMIT %(limit)s
     FOR UPDATE OF c SKIP LOCKED
 ), chosen AS (
-    SELECT * FROM expired UNION ALL SELECT * FROM legacy UNION ALL SELECT * FROM pending
-    UNION ALL SELECT * FROM far
+    SELECT * FROM expired UNION ALL SELECT * FROM legacy
+    {claim_ranked_union}
+    UNION ALL SELECT * FROM pending UNION ALL SELECT * FROM far
     LIMIT %(limit)s
 ), quick AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
@@ -83,6 +97,39 @@ WITH expired AS (
     SELECT chosen.id FROM chosen LEFT JOIN quick ON true
 )
 {take}
+
+-- name: claim_ranked
+-- A fragment of `claim`: due rows of priority above 0, highest first, at most three quarters of
+-- the claim (see `claim`). The index's order answers `ORDER BY`: no sort, however many rows.
+, ranked AS (
+    SELECT c.id, c.ordering_key FROM {outbox} AS c
+    WHERE c.queue = %(queue)s AND c.acquired_token IS NULL AND NOT c.key_blocked
+      AND c.priority > 0 AND c.next_attempt_at <= now()
+      AND (c.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {outbox} AS older
+          WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key AND older.id < c.id))
+    ORDER BY c.priority DESC, c.next_attempt_at
+    LIMIT %(limit)s::int - floor(%(limit)s::int / 4.0 + random())::int
+    FOR UPDATE OF c SKIP LOCKED
+)
+
+-- name: claim_after_ranked
+-- A fragment of `claim`'s `pending`: not the rows `ranked` already took.
+AND c.id <> ALL(ARRAY(SELECT id FROM ranked))
+
+-- name: claim_ranked_union
+-- A fragment of `claim`'s `chosen`: the ranked rows before the plain due order.
+UNION ALL SELECT * FROM ranked
+
+-- name: claim_schema
+-- Whether the outbox table has `priority` (migration 0013): asked by `db.claims` before a
+-- table's first claim, so that a farm started before the migration claims without ranking
+-- instead of failing. No row when the table does not exist. The table's name comes as quoted
+-- text (`to_regclass`), so nothing is composed here.
+SELECT EXISTS (SELECT FROM pg_attribute AS a
+               WHERE a.attrelid = t.oid AND a.attname = 'priority' AND NOT a.attisdropped)
+FROM (SELECT to_regclass(%(table)s) AS oid) AS t
+WHERE t.oid IS NOT NULL
 
 -- name: take
 -- A fragment, the end of the claiming statements (`claim`, `ack_next`): lease the `picked`

@@ -48,6 +48,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0010_farm_code on outbox",
             "0011_queue_control on outbox",
             "0012_queue_limits on outbox",
+            "0013_priority on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -63,6 +64,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0010_farm_code on outbox",
             "applying 0011_queue_control on outbox",
             "applying 0012_queue_limits on outbox",
+            "applying 0013_priority on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -76,6 +78,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 10, "farm_code"),
             ("outbox", 11, "queue_control"),
             ("outbox", 12, "queue_limits"),
+            ("outbox", 13, "priority"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -102,9 +105,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0010_farm_code on outbox",
             "0011_queue_control on outbox",
             "0012_queue_limits on outbox",
+            "0013_priority on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 12
+        assert len(records(conn)) == 13
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -152,6 +156,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0010_farm_code on outbox",
         "0011_queue_control on outbox",
         "0012_queue_limits on outbox",
+        "0013_priority on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -165,6 +170,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 10, "farm_code"),
             ("outbox", 11, "queue_control"),
             ("outbox", 12, "queue_limits"),
+            ("outbox", 13, "priority"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -201,6 +207,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0010_farm_code on jobs",
             "0011_queue_control on jobs",
             "0012_queue_limits on jobs",
+            "0013_priority on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -226,9 +233,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 9,
+            *["jobs"] * 10,
             *["jobs_dead"] * 3,
-            *["outbox"] * 9,
+            *["outbox"] * 10,
             *["outbox_dlq"] * 3,
         ]
 
@@ -251,6 +258,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0010_farm_code on app.jobs",
             "0011_queue_control on app.jobs",
             "0012_queue_limits on app.jobs",
+            "0013_priority on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -280,6 +288,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0010_farm_code on outbox",
             "0011_queue_control on outbox",
             "0012_queue_limits on outbox",
+            "0013_priority on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -293,6 +302,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 10, "farm_code"),
             ("outbox", 11, "queue_control"),
             ("outbox", 12, "queue_limits"),
+            ("outbox", 13, "priority"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -318,7 +328,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (9 if dlq is None else 12)
+        assert len(result.applied) == (10 if dlq is None else 13)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 
