@@ -25,6 +25,7 @@ from .queries import Queries
 
 TimerConflict = Literal["ignore", "extend"]
 MAX_NAME = 255  # queue and timer_id are varchar(255)
+MAX_PRIORITY = 32767  # the column is a smallint; 0, the default, is the lowest
 
 
 def encode_body(body: object) -> tuple[bytes, str]:
@@ -112,6 +113,25 @@ def encode_headers(
     return text
 
 
+def check_priority(priority: object) -> int:
+    """A priority as the claim ranks it: an int from 0 (the default, the lowest) to 32767.
+
+    Only an int: a float or a bool is refused rather than rounded, and a negative value too,
+    since "below the default" is what every other row is to one above 0 (the claim's priority
+    index holds only rows above 0; see migration 0013)."""
+    if type(priority) is not int:
+        raise ConfigurationError(
+            f"priority must be an int from 0 to {MAX_PRIORITY}, got {priority!r}"
+            f" ({type(priority).__name__})"
+        )
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise ConfigurationError(
+            f"priority must be from 0 (the default, the lowest) to {MAX_PRIORITY}, got"
+            f" {priority}; to put rows behind others, give the others a higher priority"
+        )
+    return priority
+
+
 def _due(activate_in: float | timedelta | None, activate_at: datetime | None) -> Due:
     if activate_in is not None and activate_at is not None:
         raise ConfigurationError("pass activate_in or activate_at, not both")
@@ -155,6 +175,11 @@ class _RowOptions(TypedDict, total=False):
     # every process; a failing row holds back the later rows of its key until it is acked or
     # dead-lettered. None: no order (the default, and the fastest).
     ordering_key: str | None
+    # Among the queue's due rows, higher first: 0 (the default, the lowest) to 32767. A claim
+    # takes at most three quarters of its rows by priority, the rest in plain due order, so
+    # rows of priority 0 keep moving under any load of higher ones. An ordering key's order
+    # comes first: a row waits for the older rows of its key, whatever their priorities.
+    priority: int
 
 
 class BatchOptions(_RowOptions, total=False):
@@ -194,6 +219,7 @@ class Producer:
         on_timer_conflict: TimerConflict = "ignore",
         notify: bool | None = None,
         ordering_key: str | None = None,
+        priority: int = 0,
     ) -> tuple[NewRow, bool]:
         """One publish call checked and encoded, not written: the row `publish` inserts and
         whether it notifies. Public for `outbox_farm.testing`, which keeps such rows in memory."""
@@ -202,6 +228,8 @@ class Producer:
             _check_name(timer_id, "timer_id")
         if ordering_key is not None:
             _check_name(ordering_key, "ordering_key")
+        if priority != 0 or type(priority) is not int:
+            check_priority(priority)
         if on_timer_conflict not in ("ignore", "extend"):
             raise ConfigurationError(
                 f"on_timer_conflict must be 'ignore' or 'extend', got {on_timer_conflict!r}"
@@ -216,6 +244,7 @@ class Producer:
             timer_id,
             on_timer_conflict == "extend",
             ordering_key,
+            priority,
         )
         return row, self.notify if notify is None else notify
 
@@ -230,9 +259,12 @@ class Producer:
         notify: bool | None = None,
         ordering_key: str | None = None,
         ordering_keys: Sequence[str | None] | None = None,
+        priority: int = 0,
     ) -> tuple[NewBatch, bool]:
-        """`build_row` for `publish_batch`."""
+        """`build_row` for `publish_batch`; `priority` is every row's."""
         _check_name(queue, "queue")
+        if priority != 0 or type(priority) is not int:
+            check_priority(priority)
         if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
             raise ConfigurationError("publish_batch takes a sequence (list or tuple) of bodies")
         due = _due(activate_in, activate_at)
@@ -242,7 +274,7 @@ class Producer:
             payloads.append(payload)
             header_texts.append(encode_headers(headers, None, content_type, self.trace))
         keys = _batch_keys(len(payloads), ordering_key, ordering_keys)
-        batch = NewBatch(queue, payloads, header_texts, due, keys)
+        batch = NewBatch(queue, payloads, header_texts, due, keys, priority)
         return batch, self.notify if notify is None else notify
 
     # The public calls come in sync/async pairs over the same builders above. Options are

@@ -14,6 +14,13 @@ kept per connection object (a weak map: a pool's connections are asked once each
 is forgotten): one more round trip on a connection's first publish, a weak-map lookup on every
 other. A connection that found no column asks again every `RECHECK` seconds, so producers that
 outlive the migration start marking rows soon after it.
+
+Migration 0013's `priority` is written only for a row published with a priority above 0 (0 is
+the column's default): every other row is written by the statement of the release before, on
+any schema, at the cost it had. A row with a priority on a table without the column is refused
+before anything is sent, saying to run `outbox-farm migrate`, so the caller's transaction is
+not aborted by it; the catalog is asked again before each such refusal, so the first publish
+after the migration is accepted.
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ from weakref import WeakKeyDictionary
 import psycopg
 from psycopg import sql
 
-from ..errors import DatabaseError
+from ..errors import DatabaseError, SchemaError
 from ..names import TableNames
-from ..queries import Queries, load_blocks
+from ..queries import Queries, compose, load_blocks
 from .boundary import translate
 from .connect import AsyncConnection, Connection
 
@@ -37,18 +44,32 @@ WRITE_FAILED = "outbox write failed"
 # The statements that write rows, and the fragments of them that write `key_blocked`.
 WRITES = ("publish", "publish_timer", "publish_extend", "publish_batch")
 MARKING = ("key_blocked_column", "key_blocked_at_publish", "key_blocked_in_batch")
+# The fragments that write `priority` (migration 0013), only for a row of priority above 0.
+RANKING = ("priority_column", "priority_value", "priority_extend")
 RECHECK = 30.0  # seconds a connection that found no `key_blocked` writes rows without it
+NO_PRIORITY = (
+    "the outbox table {table} has no priority column yet (migration 0013): run "
+    "`outbox-farm migrate`, or publish without a priority until then"
+)
+
+
+def without(names: TableNames, fragments: tuple[str, ...]) -> dict[str, str]:
+    """The write statements with `fragments` left out; the other fragments filled in."""
+    blocks = load_blocks()
+    filled = {fragment: sql.SQL(compose(blocks[fragment], names)) for fragment in MARKING + RANKING}
+    omitted = {fragment: sql.SQL("") for fragment in fragments}
+    return {
+        name: sql.SQL(blocks[name])
+        .format(**names.identifiers(), **{**filled, **omitted})
+        .as_string(None)
+        for name in WRITES
+    }
 
 
 def unmarked(names: TableNames) -> dict[str, str]:
     """The write statements for a table without `key_blocked` (before migration 0008): the
-    same blocks with the fragments that write the column left out."""
-    blocks = load_blocks()
-    omitted = {fragment: sql.SQL("") for fragment in MARKING}
-    return {
-        name: sql.SQL(blocks[name]).format(**names.identifiers(), **omitted).as_string(None)
-        for name in WRITES
-    }
+    same blocks with the fragments that write the column (and `priority`) left out."""
+    return without(names, MARKING + RANKING)
 
 
 class _Found(NamedTuple):
@@ -57,6 +78,7 @@ class _Found(NamedTuple):
 
     statements: Mapping[str, str]
     until: float | None
+    ranked: Mapping[str, str] | None  # the statements that write `priority`; None: no column
 
 
 class Due(NamedTuple):
@@ -77,6 +99,7 @@ class NewRow(NamedTuple):
     timer_id: str | None = None
     extend_timer: bool = False  # a live timer with this id: move it (True) or keep it
     ordering_key: str | None = None  # rows of one queue and key run one at a time, in id order
+    priority: int = 0  # among due rows of the queue, higher first (0 to 32767)
 
 
 class NewBatch(NamedTuple):
@@ -88,6 +111,7 @@ class NewBatch(NamedTuple):
     headers: list[str]
     due: Due
     ordering_keys: list[str | None] | None = None
+    priority: int = 0  # every row's
 
 
 class Publisher:
@@ -103,8 +127,10 @@ class Publisher:
         self._queries = queries
         self._names = queries.names
         self._channel = queries.names.channel
-        self._current = {name: queries[name] for name in WRITES}
+        self._current = without(queries.names, RANKING)
         self._older = unmarked(queries.names)
+        self._ranked = {name: queries[name] for name in WRITES}
+        self._ranked_older = without(queries.names, MARKING)
         self._schema_query = queries["publish_schema"]
         self._ask = {"table": queries.names.outbox.identifier().as_string(None)}
         # Written and read by every thread or task that publishes through this producer, each
@@ -114,36 +140,45 @@ class Publisher:
     def _fail(self, exc: psycopg.Error) -> DatabaseError:
         return translate(exc, doing=WRITE_FAILED, names=self._names)
 
-    def _known(self, conn: Connection | AsyncConnection) -> Mapping[str, str] | None:
-        """The statements this connection's table takes, when known and not due a new look."""
+    def _known(self, conn: Connection | AsyncConnection) -> _Found | None:
+        """What this connection's table takes, when known and not due a new look."""
         found = self._found.get(conn)
         if found is None or (found.until is not None and found.until < time.monotonic()):
             return None
-        return found.statements
+        return found
 
-    def _remember(
-        self, conn: Connection | AsyncConnection, row: tuple[Any, ...] | None
-    ) -> Mapping[str, str]:
+    def _remember(self, conn: Connection | AsyncConnection, row: tuple[Any, ...] | None) -> _Found:
         if row is None:  # no table: the write fails as it always did, saying to migrate
-            return self._current
-        if row[0]:
-            self._found[conn] = _Found(self._current, None)
-            return self._current
-        self._found[conn] = _Found(self._older, time.monotonic() + RECHECK)
-        return self._older
+            return _Found(self._current, None, self._ranked)
+        marked, ranked = row
+        if marked:
+            found = _Found(self._current, None, self._ranked if ranked else None)
+        else:
+            older = self._ranked_older if ranked else None
+            found = _Found(self._older, time.monotonic() + RECHECK, older)
+        self._found[conn] = found
+        return found
 
-    def _statements(self, conn: Connection) -> Mapping[str, str]:
+    def _choose(self, found: _Found, priority: int) -> Mapping[str, str]:
+        """The statements for a row of `priority`: those that write it only when above 0."""
+        if not priority:
+            return found.statements
+        if found.ranked is None:
+            raise SchemaError(NO_PRIORITY.format(table=self._names.outbox))
+        return found.ranked
+
+    def _statements(self, conn: Connection, priority: int = 0) -> Mapping[str, str]:
         known = self._known(conn)
-        if known is None:
+        if known is None or (priority and known.ranked is None):  # a migration may have run
             known = self._remember(conn, conn.execute(self._schema_query, self._ask).fetchone())
-        return known
+        return self._choose(known, priority)
 
-    async def _astatements(self, conn: AsyncConnection) -> Mapping[str, str]:
+    async def _astatements(self, conn: AsyncConnection, priority: int = 0) -> Mapping[str, str]:
         known = self._known(conn)
-        if known is None:
+        if known is None or (priority and known.ranked is None):
             cursor = await conn.execute(self._schema_query, self._ask)
             known = self._remember(conn, await cursor.fetchone())
-        return known
+        return self._choose(known, priority)
 
     def _one(
         self, statements: Mapping[str, str], row: NewRow, notify: bool
@@ -160,6 +195,7 @@ class Publisher:
             "delay": row.due.delay,
             "timer_id": row.timer_id,
             "ordering_key": row.ordering_key,
+            "priority": row.priority,
             "notify": notify,
             "channel": self._channel,
         }
@@ -172,6 +208,7 @@ class Publisher:
             "payloads": batch.payloads,
             "headers": batch.headers,
             "ordering_keys": batch.ordering_keys,
+            "priority": batch.priority,
             "at": batch.due.at,
             "delay": batch.due.delay,
             "notify": notify,
@@ -188,7 +225,7 @@ class Publisher:
         """The new row's id; None when a timer of that id exists and was kept, or is running
         and could not be moved. `notify`: wake the farm (only when the row is due now)."""
         try:
-            query, params = self._one(self._statements(conn), row, notify)
+            query, params = self._one(self._statements(conn, row.priority), row, notify)
             found = conn.execute(query, params).fetchone()
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -196,7 +233,7 @@ class Publisher:
 
     async def ainsert(self, conn: AsyncConnection, row: NewRow, *, notify: bool) -> int | None:
         try:
-            query, params = self._one(await self._astatements(conn), row, notify)
+            query, params = self._one(await self._astatements(conn, row.priority), row, notify)
             found = await (await conn.execute(query, params)).fetchone()
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -207,7 +244,7 @@ class Publisher:
         if not batch.payloads:
             return []
         try:
-            query, params = self._batch(self._statements(conn), batch, notify)
+            query, params = self._batch(self._statements(conn, batch.priority), batch, notify)
             return [int(r[0]) for r in conn.execute(query, params).fetchall()]
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -218,7 +255,9 @@ class Publisher:
         if not batch.payloads:
             return []
         try:
-            query, params = self._batch(await self._astatements(conn), batch, notify)
+            query, params = self._batch(
+                await self._astatements(conn, batch.priority), batch, notify
+            )
             return [int(r[0]) for r in await (await conn.execute(query, params)).fetchall()]
         except psycopg.Error as exc:
             raise self._fail(exc) from exc

@@ -24,16 +24,31 @@
                              LIMIT {key_window}) AS w)
       + row_number() OVER (PARTITION BY b.ordering_key ORDER BY b.n) > {key_window}
 
+-- name: priority_column
+-- A fragment of the publish statements' column lists: the column of migration 0013. It and
+-- `priority_value` are written only for a row published with a priority above 0: a row of 0
+-- (the column's default) is written by the statement of the release before, on any schema.
+, priority
+
+-- name: priority_value
+-- The value of `priority_column`, the same for every row of a `publish_batch`.
+, %(priority)s::smallint
+
+-- name: priority_extend
+-- A fragment of `publish_extend`: the moved timer takes the new priority. An `extend` without
+-- a priority (the statement without these fragments) keeps the timer's.
+, priority = excluded.priority
+
 -- name: publish
 -- One row, and its wake-up, in one statement and one round trip. The NOTIFY is sent only when
 -- the row is already due; Postgres folds identical notifications of one transaction into one.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, ordering_key
-                               {key_blocked_column})
+                               {key_blocked_column} {priority_column})
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(ordering_key)s
-            {key_blocked_at_publish})
+            {key_blocked_at_publish} {priority_value})
     RETURNING o.id, o.next_attempt_at
 )
 SELECT ins.id,
@@ -46,11 +61,11 @@ FROM ins
 -- inserted, no id is returned and no NOTIFY is sent.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key
-                               {key_blocked_column})
+                               {key_blocked_column} {priority_column})
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(timer_id)s, %(ordering_key)s
-            {key_blocked_at_publish})
+            {key_blocked_at_publish} {priority_value})
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
     RETURNING o.id, o.next_attempt_at
 )
@@ -61,19 +76,20 @@ FROM ins
 
 -- name: publish_extend
 -- A timer publish with the `extend` policy: a pending timer with the same id is moved to the
--- new due time and takes the new body. A timer whose handler is running (leased) is left
+-- new due time and takes the new body (and a priority given with it). A timer whose handler is running (leased) is left
 -- alone, and the publish returns no id, so a running handler's ack cannot delete a newer timer.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key
-                               {key_blocked_column})
+                               {key_blocked_column} {priority_column})
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(timer_id)s, %(ordering_key)s
-            {key_blocked_at_publish})
+            {key_blocked_at_publish} {priority_value})
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             headers = excluded.headers,
             next_attempt_at = excluded.next_attempt_at
+            {priority_extend}
         WHERE o.acquired_token IS NULL
     RETURNING o.id, o.next_attempt_at
 )
@@ -89,11 +105,11 @@ FROM ins
 -- whole batch when any row is due.
 WITH ins AS (
     INSERT INTO {outbox} (queue, payload, headers, next_attempt_at, ordering_key
-                          {key_blocked_column})
+                          {key_blocked_column} {priority_column})
     SELECT %(queue)s, b.payload, b.headers,
            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
            b.ordering_key
-           {key_blocked_in_batch}
+           {key_blocked_in_batch} {priority_value}
     FROM unnest(%(payloads)b::bytea[], %(headers)b::jsonb[], %(ordering_keys)b::text[])
          WITH ORDINALITY AS b(payload, headers, ordering_key, n)
     ORDER BY b.n
@@ -111,11 +127,13 @@ WHERE queue = %(queue)s AND timer_id = %(timer_id)s AND acquired_token IS NULL
 RETURNING id
 
 -- name: publish_schema
--- Whether the outbox table has `key_blocked` (migration 0008): asked by the producer on a
--- connection's first publish, so that it writes the rows the schema it finds accepts. No row
--- when the table does not exist (the publish then fails as it would have). The table's name
--- comes as quoted text (`to_regclass`), so nothing is composed here.
+-- Whether the outbox table has `key_blocked` (migration 0008), and `priority` (migration 0013):
+-- asked by the producer on a connection's first publish, so that it writes the rows the schema
+-- it finds accepts. No row when the table does not exist (the publish then fails as it would
+-- have). The table's name comes as quoted text (`to_regclass`), so nothing is composed here.
 SELECT EXISTS (SELECT FROM pg_attribute AS a
-               WHERE a.attrelid = t.oid AND a.attname = 'key_blocked' AND NOT a.attisdropped)
+               WHERE a.attrelid = t.oid AND a.attname = 'key_blocked' AND NOT a.attisdropped),
+       EXISTS (SELECT FROM pg_attribute AS a
+               WHERE a.attrelid = t.oid AND a.attname = 'priority' AND NOT a.attisdropped)
 FROM (SELECT to_regclass(%(table)s) AS oid) AS t
 WHERE t.oid IS NOT NULL

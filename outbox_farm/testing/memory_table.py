@@ -5,7 +5,10 @@ statements of `queries/runtime.sql` apply them, row by row."""
 from __future__ import annotations
 
 import itertools
+import math
+import random
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +44,7 @@ class Tables:
             next_attempt_at=due,
             timer_id=new.timer_id,
             ordering_key=new.ordering_key,
+            priority=new.priority,
         )
         self.rows[row.id] = row
         return row
@@ -167,5 +171,31 @@ def pending(row: Row, heads: Heads) -> bool:
 
 
 def due_order(row: Row) -> tuple[Any, ...]:
-    """The order a claim takes due rows in: soonest due first, then oldest."""
+    """The plain due order: soonest due first, then oldest."""
     return (row.next_attempt_at, row.id)
+
+
+def rank_order(row: Row) -> tuple[Any, ...]:
+    """The order of the claim's ranked rows (priority above 0): highest first, then in due
+    order."""
+    return (-row.priority, row.next_attempt_at, row.id)
+
+
+def ranked_limit(limit: int, draw: Callable[[], float] = random.random) -> int:
+    """How many rows of a claim of `limit` may be taken by priority: all but a quarter,
+    rounded at random (`claim`'s `limit - floor(limit / 4 + random())`), so a 4-row claim
+    keeps exactly one row for the plain due order and a 1-row claim one time in four."""
+    return limit - math.floor(limit / 4 + draw())
+
+
+def claim_order(due: list[Row], limit: int, draw: Callable[[], float] = random.random) -> list[Row]:
+    """The claimable due rows `due` (in `due_order`) in the order a claim of `limit` takes them
+    after the expired leases: up to `ranked_limit` rows of priority above 0, highest first, then
+    the rest in plain due order whatever their priority (Postgres's `ranked`, then `pending`).
+    Without a row above 0 that is `due` as it is."""
+    if not any(row.priority > 0 for row in due):
+        return due
+    ranked = sorted((row for row in due if row.priority > 0), key=rank_order)
+    ranked = ranked[: max(ranked_limit(limit, draw), 0)]
+    taken = {row.id for row in ranked}
+    return ranked + [row for row in due if row.id not in taken]
