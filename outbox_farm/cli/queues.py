@@ -47,9 +47,9 @@ by_option = click.option(
     "--by",
     default=None,
     metavar="NAME",
-    envvar="OUTBOX_FARM_OPERATOR",
+    envvar="OUTBOX_FARM_QUEUE_BY",
     help="Who makes the change, kept with it and shown by `queue list` (default: your user "
-    "name @ this host). [env OUTBOX_FARM_OPERATOR]",
+    "name @ this host). [env OUTBOX_FARM_QUEUE_BY]",
 )
 
 
