@@ -22,6 +22,7 @@ DATABASE_COMMANDS = {
     "check": ["check"],
     "stats": ["stats", "--metrics-url", ""],
     "dlq list": ["dlq", "list"],
+    "queue list": ["queue", "list"],
     "dlq show": ["dlq", "show", "1"],
     "dlq replay": ["dlq", "replay", "--all", "--yes"],
     "dlq purge": ["dlq", "purge", "--all", "--yes"],
@@ -30,7 +31,7 @@ DATABASE_COMMANDS = {
     "start": ["start", "app:farm", "--procs", "1", "--metrics-bind", ""],
 }
 # Those that finish on a migrated database with nothing in it, exit status 0.
-FINISHING = ("migrate", "check", "stats", "dlq list", "doctor")
+FINISHING = ("migrate", "check", "stats", "dlq list", "doctor", "queue list")
 
 
 @pytest.mark.parametrize("command", DATABASE_COMMANDS)

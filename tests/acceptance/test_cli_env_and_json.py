@@ -198,6 +198,14 @@ def test_outbox_farm_watch_makes_stats_redraw(dsn: str, tmp_path: Path) -> None:
 # must be typed (an environment left over from another command must never purge or replay),
 # and a per-run choice (how many to list, a dry run) is not a setting.
 COMMAND_LINE_ONLY = {
+    # Per-change values of the queue controls: one exported by mistake would apply to every
+    # pause or limit run from that shell.
+    ("queue", "limit", "--rate"),
+    ("queue", "limit", "--max-running"),
+    ("queue", "limit", "--clear"),
+    ("queue", "pause", "--until"),
+    ("queue", "pause", "--for"),
+    ("queue", "pause", "--reason"),
     ("dlq", "list", "--limit"),
     ("dlq", "list", "--group"),
     ("dlq", "replay", "--all"),
