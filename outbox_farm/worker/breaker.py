@@ -50,6 +50,17 @@ class QueueBreaker:
         row is not its probe."""
         return self.tripped is not None and msg.id not in self.probes
 
+    def concerns(self, msg: Message, exc: BaseException | None) -> bool:
+        """Whether a run's outcome is the breaker's business (`settle`): a failure, a probe,
+        or any run while the breaker is open or counting. A plain success of a closed breaker
+        that counts nothing is not: the common case costs this test alone."""
+        return (
+            exc is not None
+            or self.tripped is not None
+            or self.counting
+            or (bool(self.probes) and msg.id in self.probes)
+        )
+
     def known(self, tripped: Tripped | None, failures: int) -> bool:
         """What the controls' last load says: open or not, and failures counted. True when it
         opened or closed since the load before."""

@@ -140,8 +140,9 @@ class Executors(Slots):
     ) -> Verdict:
         """`decision.decide`, and what the queue's breaker, if it has one, makes of it."""
         verdict = decision.decide(self.spec, msg, exc, started, duration)
-        if self.breaker is not None:
-            return await self.breaker.settle(msg, exc, *verdict)
+        breaker = self.breaker
+        if breaker is not None and breaker.concerns(msg, exc):
+            return await breaker.settle(msg, exc, *verdict)
         return verdict
 
     async def _not_started(self, msg: Message) -> None:
@@ -179,7 +180,7 @@ class Executors(Slots):
             runs: list[tuple[Message, float]] = []  # the rows passed in, and their start
             now = time.monotonic()
             for msg in rows:
-                if now > msg.start_by or (breaker and breaker.holds(msg)):
+                if now > msg.start_by or (breaker and breaker.tripped and breaker.holds(msg)):
                     await self._not_started(msg)
                     continue
                 ledger.start(msg.id)
@@ -200,7 +201,10 @@ class Executors(Slots):
             observer.handler_finished(spec.queue, duration)
             written: list[tuple[Message, Outcome]] = []
             for msg, started in runs:
-                outcome = self._settle(msg, await self._decide(msg, exc, started, duration))
+                verdict = decision.decide(spec, msg, exc, started, duration)
+                if breaker is not None and breaker.concerns(msg, exc):
+                    verdict = await breaker.settle(msg, exc, *verdict)
+                outcome = self._settle(msg, verdict)
                 if outcome is not None:
                     written.append((msg, outcome))
             await completer.put_all([outcome for _, outcome in written])
