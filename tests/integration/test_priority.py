@@ -151,6 +151,33 @@ def test_a_farm_started_before_the_migration_claims_and_ranks_once_it_ran(
     asyncio.run(claims())
 
 
+@pytest.mark.parametrize("recheck", [0.0, 3600.0])
+def test_a_queue_is_claimed_the_cheaper_way_until_it_has_rows_above_0(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, recheck: float
+) -> None:
+    """A queue with no row above 0 is sent the claim of the release before (no ranking to
+    plan); once a probe (every `RANK_RECHECK` seconds) finds one, the ranked claim."""
+    monkeypatch.setattr(claims_module, "RANK_RECHECK", recheck)
+    farm = Farm()
+
+    async def claims() -> set[int]:
+        pool = await open_pool(dsn, 2, utc=True)
+        try:
+            store = PostgresStore(pool, Queries(NAMES))
+            assert await store.claim(claim_of()) == []  # the probe: no row above 0
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                plain = [farm.publish(conn, f"p{n}".encode(), queue="q") for n in range(4)]
+                urgent = farm.publish_batch(conn, [b"u"] * 3, queue="q", priority=9)
+            taken = {m.id for m in await store.claim(claim_of(limit=4))}
+            expected = set(plain) if recheck else {*urgent, plain[0]}
+            assert taken == expected
+            return taken
+        finally:
+            await pool.close()
+
+    asyncio.run(claims())
+
+
 def test_the_claim_of_the_release_before_works_on_a_migrated_table(conn: Conn) -> None:
     """What a farm of the release before sends (the claim without its ranking fragments)
     claims in due order from a table with prioritized rows, and writes no priority."""
