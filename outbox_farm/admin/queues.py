@@ -11,6 +11,11 @@ a queue is paused loads the pause before its first claim. A pause with an end (`
 Limits are farm-wide: a rate (`Rate`, a token bucket every process and host shares) and a most
 running at once. Setting one leaves the other, and the pause, as they are.
 
+A queue's breaker (the handler option `Breaker`) is the runtime's, not the operator's: failures
+in a row open it and a probe's success closes it. The operator sees it here (`BreakerState`) and
+may close an open one by hand (`close_breaker`), when the downstream is known to be back before
+the next probe says so. There is no opening one by hand: that is a pause.
+
 Every function takes a psycopg connection outside a transaction (each change is one
 transaction of its own) and the farm's `TableNames`; the rows are keyed by the outbox table,
 so two farms on two outboxes of one database keep apart. `by` is who made the change, kept
@@ -48,11 +53,31 @@ UNCHANGED: Final = Unchanged()
 
 
 @dataclass(frozen=True, slots=True)
+class BreakerState:
+    """A queue's breaker as the farms keep it: `failures` counted in a row across every process
+    (0 while open: the count starts again at its close), and while open, since when, why (the
+    failure that opened it) and when its next probe may run (it may be past: no farm has taken
+    the probe yet)."""
+
+    failures: int = 0
+    open_since: datetime | None = None
+    reason: str | None = None
+    probe_at: datetime | None = None
+
+    @property
+    def open(self) -> bool:
+        """Open: every farm holds the queue but for one probe row each interval."""
+        return self.open_since is not None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueState:
     """The operator's controls of one queue. `paused` is paused now (a pause whose
     `paused_until` has passed is over, and reads False); `paused_until` is the end of the pause
     in force, None when it has none or the queue is not paused. `reason`: why it was paused (None
-    once resumed); `changed_by` and `changed_at`: the last change of any control of it."""
+    once resumed); `changed_by` and `changed_at`: the last change of any control of it (an
+    operator's; the breaker opening and closing by itself is not one). `breaker`: its breaker,
+    closed and counting nothing for a queue without one."""
 
     queue: str
     paused: bool
@@ -61,6 +86,7 @@ class QueueState:
     changed_by: str | None
     changed_at: datetime | None
     limits: Limits
+    breaker: BreakerState = BreakerState()
 
     @classmethod
     def free(cls, queue: str) -> QueueState:
@@ -89,6 +115,12 @@ def _state(row: db.ControlRow) -> QueueState:
         row.changed_by,
         row.changed_at,
         Limits(rate, row.max_running),
+        BreakerState(
+            row.breaker_failures,
+            row.breaker_open_since,
+            row.breaker_reason,
+            row.breaker_probe_at,
+        ),
     )
 
 
@@ -109,8 +141,9 @@ def _text(value: str | None, what: str) -> str | None:
 
 
 def queue_states(conn: Connection, names: TableNames) -> list[QueueState]:
-    """Every queue of this outbox with a row of controls (paused, limited, or once so), by
-    queue name. SchemaError when the database has no controls table (run migrate)."""
+    """Every queue of this outbox with a row of controls (paused, limited, or once so, or whose
+    breaker is open, counting failures, or once did), by queue name. SchemaError when the
+    database has no controls table (run migrate)."""
     return [_state(row) for row in db.read(conn, names)]
 
 
@@ -206,3 +239,29 @@ def limit_queue(
         max_running=max_running if isinstance(max_running, int) else None,
     )
     return _state(db.limit(conn, names, queue, change, by=_text(by, "author")))
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedBreaker:
+    """What `close_breaker` did. `was_open`: the breaker was open and is closed now (False: it
+    was not open, and nothing was changed); `since` and `reason`: the breaker as it was."""
+
+    state: QueueState
+    was_open: bool
+    since: datetime | None = None
+    reason: str | None = None
+
+
+def close_breaker(
+    conn: Connection, names: TableNames, queue: str, *, by: str | None = None
+) -> ClosedBreaker:
+    """Close `queue`'s open breaker now, on every farm of the outbox, as a probe's success
+    would: they claim the queue again within a second, and its count of failures starts again
+    (if the downstream still fails, the breaker opens again after its failures in a row).
+    Closing a breaker that is not open (never was, or a probe closed it meanwhile) is no error:
+    nothing is changed and `was_open` is False. SchemaError when the database lacks the
+    breaker's columns (migration 0012: run migrate)."""
+    closed = db.close_breaker(conn, names, check_queue(queue), by=_text(by, "author"))
+    if closed.row is None:
+        return ClosedBreaker(queue_state(conn, names, queue), False)
+    return ClosedBreaker(_state(closed.row), True, closed.was_open_since, closed.was_reason)

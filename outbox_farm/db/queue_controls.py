@@ -1,5 +1,5 @@
 """The operator's statements on `outbox_farm_queues` (migrations 0011 and 0012): read the
-controls of an outbox's queues, pause, resume, limit.
+controls of an outbox's queues, pause, resume, limit, close a breaker.
 
 Each change is one transaction: the row's upsert and the NOTIFY (`control.notify_changed`) that
 makes every farm reload its controls once the change commits, and not at all when it rolls
@@ -10,7 +10,7 @@ migrate`; every other refusal is a `DatabaseError`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +45,20 @@ class ControlRow:
     rate_count: int | None
     rate_seconds: float | None
     max_running: int | None
+    breaker_failures: int
+    breaker_open_since: datetime | None
+    breaker_reason: str | None
+    breaker_probe_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerClose:
+    """What `close_breaker` did: the row after (None: the breaker was not open, and nothing was
+    changed), and the breaker as it was while open."""
+
+    row: ControlRow | None
+    was_open_since: datetime | None = None
+    was_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +77,23 @@ def _target(names: TableNames) -> str:
     return str(names.outbox)
 
 
-def _error(exc: psycopg.Error, names: TableNames, limits: bool) -> Exception:
+def _error(exc: psycopg.Error, names: TableNames, columns: str | None) -> Exception:
+    """`columns`: what of migration 0012 the statement needs (`limits`, `breaker`), named when
+    the database lacks it."""
     if exc.sqlstate == UNDEFINED_TABLE and TABLE in (exc.diag.message_primary or ""):
         return SchemaError(NOT_MIGRATED.format(what=f"the table {TABLE}", version="0011"))
-    if exc.sqlstate == UNDEFINED_COLUMN and limits:
+    if exc.sqlstate == UNDEFINED_COLUMN and columns is not None:
         return SchemaError(
-            NOT_MIGRATED.format(what=f"the limits' columns of {TABLE}", version="0012")
+            NOT_MIGRATED.format(what=f"the {columns}' columns of {TABLE}", version="0012")
         )
     return translate(exc, doing=STATEMENT_FAILED, names=names)
 
 
+ROW_FIELDS = len(fields(ControlRow))  # the state's columns; a statement may return more
+
+
 def _row(found: Any) -> ControlRow:
-    return ControlRow(*found)
+    return ControlRow(*found[:ROW_FIELDS])
 
 
 def controls_kept(conn: Connection, names: TableNames) -> bool:
@@ -82,7 +101,7 @@ def controls_kept(conn: Connection, names: TableNames) -> bool:
     try:
         row = conn.execute(AdminSql(names).render("admin_queue_controls_kept")).fetchone()
     except psycopg.Error as exc:
-        raise _error(exc, names, False) from exc
+        raise _error(exc, names, None) from exc
     return bool(row and row[0])
 
 
@@ -92,7 +111,7 @@ def read(conn: Connection, names: TableNames, queue: str | None = None) -> list[
     try:
         rows = conn.execute(AdminSql(names).render("admin_queue_states"), params).fetchall()
     except psycopg.Error as exc:
-        raise _error(exc, names, False) from exc
+        raise _error(exc, names, None) from exc
     return [_row(found) for found in rows]
 
 
@@ -103,10 +122,10 @@ def _change(
     queue: str,
     params: dict[str, Any],
     *,
-    limits: bool = False,
-) -> ControlRow | None:
+    columns: str | None = None,
+) -> tuple[Any, ...] | None:
     """Run `block` and the NOTIFY in one transaction; the row it returned (None: none matched,
-    and the transaction still commits, which changes nothing)."""
+    and the transaction still commits, which changes nothing). `columns`: as in `_error`."""
     params = {"target": _target(names), "queue": queue, **params}
     try:
         with conn.transaction():
@@ -114,7 +133,11 @@ def _change(
             if found is not None:
                 notify_changed(conn, names, queue)
     except psycopg.Error as exc:
-        raise _error(exc, names, limits) from exc
+        raise _error(exc, names, columns) from exc
+    return None if found is None else tuple(found)
+
+
+def _changed_row(found: tuple[Any, ...] | None) -> ControlRow | None:
     return None if found is None else _row(found)
 
 
@@ -131,12 +154,12 @@ def pause(
     """Pause `queue` until `until`, for `seconds` from now (database clock), or until resumed
     (both None). None: the end given has passed already, and nothing was changed."""
     params = {"until": until, "seconds": seconds, "reason": reason, "by": by}
-    return _change(conn, names, "admin_queue_pause", queue, params)
+    return _changed_row(_change(conn, names, "admin_queue_pause", queue, params))
 
 
 def resume(conn: Connection, names: TableNames, queue: str, *, by: str | None) -> ControlRow | None:
     """End `queue`'s pause; None when the queue has no row (nothing to end)."""
-    return _change(conn, names, "admin_queue_resume", queue, {"by": by})
+    return _changed_row(_change(conn, names, "admin_queue_resume", queue, {"by": by}))
 
 
 def limit(
@@ -151,6 +174,17 @@ def limit(
         "max_running": change.max_running,
         "by": by,
     }
-    found = _change(conn, names, "admin_queue_limit", queue, params, limits=True)
+    found = _changed_row(_change(conn, names, "admin_queue_limit", queue, params, columns="limits"))
     assert found is not None  # an upsert always returns its row
     return found
+
+
+def close_breaker(
+    conn: Connection, names: TableNames, queue: str, *, by: str | None
+) -> BreakerClose:
+    """Close `queue`'s breaker if it is open, with the NOTIFY every farm reloads on; a breaker
+    not open is left as it is (`BreakerClose.row` None) and nobody is notified."""
+    found = _change(conn, names, "admin_queue_close_breaker", queue, {"by": by}, columns="breaker")
+    if found is None:
+        return BreakerClose(None)
+    return BreakerClose(_row(found), found[ROW_FIELDS], found[ROW_FIELDS + 1])

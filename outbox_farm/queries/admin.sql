@@ -443,15 +443,21 @@ LIMIT 1
 -- A row of `outbox_farm_queues` as the operator's tools show it (`q`), filled into the
 -- statements below. `paused` is paused now: a pause whose `paused_until` has passed is over, on
 -- the database's clock, the one every farm judges it by; its `paused_until` then reads NULL.
--- The limits' columns are read through the row's JSON image, which has them or not: a database
--- migrated to 0011 but not 0012 still shows its pauses (the limits' statements say to migrate).
+-- The columns of 0012 (limits, breaker) are read through the row's JSON image, which has them or
+-- not: a database migrated to 0011 but not 0012 still shows its pauses (the limits' statements
+-- say to migrate). The breaker as the runtime keeps it (`breaker_*` in control.sql): failures
+-- counted in a row, and while open, since when, why, and when its next probe may run.
 q.queue::text,
 q.paused AND (q.paused_until IS NULL OR q.paused_until > now()) AS paused,
 CASE WHEN q.paused AND q.paused_until > now() THEN q.paused_until END AS paused_until,
 q.reason, q.changed_by, q.changed_at,
 (to_jsonb(q) ->> 'rate_count')::int AS rate_count,
 (to_jsonb(q) ->> 'rate_seconds')::float8 AS rate_seconds,
-(to_jsonb(q) ->> 'max_running')::int AS max_running
+(to_jsonb(q) ->> 'max_running')::int AS max_running,
+coalesce((to_jsonb(q) ->> 'breaker_failures')::int, 0) AS breaker_failures,
+(to_jsonb(q) ->> 'breaker_open_since')::timestamptz AS breaker_open_since,
+to_jsonb(q) ->> 'breaker_reason' AS breaker_reason,
+(to_jsonb(q) ->> 'breaker_probe_at')::timestamptz AS breaker_probe_at
 
 -- name: admin_queue_controls_kept
 -- Whether the controls table exists (migration 0011), asked before reading it where its
@@ -508,3 +514,23 @@ SET rate_count = CASE WHEN %(set_rate)s THEN excluded.rate_count ELSE q.rate_cou
     max_running = CASE WHEN %(set_max)s THEN excluded.max_running ELSE q.max_running END,
     changed_by = excluded.changed_by, changed_at = excluded.changed_at
 RETURNING {admin_queue_state}
+
+-- name: admin_queue_close_breaker
+-- An operator closes a queue's open breaker now, as a probe's success would (`breaker_close`):
+-- the count of failures starts again, and every farm claims the queue at the NOTIFY the caller
+-- sends in the same transaction. Only an open breaker is closed; one that is not open matches
+-- nothing and nothing is changed (the caller says so). `was_*`: the breaker as it was, read
+-- under the row's lock, so a probe closing it at the same instant is not closed twice.
+WITH was AS (
+    SELECT w.target, w.queue, w.breaker_open_since, w.breaker_reason
+    FROM outbox_farm_queues AS w
+    WHERE w.target = %(target)s AND w.queue = %(queue)s AND w.breaker_open_since IS NOT NULL
+    FOR UPDATE
+)
+UPDATE outbox_farm_queues AS q
+SET breaker_open_since = NULL, breaker_probe_at = NULL, breaker_reason = NULL,
+    breaker_failures = 0, changed_by = %(by)s, changed_at = now()
+FROM was
+WHERE q.target = was.target AND q.queue = was.queue AND q.breaker_open_since IS NOT NULL
+RETURNING {admin_queue_state}, was.breaker_open_since AS was_open_since,
+          was.breaker_reason AS was_reason
