@@ -1,4 +1,5 @@
-"""`outbox-farm queue pause|resume|limit|list`: the operator's hand on a queue, on every farm.
+"""`outbox-farm queue pause|resume|limit|close-breaker|list`: the operator's hand on a queue, on
+every farm.
 
 Each change is written to the database the farms share and announced to them in the same
 transaction: every farm of the outbox, on every host, follows within a second (running handlers
@@ -15,8 +16,10 @@ import click
 from ..admin import When
 from ..admin.queues import (
     UNCHANGED,
+    BreakerState,
     QueueState,
     Unchanged,
+    close_breaker,
     limit_queue,
     operator,
     pause_queue,
@@ -67,6 +70,19 @@ def state_json(state: QueueState) -> dict[str, Any]:
         "rate": None if rate is None else str(rate),
         "rate_per_second": None if rate is None else rate.per_second,
         "max_running": state.limits.max_running,
+        "breaker": breaker_json(state.breaker),
+    }
+
+
+def breaker_json(breaker: BreakerState) -> dict[str, Any]:
+    """A queue's breaker as `--json` prints it: open or not, the failures counted in a row, and
+    while open, since when, why and when its next probe may run."""
+    return {
+        "open": breaker.open,
+        "failures": breaker.failures,
+        "open_since": breaker.open_since,
+        "reason": breaker.reason,
+        "probe_at": breaker.probe_at,
     }
 
 
@@ -89,9 +105,17 @@ def _pause_line(state: QueueState) -> str:
     )
 
 
+def _breaker(breaker: BreakerState) -> str:
+    """A breaker in one cell: OPEN, failures counted so far, or -."""
+    if breaker.open:
+        return "OPEN"
+    return f"{breaker.failures} failed" if breaker.failures else "-"
+
+
 @click.group(epilog=EPILOG)
 def queue() -> None:
-    """Pause, resume and limit queues on every farm of the outbox at once.
+    """Pause, resume and limit queues on every farm of the outbox at once, and close a
+    queue's open breaker.
 
     The state lives in the database: every farm on every host follows a change within a
     second, and a farm started later starts with it. `list` shows what is in force.
@@ -260,13 +284,51 @@ def limit(
         )
 
 
+@queue.command(name="close-breaker", epilog=EPILOG)
+@dsn_options
+@table_options
+@queue_argument
+@by_option
+@json_option("the queue's controls after the change, with closed and the breaker as it was")
+def close_breaker_(
+    dsn: str | None, names: TableNames, queue: str, by: str | None, as_json: bool
+) -> None:
+    """Close QUEUE's open breaker now: every farm claims it again within a second.
+
+    A breaker opens by itself when the queue's handler keeps failing, and a probe's success
+    closes it; close it by hand when its downstream is back before the next probe says so.
+    The count of failures starts again: should the downstream still fail, the breaker opens
+    again after its failures in a row. To hold a queue by hand, pause it.
+    """
+    with usage_error(), connected(dsn, notice, autocommit=True) as conn:
+        closed = close_breaker(conn, names, queue, by=by or operator())
+    if as_json:
+        was = {"closed": closed.was_open, "was_open_since": closed.since}
+        echo_json(state_json(closed.state) | was | {"was_reason": closed.reason})
+    elif closed.was_open:
+        why = f": {closed.reason}" if closed.reason else ""
+        click.echo(
+            f"closed the breaker of queue {queue} (open since {_time(closed.since)}{why}): "
+            f"{FARMS_GO}. Should its handler keep failing, the breaker opens again."
+        )
+    else:
+        failed = closed.state.breaker.failures
+        counted = f" ({failed} failure(s) counted in a row)" if failed else ""
+        click.echo(
+            f"the breaker of queue {queue} is not open{counted}; nothing was changed, and the "
+            "farms claim it as before."
+        )
+
+
 @queue.command(name="list", epilog=EPILOG)
 @dsn_options
 @table_options
 @json_option("an array of queues, by name")
 def list_(dsn: str | None, names: TableNames, as_json: bool) -> None:
     """Every queue of the outbox that is paused or limited, or ever was: paused now, until
-    when, why, who changed it last and when, its rate and most running at once."""
+    when, why, who changed it last and when, its rate and most running at once. Then each queue
+    whose breaker is open or counting failures: OPEN (since when, why, the next probe) or the
+    failures counted in a row."""
     with connected(dsn, notice, autocommit=True) as conn:
         states = queue_states(conn, names)
     if as_json:
@@ -304,3 +366,22 @@ def list_(dsn: str | None, names: TableNames, as_json: bool) -> None:
         "max running",
     ]
     click.echo(text_table(headers, rows))
+    breakers = [
+        [
+            s.queue,
+            _breaker(s.breaker),
+            _time(s.breaker.open_since),
+            _time(s.breaker.probe_at),
+            s.breaker.reason or "-",
+        ]
+        for s in states
+        if s.breaker.open or s.breaker.failures
+    ]
+    if breakers:
+        click.echo("")
+        click.echo(
+            "Breakers (an open one holds the queue on every farm but for one probe row each "
+            "interval; close it with `outbox-farm queue close-breaker QUEUE`):"
+        )
+        headers = ["queue", "breaker", "open since", "next probe", "why"]
+        click.echo(text_table(headers, breakers))
