@@ -15,10 +15,13 @@ mark of a farm that is not running for the queue (or whose claims of it never ta
 A busy farm that is merely behind holds leases, and is not stalled: its lag is the oldest
 ready row's age. Judged from two index probes; the claim itself is probed by `doctor`.
 
-A paused queue is never stalled: its rows wait because an operator said so. Each queue shows
-its pause (`paused`, until when and why) and its farm-wide `limits`, as `queue list` does.
+A paused queue is never stalled: its rows wait because an operator said so; nor is one whose
+breaker is open: its rows wait for the downstream, and one probe row runs each interval. Each
+queue shows its pause (`paused`, until when and why), its farm-wide `limits` and its `breaker`
+(open since when, why, the next probe; or the failures counted), as `queue list` does.
 
-The queues shown are those with rows in the outbox or the DLQ, those paused or limited, and
+The queues shown are those with rows in the outbox or the DLQ, those paused, limited or with a
+breaker open or counting, and
 those the caller knows of (`known`: the app's registered queues, those a running farm serves),
 which show with zeros when idle: a queue that is registered and empty is news too. Each
 queue's DLQ rows are also shown by cause, the few causes with most rows (`dlq_causes`, from
@@ -38,7 +41,7 @@ from ..db.operator import OUTBOX_CONDITIONS, OutboxFigure, StallFacts, StatsRead
 from ..limits import Limits
 from ..names import TableNames
 from .dlq import DlqFilter, dlq_causes
-from .queues import QueueState, queue_states
+from .queues import BreakerState, QueueState, queue_states
 
 EXACT_LIMIT = 10_000  # rows counted one by one before the estimate is used
 # Planner cost units (about one per page read) above which a capped count is not run at all.
@@ -82,6 +85,7 @@ class QueueStats:
     paused_until: datetime | None = None  # when that pause ends by itself; None: at a resume
     pause_reason: str | None = None
     limits: Limits = field(default_factory=Limits)  # farm-wide (`outbox-farm queue limit`)
+    breaker: BreakerState = field(default_factory=BreakerState)  # open or counting, or neither
 
     def dlq_total(self, window: str) -> Count:
         """Sum over reasons of one window (`last_hour`, `last_day`, `total`)."""
@@ -98,6 +102,12 @@ def stall_reason(facts: StallFacts, after: float) -> str | None:
         f"stalled: oldest ready row {facts.oldest_due:.0f}s old and none of its rows leased: "
         "is a farm running for this queue?"
     )
+
+
+def held(control: QueueState) -> bool:
+    """Whether a queue's rows wait by design, so that waiting is no stall: it is paused, or
+    its breaker is open."""
+    return control.paused or control.breaker.open
 
 
 def _count(reader: StatsReader, figure: OutboxFigure, queue: str, limit: int) -> Count:
@@ -158,8 +168,9 @@ def queue_stats(
 ) -> list[QueueStats]:
     """Numbers for `queue`, or for every queue with rows in the outbox or the DLQ, every
     queue paused or limited and every queue of `known` (with zeros when it has none), sorted;
-    each with its pause and limits, and marked stalled when its oldest claimable row has
-    waited over `stall_after` seconds with none of its rows leased, unless it is paused."""
+    each with its pause, limits and breaker, and marked stalled when its oldest claimable row
+    has waited over `stall_after` seconds with none of its rows leased, unless it is paused or
+    its breaker is open (its rows wait by design then)."""
     reader = StatsReader(conn, names)
     controls = _controls(conn, names)
     if queue is not None:
@@ -176,12 +187,13 @@ def queue_stats(
                 {figure: _count(reader, figure, q, exact_limit) for figure in OUTBOX_COUNTS},
                 reader.oldest_ready(q),
                 _dlq(reader, q, exact_limit) if names.dlq is not None else [],
-                None if control.paused else stall_reason(reader.stall(q), stall_after),
+                None if held(control) else stall_reason(reader.stall(q), stall_after),
                 causes.get(q, []),
                 control.paused,
                 control.paused_until,
                 control.reason if control.paused else None,
                 control.limits,
+                control.breaker,
             )
         )
     return found

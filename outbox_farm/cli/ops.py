@@ -49,20 +49,33 @@ def _pause(q: Any) -> str:
     return f"{end} ({q.pause_reason})" if q.pause_reason else end
 
 
+def _breaker(q: Any) -> str:
+    """A queue's breaker in one cell: open since when, why, the next probe; or the failures
+    counted in a row."""
+    b = q.breaker
+    if b.open_since is None:
+        return f"{b.failures} failure(s) in a row" if b.failures else "-"
+    why = f" ({b.reason})" if b.reason else ""
+    probe = "" if b.probe_at is None else f", next probe {b.probe_at:%Y-%m-%d %H:%M:%S %Z}"
+    return f"open since {b.open_since:%Y-%m-%d %H:%M:%S %Z}{why}{probe}"
+
+
 def _render(frame: dict[str, Any]) -> str:
     rates = frame["farm"].get("queues", {})
     headers = ["queue", *(n.replace("_", " ") for n in OUTBOX_COUNTS), "oldest ready"]
-    headers += ["dlq 1h", "dlq 1d", "dlq all", "paused", "stalled"]
+    headers += ["dlq 1h", "dlq 1d", "dlq all", "breaker", "paused", "stalled"]
     if rates:
         headers += ["acked/s", "retries/s", "terminal/s", "p99 lag"]
     rows, reasons, stalls, causes, controls = [], [], [], [], []
     for q in frame["queues"]:
         row = [q.queue, *(_n(q.counts[n]) for n in OUTBOX_COUNTS), _age(q.oldest_ready_age)]
         row += [_n(q.dlq_total(w)) for w in ("last_hour", "last_day", "total")]
+        row.append("OPEN" if q.breaker.open_since is not None else "-")
         row.append("PAUSED" if q.paused else "-")
         row.append("STALLED" if q.stalled else "-")
-        if q.paused or q.limits:
-            controls.append([q.queue, _pause(q), str(q.limits) if q.limits else "-"])
+        if q.paused or q.limits or q.breaker.open_since is not None or q.breaker.failures:
+            limits = str(q.limits) if q.limits else "-"
+            controls.append([q.queue, _pause(q), limits, _breaker(q)])
         if q.stalled:
             stalls.append(f"{q.queue}: {q.stalled}")
         if rates:
@@ -81,8 +94,9 @@ def _render(frame: dict[str, Any]) -> str:
     if controls:
         out += [
             "",
-            "Paused and limited (farm-wide; change with outbox-farm queue pause|resume|limit):",
-            text_table(["queue", "paused", "limits"], controls),
+            "Paused and limited queues, and breakers (farm-wide; change with outbox-farm queue "
+            "pause|resume|limit|close-breaker):",
+            text_table(["queue", "paused", "limits", "breaker"], controls),
         ]
     if reasons:
         out += ["", "DLQ by reason:", text_table(["queue", "reason", "1h", "1d", "all"], reasons)]
@@ -157,8 +171,8 @@ def stats(
 ) -> None:
     """Per queue: ready, scheduled, waiting (deep in an ordering key's line), in flight,
     expired leases, retrying rows, the oldest ready row's age, DLQ rows by reason (last hour,
-    day, all) and its top causes, whether it is paused and its farm-wide limits (`outbox-farm
-    queue`), whether it is stalled, and the running farm's rates.
+    day, all) and its top causes, whether it is paused, its farm-wide limits and its breaker
+    (`outbox-farm queue`), whether it is stalled, and the running farm's rates.
 
     The queues are those with rows, those the running farm serves (read from --metrics-url)
     and those --app registers: an idle queue shows with zeros.
@@ -167,8 +181,9 @@ def stats(
     text, "exact": false in JSON), so this answers in milliseconds on any table size.
     STALLED ("stalled" in JSON, the reason): a row has been claimable for over 60s (the
     farm's own threshold) while none of the queue's rows is leased, so nobody is working on
-    it. A paused queue is never stalled. A queue whose claims fail is found by `outbox-farm
-    doctor`, which probes them.
+    it. A paused queue is never stalled, nor one whose breaker is open (OPEN, "breaker" in
+    JSON: open_since non-null; its rows wait for the downstream, one probe row each
+    interval). A queue whose claims fail is found by `outbox-farm doctor`, which probes them.
     """
     known = list(load_farm(app).handlers) if app else []
     with connected(dsn, notice, autocommit=True) as conn:

@@ -5,10 +5,12 @@ nothing and says so."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 from outbox_farm.admin.queues import (
     BreakerState,
@@ -17,6 +19,8 @@ from outbox_farm.admin.queues import (
     queue_state,
     queue_states,
 )
+from outbox_farm.admin.stats import queue_stats
+from outbox_farm.cli import main
 from outbox_farm.errors import SchemaError
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
@@ -118,3 +122,46 @@ def test_without_the_breakers_columns_closing_says_to_migrate(conn: Conn) -> Non
     assert queue_state(conn, NAMES, "emails").breaker == BreakerState()  # still reads
     with pytest.raises(SchemaError, match=r"0012.*outbox-farm migrate"):
         close_breaker(conn, NAMES, "emails")
+
+
+STALE = """
+INSERT INTO outbox (queue, payload, next_attempt_at)
+VALUES ('held', 'x', now() - interval '90 seconds'), ('idle', 'x', now() - interval '90 seconds')
+"""
+
+
+def test_stats_show_an_open_breaker_and_do_not_call_its_queue_stalled(conn: Conn) -> None:
+    conn.execute(STALE)
+    before = {s.queue: s for s in queue_stats(conn, NAMES, stall_after=60)}
+    assert before["held"].stalled is not None  # the positive control: both are stalls so far
+    fail(conn, "held", "smtp refused", down=True)
+    fail(conn, "counting", "timeout")
+    stats = {s.queue: s for s in queue_stats(conn, NAMES, stall_after=60)}
+    assert sorted(stats) == ["counting", "held", "idle"]  # a counting breaker shows, rows or not
+    assert stats["held"].breaker.open
+    assert stats["held"].breaker.reason == "smtp refused"
+    assert stats["held"].stalled is None
+    assert stats["idle"].stalled is not None  # no breaker: still a stall
+    assert stats["counting"].breaker.failures == 1
+
+    base = ["stats", "--dsn", conn.info.dsn, "--metrics-url", "", "--table", "outbox"]
+    text = CliRunner().invoke(main, base)
+    assert text.exit_code == 0, text.output
+    table = text.output.split("\n\n")[0]
+    lines = {line.split()[0]: line.split() for line in table.splitlines()}
+    assert lines["queue"][-3:] == ["breaker", "paused", "stalled"]
+    assert lines["held"][-3:] == ["OPEN", "-", "-"]
+    assert lines["idle"][-3:] == ["-", "-", "STALLED"]
+    controls = text.output.split("and breakers")[1]
+    held = next(line for line in controls.splitlines() if line.startswith("held"))
+    assert "open since" in held
+    assert "(smtp refused), next probe" in held
+    assert "1 failure(s) in a row" in controls
+
+    as_json = CliRunner().invoke(main, [*base, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    queues = {q["queue"]: q for q in json.loads(as_json.stdout)["queues"]}
+    assert queues["held"]["breaker"]["reason"] == "smtp refused"
+    assert queues["held"]["breaker"]["open_since"] is not None
+    assert queues["held"]["stalled"] is None
+    assert queues["idle"]["breaker"]["open_since"] is None
