@@ -24,15 +24,15 @@
 -- Priorities (migration 0013): `ranked` takes due rows with a `priority` above 0, highest first,
 -- then in due order, over the priority index, which holds only such rows. It is sent only for a
 -- queue that has such rows (`db.claims` asks every second, `claim_ranks`): its planning alone
--- would cost every claim of a queue without priorities 7%. `ranked` takes at most three quarters of the claim, rounded at
--- random (`limit - floor(limit / 4 + random())`: a 4-row claim keeps exactly 1 row, a 1-row
--- claim keeps its row one time in four): the rest come from `pending` in plain due order,
--- whatever their priority, so rows of priority 0 keep moving however many higher ones arrive.
--- `pending` leaves out the rows `ranked` took: SKIP LOCKED does not skip this statement's own
--- locks, and a row taken twice would count twice against the limit. A keyed row still waits
--- for the older rows of its key, whatever its priority. Without the three `claim_ranked*`
--- fragments (a queue with no row above 0, a table that has not had 0013) this is the statement
--- of the release before it.
+-- would cost every claim of a queue without priorities 7%. `ranked` takes at most three
+-- quarters of the claim, rounded at random (`limit - floor(limit / 4 + random())`: a 4-row
+-- claim keeps exactly 1 row, a 1-row claim keeps its row one time in four): the rest come from
+-- `pending` in plain due order, whatever their priority, so rows of priority 0 keep moving
+-- however many higher ones arrive. `pending` leaves out the rows `ranked` took: SKIP LOCKED
+-- does not skip this statement's own locks, and a row taken twice would count twice against
+-- the limit. A keyed row still waits for the older rows of its key, whatever its priority.
+-- Without the three `claim_ranked*` fragments (a queue with no row above 0, a table that has
+-- not had 0013) this is the statement of the release before it.
 -- The UPDATE stamps one fresh lease token on the whole claim and counts the delivery. Both
 -- counters are kept in [0, bigint max - 1) whatever another writer stored, so `+ 1` here and in
 -- `retry` can never overflow (one such row would otherwise fail every claim of its queue).
