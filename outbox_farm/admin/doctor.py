@@ -8,7 +8,8 @@ outbox's indexes; the one statement that writes, each queue's claim probe, is ro
 
 Doctor runs in a process of its own, so a stall is judged from the database alone: a queue
 whose claim statement fails (the farm's claims of it fail the same way, every time), or whose
-oldest claimable row has waited past `Limits.max_stall` while none of its rows is leased. So is
+oldest claimable row has waited past `Limits.max_stall` while none of its rows is leased, unless
+its rows wait by design: an operator paused it, or its breaker is open (`stats.held`). So is
 the farms' code: what every live worker process reports of its handlers (`chores.farm_code`);
 two codes for one queue past the farm's grace period are a deploy left half done (WARN).
 """
@@ -20,14 +21,15 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..chores.farm_code import GRACE, disagreements
-from ..db import farm_code
+from ..db import farm_code, queue_controls
 from ..db.connect import Connection
 from ..db.operator import DoctorProbes
 from ..errors import DatabaseError, SchemaError
 from ..names import QualifiedName, TableNames
 from ..ops.privileges import check_privileges
 from ..ops.schema_check import check_schema
-from .stats import STALL_AFTER, stall_reason
+from .queues import queue_states
+from .stats import STALL_AFTER, held, stall_reason
 
 MIN_SERVER = 120000  # VACUUM (SKIP_LOCKED, TRUNCATE false) and vacuum_truncate: PostgreSQL 12
 NOTIFY_WARN, NOTIFY_FAIL = 0.1, 0.5
@@ -215,8 +217,11 @@ def _lag(probes: DoctorProbes, limits: Limits) -> Check:
     return Check("oldest ready row", Status.OK, detail)
 
 
-def _queue_stall(probes: DoctorProbes, queue: str, limits: Limits) -> Check | None:
-    """The stall of one queue, if it has one: its claim fails, or rows wait unleased."""
+def _queue_stall(
+    probes: DoctorProbes, queue: str, limits: Limits, waits: bool = False
+) -> Check | None:
+    """The stall of one queue, if it has one: its claim fails, or rows wait unleased (unless
+    they `waits` by design: the queue is paused or its breaker open)."""
     try:
         probes.probe_claim(queue)
     except DatabaseError as exc:
@@ -236,6 +241,8 @@ def _queue_stall(probes: DoctorProbes, queue: str, limits: Limits) -> Check | No
             "remove the cause (a trigger or rule on the outbox, a revoked privilege, a "
             "constraint), and the farm resumes on its own",
         )
+    if waits:
+        return None
     reason = stall_reason(probes.stall(queue), limits.max_stall)
     if reason is None:
         return None
@@ -248,16 +255,42 @@ def _queue_stall(probes: DoctorProbes, queue: str, limits: Limits) -> Check | No
     )
 
 
-def _stalls(probes: DoctorProbes, names: TableNames, limits: Limits) -> list[Check]:
+def _held(conn: Connection, names: TableNames) -> dict[str, str]:
+    """The queues whose rows wait by design, and why ("paused", "breaker open"); none on a
+    database without the controls table, or a role that may not read it (the schema and
+    privilege checks report those): every queue is then judged by its rows alone."""
+    try:
+        if not queue_controls.controls_kept(conn, names):
+            return {}
+        states = queue_states(conn, names)
+    except DatabaseError:
+        return {}
+    return {s.queue: "paused" if s.paused else "breaker open" for s in states if held(s)}
+
+
+def _stalls(
+    conn: Connection, probes: DoctorProbes, names: TableNames, limits: Limits
+) -> list[Check]:
     """Each stalled queue of the outbox, or one OK line; nothing without an outbox table (the
     schema check reports it). A schema that is otherwise wrong is no reason to skip: a claim
-    it breaks fails the probe, and names the queues that are stuck."""
+    it breaks fails the probe, and names the queues that are stuck. A paused queue's claim is
+    probed too (a farm claims it again at the resume); its waiting rows are no stall."""
     if probes.table_health(names.outbox) is None:
         return []
     queues = probes.queues()
-    checks = [c for c in (_queue_stall(probes, q, limits) for q in queues) if c is not None]
+    waiting = _held(conn, names)
+    checks = [
+        c for c in (_queue_stall(probes, q, limits, q in waiting) for q in queues) if c is not None
+    ]
     if not checks:
         detail = f"{len(queues)} queue(s): every claim runs, none stalled"
+        held_here = sorted(q for q in queues if q in waiting)
+        if held_here:
+            detail += (
+                " (held, so waiting by design: "
+                + ", ".join(f"{q} {waiting[q]}" for q in held_here)
+                + ")"
+            )
         checks.append(Check("queues", Status.OK, detail))
     return checks
 
@@ -324,7 +357,7 @@ def doctor(conn: Connection, names: TableNames, limits: Limits | None = None) ->
         except DatabaseError as exc:
             checks.append(Check("oldest ready row", Status.FAIL, str(exc)))
     try:
-        checks += _stalls(probes, names, limits)
+        checks += _stalls(conn, probes, names, limits)
     except DatabaseError as exc:
         checks.append(Check("queues", Status.FAIL, str(exc), "fix this first"))
     try:

@@ -106,3 +106,29 @@ def test_a_waiting_backlog_is_a_warning(conn: Conn) -> None:
     (check,) = named(doctor(conn, NAMES, Limits(max_lag=60)), "oldest ready row")
     assert check.status is Status.WARN
     assert "on queue orders" in check.detail
+
+
+def test_a_paused_queue_or_an_open_breaker_is_no_stall(conn: Conn) -> None:
+    from outbox_farm.admin.queues import pause_queue
+    from tests.integration.test_breaker_admin import fail
+
+    conn.execute(
+        "INSERT INTO outbox (queue, payload, next_attempt_at) VALUES "
+        "('paused', 'x', now() - interval '5 minutes'), "
+        "('tripped', 'x', now() - interval '5 minutes'), "
+        "('idle', 'x', now() - interval '5 minutes')"
+    )
+    stalled = {c.name for c in doctor(conn, NAMES, Limits(max_stall=60)) if "stalled" in c.detail}
+    assert stalled == {"queue paused", "queue tripped", "queue idle"}  # the positive control
+
+    pause_queue(conn, NAMES, "paused", reason="maintenance")
+    fail(conn, "tripped", "smtp refused", down=True)
+    checks = doctor(conn, NAMES, Limits(max_stall=60))
+    assert [c.name for c in checks if c.name.startswith("queue ")] == ["queue idle"]
+    assert named(checks, "queue idle")[0].status is Status.FAIL
+
+    conn.execute("DELETE FROM outbox WHERE queue = 'idle'")
+    (ok,) = named(doctor(conn, NAMES, Limits(max_stall=60)), "queues")
+    assert ok.status is Status.OK
+    assert "paused paused" in ok.detail
+    assert "tripped breaker open" in ok.detail
