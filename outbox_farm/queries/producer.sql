@@ -76,8 +76,9 @@ FROM ins
 
 -- name: publish_extend
 -- A timer publish with the `extend` policy: a pending timer with the same id is moved to the
--- new due time and takes the new body (and a priority given with it). A timer whose handler is running (leased) is left
--- alone, and the publish returns no id, so a running handler's ack cannot delete a newer timer.
+-- new due time and takes the new body (and a priority given with it). A timer whose handler is
+-- running (leased) is left alone, and the publish returns no id, so a running handler's ack
+-- cannot delete a newer timer.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key
                                {key_blocked_column} {priority_column})
