@@ -115,7 +115,25 @@ LIMIT_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "tokens": ("double precision", False, False),
     "tokens_at": (TSTZ, False, False),
 }
+# The queue's breaker, kept by the farms in the same row (migration 0012, with the limits).
+BREAKER_COLUMNS: dict[str, tuple[str, bool, bool]] = {
+    "breaker_failures": ("integer", True, True),
+    "breaker_open_since": (TSTZ, False, False),
+    "breaker_probe_at": (TSTZ, False, False),
+    "breaker_reason": ("text", False, False),
+}
 CONTROLS_VERSION, LIMITS_VERSION = 11, 12
+# Priorities (migration 0013): a column of the outbox and an index of its due rows above 0. Not
+# in OUTBOX_COLUMNS: a farm of this release claims without the column until it is there, so
+# `start` must not refuse a schema without it (`missing_columns`); `check` reports it.
+PRIORITY_COLUMNS: dict[str, tuple[str, bool, bool]] = {"priority": ("smallint", True, True)}
+PRIORITY_INDEX = ExpectedIndex(
+    "priority index (migration 0013)",
+    ("queue", "priority", "next_attempt_at"),
+    False,
+    "acquired_token IS NULL AND NOT key_blocked AND priority > 0",
+)
+PRIORITY_VERSION = 13
 FIX_HINT = (
     "run `outbox-farm migrate`, or for a drifted index or CHECK drop it and recreate it as "
     "`outbox-farm sql` prints it"
@@ -340,7 +358,7 @@ def _check_causes(conn: Connection, names: TableNames, recorded: bool) -> list[P
 def _check_controls(conn: Connection, applied: set[int]) -> list[Problem]:
     """The queue controls' table (migrations 0011 and 0012), which `queue pause|resume|limit`
     write and every farm reads. Without it a farm pauses and limits nothing (it says so in its
-    log), and the operator's commands fail; without the 0012 columns, limits do. Once a
+    log), and the operator's commands fail; without the 0012 columns, limits and breakers do. Once a
     migration is recorded for the outbox, only `--repair` runs it again."""
     label = str(CONTROLS_TABLE)
 
@@ -366,7 +384,39 @@ def _check_controls(conn: Connection, applied: set[int]) -> list[Problem]:
         Problem(p.table, f"{p.message} (migration 0012: queue limits); {hint(LIMITS_VERSION)}")
         for p in _check_columns(label, live.columns, LIMIT_COLUMNS)
     ]
+    found += [
+        Problem(p.table, f"{p.message} (migration 0012: breakers); {hint(LIMITS_VERSION)}")
+        for p in _check_columns(label, live.columns, BREAKER_COLUMNS)
+    ]
     return found
+
+
+def _check_priority(conn: Connection, names: TableNames, applied: set[int]) -> list[Problem]:
+    """Migration 0013's column and index on the outbox. Without the column the farms claim as
+    the release before did and a publish with a priority is refused; without the index the
+    claim's share by priority reads the pending index instead. Neither stops a farm, so `start`
+    does not look (`missing_columns`); the index is looked for only beside its column."""
+    live = read_table(conn, names.outbox)
+    if live is None:  # reported by the outbox's own check
+        return []
+    label = str(names.outbox)
+    repair = PRIORITY_VERSION in applied
+    hint = "run `outbox-farm migrate --repair`" if repair else "run `outbox-farm migrate`"
+    if "priority" not in live.columns:
+        what = "column priority is missing (expected smallint)"
+        return [
+            Problem(
+                label,
+                f"{what} (migration 0013: priorities; until then a publish with a priority is "
+                f"refused and every row is claimed in due order); {hint}",
+            )
+        ]
+    found = [
+        Problem(p.table, f"{p.message} (migration 0013: priorities); {hint}")
+        for p in _check_columns(label, live.columns, PRIORITY_COLUMNS)
+    ]
+    index = _check_index(label, PRIORITY_INDEX, live.indexes)
+    return found if index is None else [*found, index]
 
 
 @dataclass(frozen=True)
@@ -391,6 +441,7 @@ def assess_schema(conn: Connection, names: TableNames) -> Assessment:
         problems += _check_causes(conn, names, causes_applied)
     outbox_applied = {v for t, v, _ in recorded if t == str(names.outbox)}
     problems += _check_controls(conn, outbox_applied)
+    problems += _check_priority(conn, names, outbox_applied)
     shipped = max(m.version for m in load_migrations())
     newer = [record for record in recorded if record[1] > shipped]
     if not newer:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from outbox_farm import Farm
 from outbox_farm.errors import DatabaseError
@@ -346,3 +348,51 @@ def test_missing_queue_limits_columns_are_each_reported(conn: Conn) -> None:
     )
     assert "column tokens is missing" in found[1]
     assert all(p.endswith("`outbox-farm migrate --repair` (it makes it again)") for p in found)
+
+
+def test_missing_breaker_columns_are_each_reported(conn: Conn) -> None:
+    conn.execute(
+        "ALTER TABLE outbox_farm_queues DROP COLUMN breaker_open_since, "
+        "ALTER COLUMN breaker_failures DROP DEFAULT"
+    )
+    found = problems(conn)
+    assert found == [
+        "outbox_farm_queues: column breaker_failures has lost its default (migration 0012: "
+        "breakers); run `outbox-farm migrate --repair` (it makes it again)",
+        "outbox_farm_queues: column breaker_open_since is missing (expected timestamp with time "
+        "zone) (migration 0012: breakers); run `outbox-farm migrate --repair` (it makes it again)",
+    ]
+
+
+def test_missing_priority_column_is_reported_but_start_does_not_refuse(conn: Conn) -> None:
+    from outbox_farm.ops.readiness import check_ready
+    from outbox_farm.ops.schema_check import missing_columns
+
+    conn.execute("DELETE FROM outbox_farm_migrations WHERE version = 13")
+    conn.execute("ALTER TABLE outbox DROP COLUMN priority")  # its index goes with it
+    found = only(conn)
+    assert found.startswith(
+        "outbox: column priority is missing (expected smallint) (migration 0013"
+    )
+    assert found.endswith("run `outbox-farm migrate`")
+    assert missing_columns(conn, NAMES) == []
+    check_ready(conn, NAMES, False, logging.getLogger("test"))  # what `start` asks: no refusal
+    migrate(conn, NAMES)
+    assert check_schema(conn, NAMES) == []
+
+
+def test_priority_index_dropped_or_drifted_is_reported(conn: Conn) -> None:
+    index = NAMES.identifiers()["priority_idx"]
+    conn.execute(sql.SQL("DROP INDEX {}").format(index))
+    found = only(conn)
+    assert found.startswith(
+        "outbox: priority index (migration 0013) on (queue, priority, next_attempt_at) is missing"
+    )
+    conn.execute(
+        "CREATE INDEX drifted ON outbox (queue, priority DESC, next_attempt_at) "
+        "WHERE acquired_token IS NULL"
+    )
+    assert "has predicate WHERE acquired_token is null, expected WHERE" in only(conn)
+    conn.execute("DROP INDEX drifted")
+    conn.execute("ALTER TABLE outbox ALTER COLUMN priority DROP NOT NULL")
+    assert "column priority should be NOT NULL (migration 0013" in problems(conn)[0]
