@@ -57,7 +57,7 @@ from ..storage import (
 )
 from ..worker.runtime import Runtime
 from .memory_rows import DeadLetter, Row, after, check_due
-from .memory_table import Tables, due_order, first_of_key, pending
+from .memory_table import Tables, claim_order, due_order, first_of_key, pending
 
 Subscriber = tuple[Callable[[str], None], asyncio.AbstractEventLoop | None]
 SETTLED_POLL = 0.005  # seconds between looks while `settled` waits
@@ -116,7 +116,16 @@ class MemoryStore:
             due = self._due(batch.due, now)
             rows = [
                 self._tables.add(
-                    NewRow(batch.queue, payload, headers, batch.due, ordering_key=key), due, now
+                    NewRow(
+                        batch.queue,
+                        payload,
+                        headers,
+                        batch.due,
+                        ordering_key=key,
+                        priority=batch.priority,
+                    ),
+                    due,
+                    now,
                 )
                 for payload, headers, key in zip(batch.payloads, batch.headers, keys, strict=True)
             ]
@@ -145,6 +154,8 @@ class MemoryStore:
             return None
         live.payload, live.headers = new.payload, orjson.loads(new.headers)
         live.next_attempt_at = due
+        if new.priority:  # an extend without a priority keeps the timer's
+            live.priority = new.priority
         return live
 
     def _due(self, due: Due, now: datetime) -> datetime:
@@ -304,7 +315,8 @@ class MemoryStore:
             expired.sort(key=lambda row: (row.lease_expires_at, row.id))
             due = [row for row in rows if pending(row, heads) and row.next_attempt_at <= now]
             due.sort(key=due_order)
-            return [row.take(claim, now) for row in (expired + due)[: claim.limit]]
+            chosen = expired + claim_order(due, claim.limit)
+            return [row.take(claim, now) for row in chosen[: claim.limit]]
 
     async def claim_limited(self, claim: Claim) -> Allowed:
         """`claim` within the queue's limits (see `limits.allowance`): the rate's bucket

@@ -219,7 +219,7 @@ def test_a_queue_without_priorities_claims_over_the_same_indexes(conn: Conn) -> 
     assert rows is not None
     plan = str(rows[0])
     assert "Seq Scan" not in plan
-    assert "outbox_priority_idx" in plan
+    assert "outbox_prio_idx" in plan
     assert "outbox_pending_idx" in plan
 
 

@@ -34,6 +34,7 @@ def test_default_names_and_derived_identifiers() -> None:
         "timer_idx": '"outbox_timer_id_uq"',
         "ordering_idx": '"outbox_order_idx"',
         "blocked_idx": '"outbox_blocked_idx"',
+        "priority_idx": '"outbox_prio_idx"',
         "lease_ck": '"outbox_lease_ck"',
         "counts_ck": '"outbox_counts_ck"',
         "values_ck": '"outbox_values_ck"',
