@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from .. import decision
@@ -44,6 +45,7 @@ class QueueBreaker:
         self.counting = False  # failures are counted farm-wide: a success resets them
         self.probes: set[int] = set()  # ids of the rows claimed as probes, until they end
         self.probe_at = 0.0  # monotonic time the next probe may run, as last known here
+        self.wake: Callable[[], None] = _nothing  # the fetcher's wake (`runtime`)
 
     def holds(self, msg: Message) -> bool:
         """Whether a row taken from the inbox must go back unrun: the breaker is open and the
@@ -150,11 +152,19 @@ class QueueBreaker:
                         self.queue,
                         extra={"event": "breaker_closed", "queue": self.queue},
                     )
+                # Closed here at once, not at the controls' next load: the rows this process
+                # took before it opened run now, in their order, not after newer ones.
+                self.known(None, 0)
+                self.wake()
             else:
                 await self.store.breaker_reset(self.queue)
             self.counting = False
         except DatabaseError as error:
             log.debug("breaker of queue %s: success not recorded (%s)", self.queue, error)
+
+
+def _nothing() -> None:
+    """No fetcher to wake."""
 
 
 def _counts(exc: BaseException, outcome: Outcome) -> bool:

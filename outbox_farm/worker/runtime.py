@@ -173,6 +173,7 @@ class Runtime:
             if spec.breaker is not None:
                 breaker = QueueBreaker(spec.queue, spec.breaker, store)
                 fetcher.breaker = executors.breaker = breaker
+                breaker.wake = fetcher.wake
             if isinstance(spec.func, Relay):
                 spec.func.observer = self.observer
                 spec.func.trip = breaker.trip if breaker is not None else None
