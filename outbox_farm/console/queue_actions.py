@@ -1,4 +1,5 @@
-"""Pause, resume and limit a queue from the console: two steps, as a replay (`actions`).
+"""Pause, resume, limit a queue, or close its open breaker, from the console: two steps, as a
+replay (`actions`).
 
 1. `preview` reads what the operator asked for (a pause's reason and how long; a rate such as
    `100/s` and a most running at once), refuses a bad value beside the form it came from
@@ -10,6 +11,10 @@
    whose queue's controls changed since it was shown (another operator resumed it, or set
    its limits: the page shown is no longer what would be changed); then makes the change with
    the same functions as `outbox-farm queue` (`admin.queues`), naming who did it.
+
+Closing a breaker closes it as a probe's success would (`admin.queues.close_breaker`): every farm
+claims the queue again within a second. One that closed by itself while the confirmation was
+open is no error: the page says nothing was changed.
 
 A pause "for 30m" lasts 30 minutes from the confirmation, on the database's clock (the clock
 every farm judges a pause's end by); a pause "until 18:00" (UTC, as every page shows times,
@@ -32,6 +37,7 @@ from starlette.responses import Response
 from ..admin.queues import (
     QueueState,
     check_queue,
+    close_breaker,
     limit_queue,
     pause_queue,
     queue_state,
@@ -106,7 +112,22 @@ def _refused(request: Request, message: str, status: int = 400, back: str = "/qu
     return page(request, "error.html", status=status, title="Not done", message=message, back=back)
 
 
-def _act(conn: Connection, names: TableNames, change: Change, by: str) -> QueueState:
+NOT_OPEN = (
+    "its breaker was not open any more (a probe's success had closed it): nothing was changed"
+)
+
+
+def _act(
+    conn: Connection, names: TableNames, change: Change, by: str
+) -> tuple[QueueState, str | None]:
+    """Make `change`: the controls after it, and a note when it changed nothing."""
+    if change.action == "close-breaker":
+        closed = close_breaker(conn, names, change.queue, by=by)
+        return closed.state, None if closed.was_open else NOT_OPEN
+    return _change(conn, names, change, by), None
+
+
+def _change(conn: Connection, names: TableNames, change: Change, by: str) -> QueueState:
     if change.action == "pause":
         return pause_queue(
             conn,
@@ -180,7 +201,7 @@ async def run(request: Request) -> Response:
     settings = request.app.state.settings
     actor = who(request)
 
-    def act() -> QueueState:
+    def act() -> tuple[QueueState, str | None]:
         with settings.database.connection() as conn:
             now = queue_state(conn, settings.names, change.queue)
             # Another operator's change since the page was shown: what the page promised is
@@ -193,7 +214,7 @@ async def run(request: Request) -> Response:
     _log(request, actor, change, "console_action_start", None)
     error: str | None = None
     try:
-        state = await run_in_threadpool(act)
+        state, note = await run_in_threadpool(act)
     except Moved as exc:
         error = "refused: " + str(exc)
         by = f" by {exc.state.changed_by}" if exc.state.changed_by else ""
@@ -213,4 +234,4 @@ async def run(request: Request) -> Response:
         raise
     finally:
         _log(request, actor, change, "console_action", error)
-    return page(request, "queue_done.html", c=change, state=state, back=back)
+    return page(request, "queue_done.html", c=change, state=state, note=note, back=back)

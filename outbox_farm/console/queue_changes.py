@@ -1,5 +1,6 @@
 """What an operator asks of a queue on its page, checked: a pause (why, and for how long or
-until when), a resume, limits (a rate such as `100/s`, a most running at once); and the plan a
+until when), a resume, limits (a rate such as `100/s`, a most running at once), the close of an
+open breaker; and the plan a
 confirmation page carries of it (`plan`, `change_of`), signed by `queue_actions`.
 
 A bad value is a ConfigurationError whose message says what to type instead; a rate's is
@@ -17,7 +18,7 @@ from ..admin.queues import QueueState
 from ..errors import ConfigurationError
 from ..limits import Limits, Rate, parse_rate
 
-ACTIONS = ("pause", "resume", "limit")
+ACTIONS = ("pause", "resume", "limit", "close-breaker")
 KIND = "queue"  # a plan of a queue's change: `/dlq/run` refuses it, `/queues/run` any other
 MAX_REASON = 500  # characters of a pause's reason
 MAX_RUNNING = 2**31 - 1  # the column's integer
@@ -50,6 +51,8 @@ class Change:
             return f"pause {end}" + (f", reason {self.reason!r}" if self.reason else "")
         if self.action == "limit":
             return f"limit to {self.limits}" if self.limits else "clear the limits"
+        if self.action == "close-breaker":
+            return "close the breaker"
         return "resume"
 
 
@@ -104,7 +107,9 @@ def _limits(form: dict[str, str], clear: bool) -> Limits:
 def parse_change(action: str, queue: str, form: dict[str, str], clear: bool) -> Change:
     """The change asked for; ConfigurationError saying what to fix."""
     if action not in ACTIONS:
-        raise ConfigurationError(f"unknown action {action!r}: pause, resume or limit")
+        raise ConfigurationError(
+            f"unknown action {action!r}: pause, resume, limit or close-breaker"
+        )
     if action == "pause":
         reason = form["reason"] or None
         if reason is not None and (len(reason) > MAX_REASON or "\x00" in reason):
@@ -160,6 +165,8 @@ def unchanged(change: Change, state: QueueState) -> str | None:
         return f"queue {change.queue} is not paused: there is nothing to resume"
     if change.action == "limit" and change.limits == state.limits:
         return f"queue {change.queue} has these limits already ({state.limits})"
+    if change.action == "close-breaker" and not state.breaker.open:
+        return f"the breaker of queue {change.queue} is not open: there is nothing to close"
     return None
 
 

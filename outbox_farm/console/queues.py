@@ -1,6 +1,7 @@
-"""The pages of the queues' controls: every queue an operator paused or limited (`/queues`),
-and one queue's page (`/queues/{queue}`) with its state and the forms that pause, resume and
-limit it (the actions themselves are `queue_actions`).
+"""The pages of the queues' controls: every queue an operator paused or limited, or whose
+breaker is open or counting (`/queues`), and one queue's page (`/queues/{queue}`) with its
+state and the forms that pause, resume and limit it and close its open breaker (the actions
+themselves are `queue_actions`).
 
 The state comes from the same functions as `outbox-farm queue list` (`admin.queues`). A
 database not yet migrated to the controls' table is no error page: every page that shows
@@ -40,8 +41,9 @@ class Controls:
         return self.by_queue.get(queue)
 
     def active(self) -> list[str]:
-        """The queues paused now or limited: the ones a page must never leave out."""
-        return sorted(q for q, s in self.by_queue.items() if s.paused or s.limits)
+        """The queues paused now, limited or held by an open breaker: the ones a page must
+        never leave out."""
+        return sorted(q for q, s in self.by_queue.items() if s.paused or s.limits or s.breaker.open)
 
 
 def read_controls(conn: Connection, names: TableNames) -> Controls:
