@@ -22,7 +22,7 @@ from loadtests.common.harness import CLI, Metrics, scratch_database
 from loadtests.common.ledger import create_schema
 from loadtests.common.waits import wait_until
 
-from . import relay_restart
+from . import breaker_outage, relay_restart
 from .checks import (
     Context,
     Finding,
@@ -629,4 +629,5 @@ SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "restart-during-crashes": restart_during_crashes,
     "relay-kafka": relay_kafka,
     **{f"relay-restart-{kind}": relay_restart.scenario(kind) for kind in restartable.KINDS},
+    breaker_outage.NAME: breaker_outage.scenario_run,
 }
