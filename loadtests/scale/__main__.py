@@ -1,7 +1,8 @@
 """`python -m loadtests.scale`: farms on several hosts over a network, with faults between them.
 
-    python -m loadtests.scale                          # partition, latency, scale curve
+    python -m loadtests.scale                          # partition, latency, scale curve, limits
     python -m loadtests.scale --scenario latency       # one (comma-separated for several)
+    python -m loadtests.scale --scenario limits        # a rate and a most running, farm-wide
     python -m loadtests.scale --smoke                  # the partition, short (CI)
     python -m loadtests.scale --smoke --json out.json  # ... and its summary for a machine
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import curve, latency, partition
+from . import curve, latency, limits, partition
 from .bed import Bed, build_bed, say
 from .dbserver import ServerUnavailable
 from .netns import NetworkUnavailable, ours
@@ -33,6 +34,7 @@ SCENARIOS: dict[str, Callable[[Bed, bool], dict[str, Any]]] = {
     ),
     "latency": lambda bed, smoke: latency.run(bed, smoke),
     "scale": lambda bed, smoke: curve.run(bed, smoke),
+    "limits": lambda bed, smoke: limits.run(bed),
 }
 
 

@@ -115,6 +115,40 @@ def _scale(r: dict[str, Any]) -> list[str]:
     return [f"{r['rows']:,} rows, no-op handler; {r['note']}", *_table(head, rows)]
 
 
+def _limits(r: dict[str, Any]) -> list[str]:
+    head = ("limits", "limit", "seen", "")
+    limit, per_second = r["rate_limit"], f"{r['rate_limit_per_second']:g}/s"
+    limit += "" if limit == per_second else f" ({per_second})"
+    rate_note = (
+        f"{r['rate_error']:+.2%}, {'within' if r['rate_ok'] else 'OUTSIDE'} ±{r['tolerance']:.0%}"
+    )
+    most_note = f"mean {r['mean_running']:.2f}{'' if r['most_ok'] else ', ABOVE THE LIMIT'}"
+    rows = [
+        (
+            "rated: runs begun per second",
+            limit,
+            f"{r['rate_seen']:.2f}/s",
+            rate_note,
+        ),
+        (
+            "narrow: most running at once",
+            str(r["max_running"]),
+            str(r["most_overlapping"]),
+            most_note,
+        ),
+    ]
+    shares = ", ".join(
+        f"{h} {n['rated']:,}/{n['narrow']:,}" for h, n in sorted(r["runs_by_host"].items())
+    )
+    return [
+        f"{r['hosts']} farm hosts x --procs {r['procs']}, handler runs of {r['sleep']:g}s, "
+        f"{r['seconds']:g}s measured; the handlers' own records",
+        *_table(head, rows),
+        f"runs by host (rated/narrow): {shares}"
+        + ("" if r["every_host_ran_both"] else " (A HOST RAN NONE OF A QUEUE)"),
+    ]
+
+
 def render(summary: dict[str, Any]) -> str:
     parts: list[str] = []
     for r in summary["scenarios"]:
@@ -123,7 +157,13 @@ def render(summary: dict[str, Any]) -> str:
         if "error" in r:
             parts.append(f"error: {r['error']}")
             continue
-        parts += {"partition": _partition, "latency": _latency, "scale": _scale}[r["scenario"]](r)
+        renderers = {
+            "partition": _partition,
+            "latency": _latency,
+            "scale": _scale,
+            "limits": _limits,
+        }
+        parts += renderers[r["scenario"]](r)
     left = summary["leftover_namespaces"]
     parts.append("")
     parts.append(f"namespaces left behind: {', '.join(left) if left else 'none'}")
