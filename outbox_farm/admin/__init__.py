@@ -29,8 +29,11 @@ from .dlq import (
 from .durations import When, parse_duration
 from .queues import (
     UNCHANGED,
+    BreakerState,
+    ClosedBreaker,
     QueueState,
     Unchanged,
+    close_breaker,
     limit_queue,
     pause_queue,
     queue_state,
@@ -41,7 +44,9 @@ from .stats import Count, DlqCounts, QueueStats, queue_stats
 
 __all__ = [
     "UNCHANGED",
+    "BreakerState",
     "CauseGroup",
+    "ClosedBreaker",
     "Count",
     "DlqCounts",
     "DlqEntry",
@@ -57,6 +62,7 @@ __all__ = [
     "TableNames",
     "Unchanged",
     "When",
+    "close_breaker",
     "dlq_causes",
     "dlq_count",
     "dlq_list",
