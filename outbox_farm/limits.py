@@ -80,14 +80,21 @@ def parse_rate(text: str) -> Rate:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a queue may run, farm-wide: at most `rate`, and at most `max_running` at once
-    (leased rows, from their claim until their outcome is written). None: no such limit."""
+    """What a queue may run, farm-wide: at most `rate`, at most `max_running` at once
+    (leased rows, from their claim until their outcome is written), and at most
+    `key_max_running` at once of each fair key (a tenant: `publish(..., fair_key=...)`; the
+    rows without one count as one key of their own). None: no such limit."""
 
     rate: Rate | None = None
     max_running: int | None = None
+    key_max_running: int | None = None
 
     def __bool__(self) -> bool:
-        return self.rate is not None or self.max_running is not None
+        return (
+            self.rate is not None
+            or self.max_running is not None
+            or self.key_max_running is not None
+        )
 
     def __str__(self) -> str:
         parts = []
@@ -95,6 +102,8 @@ class Limits:
             parts.append(f"rate {self.rate}")
         if self.max_running is not None:
             parts.append(f"at most {self.max_running} running")
+        if self.key_max_running is not None:
+            parts.append(f"at most {self.key_max_running} running per fair key")
         return ", ".join(parts) or "no limits"
 
 

@@ -132,6 +132,7 @@ class TableNames:
             "ordering_idx": out.sibling("_order_idx", "ordering index name"),
             "blocked_idx": out.sibling("_blocked_idx", "blocked rows index name"),
             "priority_idx": out.sibling("_prio_idx", "priority index name"),
+            "fair_idx": out.sibling("_fair_idx", "fair key index name"),
             "lease_ck": out.sibling("_lease_ck", "lease check name"),
             "counts_ck": out.sibling("_counts_ck", "counters check name"),
             "values_ck": out.sibling("_values_ck", "values check name"),

@@ -180,6 +180,11 @@ class _RowOptions(TypedDict, total=False):
     # rows of priority 0 keep moving under any load of higher ones. An ordering key's order
     # comes first: a row waits for the older rows of its key, whatever their priorities.
     priority: int
+    # The tenant (a customer, any group) the row belongs to, at most 255 characters: a queue
+    # limited per key (`outbox-farm queue limit QUEUE --per-key-running N`) runs at most N rows
+    # of each fair key at once, so one tenant's backlog holds back no other tenant. None: no
+    # tenant (such rows count as one key of their own). Needs migration 0014.
+    fair_key: str | None
 
 
 class BatchOptions(_RowOptions, total=False):
@@ -220,6 +225,7 @@ class Producer:
         notify: bool | None = None,
         ordering_key: str | None = None,
         priority: int = 0,
+        fair_key: str | None = None,
     ) -> tuple[NewRow, bool]:
         """One publish call checked and encoded, not written: the row `publish` inserts and
         whether it notifies. Public for `outbox_farm.testing`, which keeps such rows in memory."""
@@ -230,6 +236,8 @@ class Producer:
             _check_name(ordering_key, "ordering_key")
         if priority != 0 or type(priority) is not int:
             check_priority(priority)
+        if fair_key is not None:
+            _check_name(fair_key, "fair_key")
         if on_timer_conflict not in ("ignore", "extend"):
             raise ConfigurationError(
                 f"on_timer_conflict must be 'ignore' or 'extend', got {on_timer_conflict!r}"
@@ -245,6 +253,7 @@ class Producer:
             on_timer_conflict == "extend",
             ordering_key,
             priority,
+            fair_key,
         )
         return row, self.notify if notify is None else notify
 
@@ -260,11 +269,14 @@ class Producer:
         ordering_key: str | None = None,
         ordering_keys: Sequence[str | None] | None = None,
         priority: int = 0,
+        fair_key: str | None = None,
     ) -> tuple[NewBatch, bool]:
-        """`build_row` for `publish_batch`; `priority` is every row's."""
+        """`build_row` for `publish_batch`; `priority` and `fair_key` are every row's."""
         _check_name(queue, "queue")
         if priority != 0 or type(priority) is not int:
             check_priority(priority)
+        if fair_key is not None:
+            _check_name(fair_key, "fair_key")
         if isinstance(bodies, str | bytes) or not isinstance(bodies, Sequence):
             raise ConfigurationError("publish_batch takes a sequence (list or tuple) of bodies")
         due = _due(activate_in, activate_at)
@@ -274,7 +286,7 @@ class Producer:
             payloads.append(payload)
             header_texts.append(encode_headers(headers, None, content_type, self.trace))
         keys = _batch_keys(len(payloads), ordering_key, ordering_keys)
-        batch = NewBatch(queue, payloads, header_texts, due, keys, priority)
+        batch = NewBatch(queue, payloads, header_texts, due, keys, priority, fair_key)
         return batch, self.notify if notify is None else notify
 
     # The public calls come in sync/async pairs over the same builders above. Options are

@@ -114,7 +114,7 @@ def _state(row: db.ControlRow) -> QueueState:
         row.reason,
         row.changed_by,
         row.changed_at,
-        Limits(rate, row.max_running),
+        Limits(rate, row.max_running, row.key_max_running),
         BreakerState(
             row.breaker_failures,
             row.breaker_open_since,
@@ -214,21 +214,22 @@ def limit_queue(
     *,
     rate: Rate | Unchanged | None = UNCHANGED,
     max_running: int | Unchanged | None = UNCHANGED,
+    key_max_running: int | Unchanged | None = UNCHANGED,
     by: str | None = None,
 ) -> QueueState:
-    """Set `queue`'s farm-wide limits, across every process and host: at most `rate`, and at
-    most `max_running` rows running at once. None clears that limit; `UNCHANGED` leaves it.
-    A changed rate starts from a full bucket of the new rate. The farms apply the change
-    within a second. Refused (ConfigurationError): `max_running` below 1, a count or a most
-    running above 2147483647, a bad queue name. SchemaError when the database lacks the limits
-    (migration 0012: run migrate)."""
+    """Set `queue`'s farm-wide limits, across every process and host: at most `rate`, at most
+    `max_running` rows running at once, and at most `key_max_running` of each fair key (a
+    tenant: `publish(..., fair_key=...)`) at once. None clears that limit; `UNCHANGED` leaves
+    it. A changed rate starts from a full bucket of the new rate. The farms apply the change
+    within a second. Refused (ConfigurationError): a most running below 1 or above 2147483647,
+    a count above it, a bad queue name. SchemaError when the database lacks the limits
+    (migration 0012, and 0014 for `key_max_running`: run migrate)."""
     check_queue(queue)
-    if isinstance(max_running, bool) or (
-        isinstance(max_running, int) and not 1 <= max_running <= MAX_INT
-    ):
-        raise ConfigurationError(
-            f"max_running must be 1 to {MAX_INT} (or None to clear it), not {max_running}"
-        )
+    for name, most in (("max_running", max_running), ("key_max_running", key_max_running)):
+        if isinstance(most, bool) or (isinstance(most, int) and not 1 <= most <= MAX_INT):
+            raise ConfigurationError(
+                f"{name} must be 1 to {MAX_INT} (or None to clear it), not {most}"
+            )
     if isinstance(rate, Rate) and rate.count > MAX_INT:
         raise ConfigurationError(f"a rate's count must be at most {MAX_INT}, not {rate.count}")
     change = db.LimitChange(
@@ -237,6 +238,8 @@ def limit_queue(
         rate_seconds=rate.seconds if isinstance(rate, Rate) else None,
         set_max=not isinstance(max_running, Unchanged),
         max_running=max_running if isinstance(max_running, int) else None,
+        set_key_max=not isinstance(key_max_running, Unchanged),
+        key_max_running=key_max_running if isinstance(key_max_running, int) else None,
     )
     return _state(db.limit(conn, names, queue, change, by=_text(by, "author")))
 

@@ -242,7 +242,16 @@ def _most(text: str) -> int:
     metavar="N|none",
     help="At most this many of its rows running at once, farm-wide; none clears it.",
 )
-@click.option("--clear", is_flag=True, help="Clear both limits.")
+@click.option(
+    "--per-key-running",
+    "key_max_running",
+    callback=_limit(_most),
+    default=None,
+    metavar="N|none",
+    help="At most this many rows of each fair key (a tenant: publish(..., fair_key=...)) "
+    "running at once, farm-wide; rows without a fair key count as one key. none clears it.",
+)
+@click.option("--clear", is_flag=True, help="Clear every limit.")
 @by_option
 @json_option("the queue's controls after the change")
 def limit(
@@ -251,26 +260,41 @@ def limit(
     queue: str,
     rate: Rate | Unchanged | None,
     max_running: int | Unchanged | None,
+    key_max_running: int | Unchanged | None,
     clear: bool,
     by: str | None,
     as_json: bool,
 ) -> None:
-    """Limit QUEUE across every process and host: a rate, a most running at once, or both.
+    """Limit QUEUE across every process and host: a rate, a most running at once, a most
+    running per fair key, or any of them.
 
-    A limit not given is left as it is; `none` clears one, --clear both. Every farm applies
-    the change within a second. A pause is left as it is.
+    A limit not given is left as it is; `none` clears one, --clear every one (the per-key
+    limit only where the outbox has had migration 0014). Every farm applies the change within
+    a second. A pause is left as it is.
     """
-    given = not (isinstance(rate, Unchanged) and isinstance(max_running, Unchanged))
+    limits = (rate, max_running, key_max_running)
+    given = not all(isinstance(each, Unchanged) for each in limits)
     if clear and given:
-        raise click.UsageError("give --clear alone: it clears both limits")
+        raise click.UsageError("give --clear alone: it clears every limit")
     if not clear and not given:
-        raise click.UsageError("say what to limit: --rate, --max-running, or --clear")
+        raise click.UsageError(
+            "say what to limit: --rate, --max-running, or --clear (--per-key-running for a "
+            "most running per fair key)"
+        )
     if clear:
         rate, max_running = None, None
     with usage_error(), connected(dsn, notice, autocommit=True) as conn:
         state = limit_queue(
-            conn, names, queue, rate=rate, max_running=max_running, by=by or operator()
+            conn,
+            names,
+            queue,
+            rate=rate,
+            max_running=max_running,
+            key_max_running=key_max_running,
+            by=by or operator(),
         )
+        if clear and state.limits.key_max_running is not None:  # only then has it 0014
+            state = limit_queue(conn, names, queue, key_max_running=None, by=by or operator())
     if as_json:
         echo_json(state_json(state))
     elif state.limits:

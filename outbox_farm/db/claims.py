@@ -339,3 +339,34 @@ async def send_handover(
     statement, params = claim_params(claim)
     await cursor.execute(queries[statement], {**ack, **params}, binary=True)
     return cursor
+
+
+FAIR_LOOKAHEAD = 4
+"""How many claims' worth of the queue's first due rows the fair claim looks among for rows
+without a fair key (see `claim_fair`): a walk bounded whatever the tenants' backlog."""
+
+
+async def send_fair_claim(
+    conn: AsyncConnection[Any], queries: Queries, claim: Claim, key_max: int
+) -> AsyncCursor[Message]:
+    """The fair claim on `conn`, inside the caller's transaction: `claim_fair` locks and lists
+    the rows, at most `key_max` of each fair key leased at once, and `claim_ids` leases them;
+    the cursor's rows are the messages taken. Only for a table that has had migration 0014
+    (the per-key limit cannot be set for one that has not: `admin_queue_key_limit`)."""
+
+    def messages(cursor: AsyncCursor[Any]) -> MessageMaker:
+        return message_maker(_names(cursor), claim, time.monotonic())
+
+    _, params = claim_params(claim)
+    params.update(
+        key_max=key_max,
+        lookahead=max(claim.limit or 1, 1) * FAIR_LOOKAHEAD,
+        aside=SET_ASIDE_TOKEN,
+    )
+    listed = await (await conn.execute(queries["claim_fair"], params)).fetchall()
+    ids = [row[0] for row in listed]
+    taking = {"ids": ids, "keyed": any(row[1] for row in listed), **params}
+    cursor = conn.cursor(row_factory=messages)
+    cursor.adapters.register_loader("jsonb", HeadersLoader)
+    await cursor.execute(queries["claim_ids"], taking, binary=True)
+    return cursor

@@ -21,6 +21,10 @@ any schema, at the cost it had. A row with a priority on a table without the col
 before anything is sent, saying to run `outbox-farm migrate`, so the caller's transaction is
 not aborted by it; the catalog is asked again before each such refusal, so the first publish
 after the migration is accepted.
+
+Migration 0014's `fair_key` is written the same way: only for a row published with a fair key,
+by statements that write every column of this release (a table with `fair_key` has had 0008
+and 0013 too), refused with the same advice on a table without the column.
 """
 
 from __future__ import annotations
@@ -46,17 +50,25 @@ WRITES = ("publish", "publish_timer", "publish_extend", "publish_batch")
 MARKING = ("key_blocked_column", "key_blocked_at_publish", "key_blocked_in_batch")
 # The fragments that write `priority` (migration 0013), only for a row of priority above 0.
 RANKING = ("priority_column", "priority_value", "priority_extend")
+# The fragments that write `fair_key` (migration 0014), only for a row with a fair key.
+FAIR = ("fair_column", "fair_value", "fair_extend")
 RECHECK = 30.0  # seconds a connection that found no `key_blocked` writes rows without it
 NO_PRIORITY = (
     "the outbox table {table} has no priority column yet (migration 0013): run "
     "`outbox-farm migrate`, or publish without a priority until then"
+)
+NO_FAIR_KEY = (
+    "the outbox table {table} has no fair_key column yet (migration 0014): run "
+    "`outbox-farm migrate`, or publish without a fair_key until then"
 )
 
 
 def without(names: TableNames, fragments: tuple[str, ...]) -> dict[str, str]:
     """The write statements with `fragments` left out; the other fragments filled in."""
     blocks = load_blocks()
-    filled = {fragment: sql.SQL(compose(blocks[fragment], names)) for fragment in MARKING + RANKING}
+    filled = {
+        fragment: sql.SQL(compose(blocks[fragment], names)) for fragment in MARKING + RANKING + FAIR
+    }
     omitted = {fragment: sql.SQL("") for fragment in fragments}
     return {
         name: sql.SQL(blocks[name])
@@ -68,8 +80,9 @@ def without(names: TableNames, fragments: tuple[str, ...]) -> dict[str, str]:
 
 def unmarked(names: TableNames) -> dict[str, str]:
     """The write statements for a table without `key_blocked` (before migration 0008): the
-    same blocks with the fragments that write the column (and `priority`) left out."""
-    return without(names, MARKING + RANKING)
+    same blocks with the fragments that write the column (and `priority`, `fair_key`) left
+    out."""
+    return without(names, MARKING + RANKING + FAIR)
 
 
 class _Found(NamedTuple):
@@ -79,6 +92,7 @@ class _Found(NamedTuple):
     statements: Mapping[str, str]
     until: float | None
     ranked: Mapping[str, str] | None  # the statements that write `priority`; None: no column
+    fair: Mapping[str, str] | None = None  # ... that write `fair_key` too; None: no column
 
 
 class Due(NamedTuple):
@@ -100,6 +114,7 @@ class NewRow(NamedTuple):
     extend_timer: bool = False  # a live timer with this id: move it (True) or keep it
     ordering_key: str | None = None  # rows of one queue and key run one at a time, in id order
     priority: int = 0  # among due rows of the queue, higher first (0 to 32767)
+    fair_key: str | None = None  # the tenant, for a queue's per-key running limit
 
 
 class NewBatch(NamedTuple):
@@ -112,6 +127,7 @@ class NewBatch(NamedTuple):
     due: Due
     ordering_keys: list[str | None] | None = None
     priority: int = 0  # every row's
+    fair_key: str | None = None  # every row's
 
 
 class Publisher:
@@ -127,10 +143,11 @@ class Publisher:
         self._queries = queries
         self._names = queries.names
         self._channel = queries.names.channel
-        self._current = without(queries.names, RANKING)
+        self._current = without(queries.names, RANKING + FAIR)
         self._older = unmarked(queries.names)
-        self._ranked = {name: queries[name] for name in WRITES}
-        self._ranked_older = without(queries.names, MARKING)
+        self._ranked = without(queries.names, FAIR)
+        self._ranked_older = without(queries.names, MARKING + FAIR)
+        self._fair = {name: queries[name] for name in WRITES}
         self._schema_query = queries["publish_schema"]
         self._ask = {"table": queries.names.outbox.identifier().as_string(None)}
         # Written and read by every thread or task that publishes through this producer, each
@@ -149,36 +166,60 @@ class Publisher:
 
     def _remember(self, conn: Connection | AsyncConnection, row: tuple[Any, ...] | None) -> _Found:
         if row is None:  # no table: the write fails as it always did, saying to migrate
-            return _Found(self._current, None, self._ranked)
-        marked, ranked = row
+            return _Found(self._current, None, self._ranked, self._fair)
+        marked, ranked, fair = row
         if marked:
-            found = _Found(self._current, None, self._ranked if ranked else None)
+            found = _Found(
+                self._current,
+                None,
+                self._ranked if ranked else None,
+                self._fair if fair else None,
+            )
         else:
             older = self._ranked_older if ranked else None
             found = _Found(self._older, time.monotonic() + RECHECK, older)
         self._found[conn] = found
         return found
 
-    def _choose(self, found: _Found, priority: int) -> Mapping[str, str]:
-        """The statements for a row of `priority`: those that write it only when above 0."""
+    def _choose(self, found: _Found, priority: int, fair: bool) -> Mapping[str, str]:
+        """The statements for a row of `priority`: those that write it only when above 0; for
+        a row with a fair key (`fair`), those that write every column."""
+        if fair:
+            if found.fair is None:
+                raise SchemaError(NO_FAIR_KEY.format(table=self._names.outbox))
+            return found.fair
         if not priority:
             return found.statements
         if found.ranked is None:
             raise SchemaError(NO_PRIORITY.format(table=self._names.outbox))
         return found.ranked
 
-    def _statements(self, conn: Connection, priority: int = 0) -> Mapping[str, str]:
-        known = self._known(conn)
-        if known is None or (priority and known.ranked is None):  # a migration may have run
-            known = self._remember(conn, conn.execute(self._schema_query, self._ask).fetchone())
-        return self._choose(known, priority)
+    @staticmethod
+    def _stale(known: _Found | None, priority: int, fair: bool) -> bool:
+        """Whether to ask the catalog first: not asked yet, or a column this row needs was
+        missing when last asked (a migration may have run since)."""
+        return (
+            known is None
+            or (priority > 0 and known.ranked is None)
+            or (fair and known.fair is None)
+        )
 
-    async def _astatements(self, conn: AsyncConnection, priority: int = 0) -> Mapping[str, str]:
+    def _statements(
+        self, conn: Connection, priority: int = 0, fair: bool = False
+    ) -> Mapping[str, str]:
         known = self._known(conn)
-        if known is None or (priority and known.ranked is None):
+        if known is None or self._stale(known, priority, fair):
+            known = self._remember(conn, conn.execute(self._schema_query, self._ask).fetchone())
+        return self._choose(known, priority, fair)
+
+    async def _astatements(
+        self, conn: AsyncConnection, priority: int = 0, fair: bool = False
+    ) -> Mapping[str, str]:
+        known = self._known(conn)
+        if known is None or self._stale(known, priority, fair):
             cursor = await conn.execute(self._schema_query, self._ask)
             known = self._remember(conn, await cursor.fetchone())
-        return self._choose(known, priority)
+        return self._choose(known, priority, fair)
 
     def _one(
         self, statements: Mapping[str, str], row: NewRow, notify: bool
@@ -196,6 +237,7 @@ class Publisher:
             "timer_id": row.timer_id,
             "ordering_key": row.ordering_key,
             "priority": row.priority,
+            "fair_key": row.fair_key,
             "notify": notify,
             "channel": self._channel,
         }
@@ -209,6 +251,7 @@ class Publisher:
             "headers": batch.headers,
             "ordering_keys": batch.ordering_keys,
             "priority": batch.priority,
+            "fair_key": batch.fair_key,
             "at": batch.due.at,
             "delay": batch.due.delay,
             "notify": notify,
@@ -225,7 +268,9 @@ class Publisher:
         """The new row's id; None when a timer of that id exists and was kept, or is running
         and could not be moved. `notify`: wake the farm (only when the row is due now)."""
         try:
-            query, params = self._one(self._statements(conn, row.priority), row, notify)
+            query, params = self._one(
+                self._statements(conn, row.priority, row.fair_key is not None), row, notify
+            )
             found = conn.execute(query, params).fetchone()
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -233,7 +278,9 @@ class Publisher:
 
     async def ainsert(self, conn: AsyncConnection, row: NewRow, *, notify: bool) -> int | None:
         try:
-            query, params = self._one(await self._astatements(conn, row.priority), row, notify)
+            query, params = self._one(
+                await self._astatements(conn, row.priority, row.fair_key is not None), row, notify
+            )
             found = await (await conn.execute(query, params)).fetchone()
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -244,7 +291,9 @@ class Publisher:
         if not batch.payloads:
             return []
         try:
-            query, params = self._batch(self._statements(conn, batch.priority), batch, notify)
+            query, params = self._batch(
+                self._statements(conn, batch.priority, batch.fair_key is not None), batch, notify
+            )
             return [int(r[0]) for r in conn.execute(query, params).fetchall()]
         except psycopg.Error as exc:
             raise self._fail(exc) from exc
@@ -256,7 +305,9 @@ class Publisher:
             return []
         try:
             query, params = self._batch(
-                await self._astatements(conn, batch.priority), batch, notify
+                await self._astatements(conn, batch.priority, batch.fair_key is not None),
+                batch,
+                notify,
             )
             return [int(r[0]) for r in await (await conn.execute(query, params)).fetchall()]
         except psycopg.Error as exc:

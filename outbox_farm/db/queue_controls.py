@@ -25,6 +25,7 @@ from .operator import AdminSql
 
 STATEMENT_FAILED = "queue control statement failed"
 TABLE = "outbox_farm_queues"
+FAIR_KEYS = "fair keys"
 NOT_MIGRATED = (
     "this database keeps no queue controls yet ({what} of migration {version}): run "
     "`outbox-farm migrate`, then try again"
@@ -49,6 +50,7 @@ class ControlRow:
     breaker_open_since: datetime | None
     breaker_reason: str | None
     breaker_probe_at: datetime | None
+    key_max_running: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ class LimitChange:
     rate_seconds: float | None
     set_max: bool
     max_running: int | None
+    set_key_max: bool = False
+    key_max_running: int | None = None
 
 
 def _target(names: TableNames) -> str:
@@ -79,9 +83,12 @@ def _target(names: TableNames) -> str:
 
 def _error(exc: psycopg.Error, names: TableNames, columns: str | None) -> Exception:
     """`columns`: what of migration 0012 the statement needs (`limits`, `breaker`), named when
-    the database lacks it."""
+    the database lacks it; `fair keys`: the columns of migration 0014."""
     if exc.sqlstate == UNDEFINED_TABLE and TABLE in (exc.diag.message_primary or ""):
         return SchemaError(NOT_MIGRATED.format(what=f"the table {TABLE}", version="0011"))
+    if exc.sqlstate == UNDEFINED_COLUMN and columns == FAIR_KEYS:
+        what = f"the fair keys' columns of {names.outbox} and {TABLE}"
+        return SchemaError(NOT_MIGRATED.format(what=what, version="0014"))
     if exc.sqlstate == UNDEFINED_COLUMN and columns is not None:
         return SchemaError(
             NOT_MIGRATED.format(what=f"the {columns}' columns of {TABLE}", version="0012")
@@ -174,9 +181,37 @@ def limit(
         "max_running": change.max_running,
         "by": by,
     }
-    found = _changed_row(_change(conn, names, "admin_queue_limit", queue, params, columns="limits"))
-    assert found is not None  # an upsert always returns its row
-    return found
+    if not change.set_key_max:
+        found = _change(conn, names, "admin_queue_limit", queue, params, columns="limits")
+    else:
+        found = _limit_keys(conn, names, queue, params, change.key_max_running)
+    row = _changed_row(found)
+    assert row is not None  # an upsert always returns its row
+    return row
+
+
+def _limit_keys(
+    conn: Connection,
+    names: TableNames,
+    queue: str,
+    params: dict[str, Any],
+    key_max_running: int | None,
+) -> tuple[Any, ...] | None:
+    """`admin_queue_limit` and the per-key limit (`admin_queue_key_limit`, migration 0014) in
+    one transaction, with one NOTIFY; limits of an outbox without 0014 are refused whole."""
+    admin = AdminSql(names)
+    params = {"target": _target(names), "queue": queue, **params}
+    columns = "limits"
+    try:
+        with conn.transaction():
+            conn.execute(admin.render("admin_queue_limit"), params)
+            columns = FAIR_KEYS
+            keys = {**params, "key_max_running": key_max_running}
+            found = conn.execute(admin.render("admin_queue_key_limit"), keys).fetchone()
+            notify_changed(conn, names, queue)
+    except psycopg.Error as exc:
+        raise _error(exc, names, columns) from exc
+    return None if found is None else tuple(found)
 
 
 def close_breaker(

@@ -18,12 +18,12 @@ from typing import Any
 
 from ..breaker import Breaker
 from ..errors import DatabaseError
-from ..limits import BURST_SECONDS, Limits, Rate, allowance
+from ..limits import BURST_SECONDS, ROOM_POLL, Limits, Rate, allowance
 from ..message import Message
 from ..queries import Queries
 from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Tripped, Write, release
 from .boundary import boundary
-from .claims import SET_ASIDE_TOKEN, send_claim
+from .claims import SET_ASIDE_TOKEN, send_claim, send_fair_claim
 from .outcomes import PipelineFlush, params, statement
 from .pool import Pool
 
@@ -48,7 +48,8 @@ class PostgresStore:
         """One transaction: lock the queue's row of `outbox_farm_queues` (claims of the queue
         take turns, on every host), read what its limits allow with a snapshot taken after the
         lock (so every claim before it counts), claim that many, and write back what is left
-        of the rate's bucket. See `limit_allowance`."""
+        of the rate's bucket. See `limit_allowance`. A queue with a per-key running limit is
+        claimed by `claim_fair`, within the same transaction."""
         key = self._control_key(claim.queue)
         want = claim.limit or 0
         args = {**key, "aside": SET_ASIDE_TOKEN, "burst_seconds": BURST_SECONDS}
@@ -57,16 +58,25 @@ class PostgresStore:
                 await conn.execute(self.queries["limit_lock"], key)
                 found = await (await conn.execute(self.queries["limit_allowance"], args)).fetchone()
                 if found is None:  # the controls' row is gone: nothing limits the queue
-                    allowed, wait, tokens, at = want, 0.0, None, None
+                    allowed, wait, tokens, at, key_max = want, 0.0, None, None, None
                 else:
-                    tokens, per_second, size, at, room = found
+                    tokens, per_second, size, at, room, key_max = found
                     allowed, wait = allowance(
                         want, tokens=tokens, per_second=per_second, size=size, room=room
                     )
                 if not allowed:
                     return Allowed([], 0, wait)
-                cursor = await send_claim(conn, self.queries, replace(claim, limit=allowed))
+                limited = replace(claim, limit=allowed)
+                if key_max is None:
+                    cursor = await send_claim(conn, self.queries, limited)
+                else:
+                    cursor = await send_fair_claim(conn, self.queries, limited, key_max)
                 messages = await cursor.fetchall()
+                if key_max is not None and len(messages) < allowed:
+                    # Every key with rows waiting may be at its limit (or none waits): said as
+                    # a claim held back, so the fetcher asks again after a short poll (or at a
+                    # NOTIFY) instead of at once for rows that are due but not its to take.
+                    allowed, wait = len(messages), max(wait, ROOM_POLL)
                 if tokens is not None:
                     left = {**key, "left": tokens - len(messages), "at": at}
                     await conn.execute(self.queries["limit_spend"], left)
@@ -203,10 +213,11 @@ def _control(
     open_since: datetime | None,
     probe_in: float | None,
     why: str | None,
+    key_max_running: int | None,
 ) -> QueueControl:
     """A row of `control_load` as the farm sees it."""
     rate = Rate(rate_count, rate_seconds) if rate_count and rate_seconds else None
-    limits = Limits(rate, max_running)
+    limits = Limits(rate, max_running, key_max_running)
     if not paused:
         until, reason = None, None
     tripped = None if open_since is None else Tripped(open_since, probe_in or 0.0, why)

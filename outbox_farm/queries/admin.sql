@@ -457,7 +457,8 @@ q.reason, q.changed_by, q.changed_at,
 coalesce((to_jsonb(q) ->> 'breaker_failures')::int, 0) AS breaker_failures,
 (to_jsonb(q) ->> 'breaker_open_since')::timestamptz AS breaker_open_since,
 to_jsonb(q) ->> 'breaker_reason' AS breaker_reason,
-(to_jsonb(q) ->> 'breaker_probe_at')::timestamptz AS breaker_probe_at
+(to_jsonb(q) ->> 'breaker_probe_at')::timestamptz AS breaker_probe_at,
+(to_jsonb(q) ->> 'key_max_running')::int AS key_max_running
 
 -- name: admin_queue_controls_kept
 -- Whether the controls table exists (migration 0011), asked before reading it where its
@@ -513,6 +514,17 @@ SET rate_count = CASE WHEN %(set_rate)s THEN excluded.rate_count ELSE q.rate_cou
     tokens_at = CASE WHEN %(set_rate)s THEN NULL ELSE q.tokens_at END,
     max_running = CASE WHEN %(set_max)s THEN excluded.max_running ELSE q.max_running END,
     changed_by = excluded.changed_by, changed_at = excluded.changed_at
+RETURNING {admin_queue_state}
+
+-- name: admin_queue_key_limit
+-- Set or clear a queue's per-key running limit (migration 0014), in the transaction of
+-- `admin_queue_limit`, which made the row. `needs` names the outbox's `fair_key` (and reads no
+-- row): an outbox not migrated to 0014 fails here, saying to migrate, rather than every claim
+-- of the queue failing on the farms.
+WITH needs AS (SELECT o.fair_key FROM {outbox} AS o LIMIT 0)
+UPDATE outbox_farm_queues AS q
+SET key_max_running = %(key_max_running)s::int
+WHERE q.target = %(target)s AND q.queue = %(queue)s
 RETURNING {admin_queue_state}
 
 -- name: admin_queue_close_breaker

@@ -11,6 +11,7 @@ SELECT pg_notify({notify_channel}, %(payload)s)
 -- 0012 are read through the row's JSON image, which has them or not: a farm deployed before
 -- `migrate` applied 0012 still reads its pauses (and limits nothing) instead of failing the
 -- load. `probe_in`: seconds until an open breaker's next probe may run (the database's clock).
+-- `key_max_running` (migration 0014) is read the same way.
 SELECT q.queue, q.paused AND (q.paused_until IS NULL OR q.paused_until > now()) AS paused,
        q.paused_until, q.reason,
        (j ->> 'rate_count')::int AS rate_count, (j ->> 'rate_seconds')::float8 AS rate_seconds,
@@ -18,11 +19,13 @@ SELECT q.queue, q.paused AND (q.paused_until IS NULL OR q.paused_until > now()) 
        coalesce((j ->> 'breaker_failures')::int, 0) AS breaker_failures,
        (j ->> 'breaker_open_since')::timestamptz AS breaker_open_since,
        extract(epoch FROM (j ->> 'breaker_probe_at')::timestamptz - now())::float8 AS probe_in,
-       j ->> 'breaker_reason' AS breaker_reason
+       j ->> 'breaker_reason' AS breaker_reason,
+       (j ->> 'key_max_running')::int AS key_max_running
 FROM outbox_farm_queues AS q, to_jsonb(q) AS j
 WHERE q.target = %(target)s
   AND ((q.paused AND (q.paused_until IS NULL OR q.paused_until > now()))
        OR j ->> 'rate_count' IS NOT NULL OR j ->> 'max_running' IS NOT NULL
+       OR j ->> 'key_max_running' IS NOT NULL
        OR j ->> 'breaker_open_since' IS NOT NULL OR (j ->> 'breaker_failures')::int > 0)
 
 -- name: limit_lock
@@ -43,6 +46,8 @@ SELECT 1 FROM outbox_farm_queues WHERE target = %(target)s AND queue = %(queue)s
 -- the lease index. A lease past its expiry is not counted: a process killed while holding rows
 -- gives its part of the budget back when its leases expire, as the rows themselves come back.
 -- Rows set aside under the nil token are not running either. NULL: no such limit.
+-- `key_max`: the per-key running limit (migration 0014, read through the row's JSON image so a
+-- table without the column limits nothing per key); not NULL, the claim is `claim_fair`.
 SELECT CASE WHEN q.rate_count IS NOT NULL THEN
             least(b.size, coalesce(q.tokens + b.per_second * greatest(
                 extract(epoch FROM clock_timestamp() - q.tokens_at)::float8, 0), b.size))
@@ -54,7 +59,8 @@ SELECT CASE WHEN q.rate_count IS NOT NULL THEN
                WHERE o.queue = q.queue AND o.acquired_token IS NOT NULL
                  AND o.lease_expires_at > now() AND o.acquired_token <> %(aside)s
                LIMIT q.max_running) AS leased
-       ) AS room
+       ) AS room,
+       (to_jsonb(q) ->> 'key_max_running')::int AS key_max
 FROM outbox_farm_queues AS q,
      LATERAL (SELECT q.rate_count / q.rate_seconds AS per_second,
                      greatest(1.0, q.rate_count / q.rate_seconds * %(burst_seconds)s) AS size) AS b
@@ -128,3 +134,96 @@ WITH closed AS (
     SELECT pg_notify({notify_channel}, %(payload)s) FROM closed
 )
 SELECT count(*)::int FROM closed, (SELECT count(*) FROM wake) AS woken
+
+-- name: claim_fair
+-- The rows for `claim` of a queue with a per-key running limit (`key_max_running`, migration
+-- 0014), locked and listed in the order to take them; `claim_ids` takes them. Both run inside
+-- the limited claim's transaction after `limit_allowance`, so the claims of the queue take
+-- turns and each counts the rows the one before it leased. (Two statements, not one: a single
+-- one names the table so often that its text passes the driver's 4 KiB parse cache with long
+-- table names, and would be parsed afresh on every claim.) Each fair key (a tenant) may have
+-- at most `key_max` rows leased at once: a key with 100,000 due rows fills no more of a claim
+-- than that, and a row of another key published after them is taken by the next claim.
+-- `leased`: the leases of the queue per key, on the lease index (at most the queue's running
+-- rows). Set-aside rows run nothing and count for nothing; an expired lease counts, as it is
+-- taken again by this claim (`expired`, first) or still runs in the claimer that holds it. `keys`: the fair keys with due free rows, one probe of the fair index
+-- each (a loose index scan: a key's backlog costs nothing, the number of keys waiting does).
+-- `fair`: per key, its oldest due rows up to what the key has left, numbered; they are taken
+-- round the keys (every key's first row, then every key's second, each round oldest first),
+-- so a claim too small for every key serves the longest-waiting keys first.
+-- Rows without a fair key are one key of their own, with the same limit (`nokey`): a queue's
+-- untagged backlog holds back no tenant either. They are in the pending index only, among the
+-- tenants' rows, so they are looked for among the queue's first `lookahead` due rows, not
+-- behind the whole backlog (a walk that would cost every claim the backlog's length): in a
+-- queue limited per key, give every row a fair key.
+-- As in `claim`: SKIP LOCKED everywhere, a keyed row only as the oldest row of its ordering
+-- key, expired leases taken again first. Not as in `claim`: priorities do not order a key's rows (the
+-- fair index keeps due order); leases of a farm from before migration 0004 and rows due past
+-- the year 9999 are left to a claim without the per-key limit.
+WITH RECURSIVE leased AS MATERIALIZED (
+    SELECT l.fair_key, count(*) AS n FROM {outbox} AS l
+    WHERE l.queue = %(queue)s AND l.acquired_token IS NOT NULL AND l.acquired_token <> %(aside)s
+    GROUP BY l.fair_key
+), expired AS (
+    SELECT c.id, c.ordering_key, 0 AS rank, c.lease_expires_at AS at FROM {outbox} AS c
+    WHERE c.queue = %(queue)s AND c.acquired_token IS NOT NULL AND c.lease_expires_at < now()
+      AND c.acquired_token <> ALL(%(held)b::uuid[]) AND {fair_first_of_key}
+    ORDER BY c.lease_expires_at LIMIT %(limit)s
+    FOR UPDATE OF c SKIP LOCKED
+), keys AS (
+    (SELECT c.fair_key FROM {outbox} AS c WHERE {fair_free} AND c.fair_key IS NOT NULL
+     ORDER BY c.fair_key LIMIT 1)
+    UNION ALL
+    SELECT n.fair_key FROM keys AS k, LATERAL (
+        SELECT c.fair_key FROM {outbox} AS c WHERE {fair_free} AND c.fair_key > k.fair_key
+        ORDER BY c.fair_key LIMIT 1) AS n
+), fair AS (
+    SELECT r.* FROM keys AS k LEFT JOIN leased AS l ON l.fair_key = k.fair_key, LATERAL (
+        SELECT c.id, c.ordering_key, row_number() OVER (ORDER BY c.next_attempt_at) AS rank,
+               c.next_attempt_at AS at
+        FROM (SELECT c.id, c.ordering_key, c.next_attempt_at FROM {outbox} AS c
+              WHERE {fair_free} AND c.fair_key = k.fair_key AND {fair_first_of_key}
+              ORDER BY c.next_attempt_at
+              LIMIT least(greatest(%(key_max)s::int - coalesce(l.n, 0), 0), %(limit)s::int)
+              FOR UPDATE OF c SKIP LOCKED) AS c) AS r
+), nokey AS (
+    SELECT c.id, c.ordering_key, row_number() OVER (ORDER BY c.next_attempt_at) AS rank,
+           c.next_attempt_at AS at
+    FROM (SELECT c.id, c.ordering_key, c.next_attempt_at FROM {outbox} AS c
+          WHERE c.id = ANY(ARRAY(SELECT c.id FROM {outbox} AS c WHERE {fair_free}
+                                 ORDER BY c.next_attempt_at LIMIT %(lookahead)s))
+            AND {fair_free} AND c.fair_key IS NULL AND {fair_first_of_key}
+          ORDER BY c.next_attempt_at
+          LIMIT least(greatest(%(key_max)s::int
+                               - coalesce((SELECT n FROM leased WHERE fair_key IS NULL), 0), 0),
+                      %(limit)s::int)
+          FOR UPDATE OF c SKIP LOCKED) AS c
+)
+SELECT t.id, t.ordering_key IS NOT NULL
+FROM (SELECT * FROM expired UNION ALL SELECT * FROM fair UNION ALL SELECT * FROM nokey) AS t
+ORDER BY t.rank, t.at
+LIMIT %(limit)s
+
+-- name: fair_free
+-- A fragment of `claim_fair`: a due row of the queue nobody holds (the fair and pending
+-- indexes' predicate).
+c.queue = %(queue)s AND c.acquired_token IS NULL AND NOT c.key_blocked
+AND c.next_attempt_at <= now()
+
+-- name: fair_first_of_key
+-- A fragment of `claim_fair`: a row with an ordering key only while no older row of its key
+-- is left (see `claim`).
+(c.ordering_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM {outbox} AS older
+    WHERE older.queue = c.queue AND older.ordering_key = c.ordering_key AND older.id < c.id))
+
+-- name: claim_ids
+-- The second statement of a fair claim: lease the rows `claim_fair` locked and listed, as
+-- `claim` does (`take`). Commits without waiting for its WAL flush when no row has an ordering
+-- key (`keyed` false), for the reasons `claim` gives.
+WITH quick AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true) WHERE NOT %(keyed)s::bool
+), picked AS (
+    SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id) LEFT JOIN quick ON true
+)
+{take}

@@ -39,16 +39,30 @@
 -- a priority (the statement without these fragments) keeps the timer's.
 , priority = excluded.priority
 
+-- name: fair_column
+-- A fragment of the publish statements' column lists: the column of migration 0014. It and
+-- `fair_value` are written only for a row published with a fair key: every other row is
+-- written by the statement without them, on any schema, at the cost it had.
+, fair_key
+
+-- name: fair_value
+-- The value of `fair_column`, the same for every row of a `publish_batch`.
+, %(fair_key)s::text
+
+-- name: fair_extend
+-- A fragment of `publish_extend`: the moved timer takes the new fair key.
+, fair_key = excluded.fair_key
+
 -- name: publish
 -- One row, and its wake-up, in one statement and one round trip. The NOTIFY is sent only when
 -- the row is already due; Postgres folds identical notifications of one transaction into one.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, ordering_key
-                               {key_blocked_column} {priority_column})
+                               {key_blocked_column} {priority_column} {fair_column})
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(ordering_key)s
-            {key_blocked_at_publish} {priority_value})
+            {key_blocked_at_publish} {priority_value} {fair_value})
     RETURNING o.id, o.next_attempt_at
 )
 SELECT ins.id,
@@ -61,11 +75,11 @@ FROM ins
 -- inserted, no id is returned and no NOTIFY is sent.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key
-                               {key_blocked_column} {priority_column})
+                               {key_blocked_column} {priority_column} {fair_column})
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(timer_id)s, %(ordering_key)s
-            {key_blocked_at_publish} {priority_value})
+            {key_blocked_at_publish} {priority_value} {fair_value})
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
     RETURNING o.id, o.next_attempt_at
 )
@@ -81,16 +95,16 @@ FROM ins
 -- cannot delete a newer timer.
 WITH ins AS (
     INSERT INTO {outbox} AS o (queue, payload, headers, next_attempt_at, timer_id, ordering_key
-                               {key_blocked_column} {priority_column})
+                               {key_blocked_column} {priority_column} {fair_column})
     VALUES (%(queue)s, %(payload)s, %(headers)s,
             coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(timer_id)s, %(ordering_key)s
-            {key_blocked_at_publish} {priority_value})
+            {key_blocked_at_publish} {priority_value} {fair_value})
     ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             headers = excluded.headers,
             next_attempt_at = excluded.next_attempt_at
-            {priority_extend}
+            {priority_extend} {fair_extend}
         WHERE o.acquired_token IS NULL
     RETURNING o.id, o.next_attempt_at
 )
@@ -106,11 +120,11 @@ FROM ins
 -- whole batch when any row is due.
 WITH ins AS (
     INSERT INTO {outbox} (queue, payload, headers, next_attempt_at, ordering_key
-                          {key_blocked_column} {priority_column})
+                          {key_blocked_column} {priority_column} {fair_column})
     SELECT %(queue)s, b.payload, b.headers,
            coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
            b.ordering_key
-           {key_blocked_in_batch} {priority_value}
+           {key_blocked_in_batch} {priority_value} {fair_value}
     FROM unnest(%(payloads)b::bytea[], %(headers)b::jsonb[], %(ordering_keys)b::text[])
          WITH ORDINALITY AS b(payload, headers, ordering_key, n)
     ORDER BY b.n
@@ -128,13 +142,16 @@ WHERE queue = %(queue)s AND timer_id = %(timer_id)s AND acquired_token IS NULL
 RETURNING id
 
 -- name: publish_schema
--- Whether the outbox table has `key_blocked` (migration 0008), and `priority` (migration 0013):
+-- Whether the outbox table has `key_blocked` (migration 0008), `priority` (migration 0013), and
+-- `fair_key` (migration 0014):
 -- asked by the producer on a connection's first publish, so that it writes the rows the schema
 -- it finds accepts. No row when the table does not exist (the publish then fails as it would
 -- have). The table's name comes as quoted text (`to_regclass`), so nothing is composed here.
 SELECT EXISTS (SELECT FROM pg_attribute AS a
                WHERE a.attrelid = t.oid AND a.attname = 'key_blocked' AND NOT a.attisdropped),
        EXISTS (SELECT FROM pg_attribute AS a
-               WHERE a.attrelid = t.oid AND a.attname = 'priority' AND NOT a.attisdropped)
+               WHERE a.attrelid = t.oid AND a.attname = 'priority' AND NOT a.attisdropped),
+       EXISTS (SELECT FROM pg_attribute AS a
+               WHERE a.attrelid = t.oid AND a.attname = 'fair_key' AND NOT a.attisdropped)
 FROM (SELECT to_regclass(%(table)s) AS oid) AS t
 WHERE t.oid IS NOT NULL

@@ -28,6 +28,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
@@ -40,7 +41,7 @@ from ..breaker import Breaker
 from ..db.claims import SET_ASIDE_TOKEN
 from ..db.publish import Due, NewRow
 from ..farm import Farm
-from ..limits import Limits, allowance
+from ..limits import ROOM_POLL, Limits, allowance
 from ..message import Message
 from ..observe import Observer
 from ..producer import BatchOptions, PublishOptions
@@ -57,7 +58,7 @@ from ..storage import (
 )
 from ..worker.runtime import Runtime
 from .memory_rows import DeadLetter, Row, after, check_due
-from .memory_table import Tables, claim_order, due_order, first_of_key, pending
+from .memory_table import Tables, claim_order, due_order, fair_order, first_of_key, pending
 
 Subscriber = tuple[Callable[[str], None], asyncio.AbstractEventLoop | None]
 SETTLED_POLL = 0.005  # seconds between looks while `settled` waits
@@ -123,6 +124,7 @@ class MemoryStore:
                         batch.due,
                         ordering_key=key,
                         priority=batch.priority,
+                        fair_key=batch.fair_key,
                     ),
                     due,
                     now,
@@ -348,10 +350,45 @@ class MemoryStore:
                 size=rate.burst if rate else None,
                 room=room,
             )
-            messages = await self.claim(replace(claim, limit=allowed)) if allowed else []
+            key_max = limits.key_max_running
+            if not allowed:
+                messages = []
+            elif key_max is None:
+                messages = await self.claim(replace(claim, limit=allowed))
+            else:
+                messages = self._claim_fair(replace(claim, limit=allowed), key_max)
+                if len(messages) < allowed:  # as the Postgres store: held back, ask soon
+                    allowed, wait = len(messages), max(wait, ROOM_POLL)
             if tokens is not None:
                 self._buckets[claim.queue] = (tokens - len(messages), at)
         return Allowed(messages, allowed, wait)
+
+    def _claim_fair(self, claim: Claim, key_max: int) -> list[Message]:
+        """`claim` of a queue with a per-key running limit (see `fair_order`)."""
+        with self._lock:
+            now = self.now()
+            heads = self._tables.heads()
+            rows = [row for row in self._tables.rows.values() if row.queue == claim.queue]
+            held = set(claim.held)
+            expired = [
+                row
+                for row in rows
+                if row.acquired_token is not None
+                and row.acquired_token not in held
+                and row.lease_expires_at is not None
+                and row.lease_expires_at < now
+                and first_of_key(row, heads)
+            ]
+            expired.sort(key=lambda row: (row.lease_expires_at, row.id))
+            leased = Counter(
+                row.fair_key
+                for row in rows
+                if row.acquired_token not in (None, SET_ASIDE_TOKEN)  # expired ones too
+            )
+            due = [row for row in rows if pending(row, heads) and row.next_attempt_at <= now]
+            due.sort(key=due_order)
+            chosen = expired + fair_order(due, leased, key_max)
+            return [row.take(claim, now) for row in chosen[: claim.limit]]
 
     async def breaker_failed(
         self, queue: str, breaker: Breaker, reason: str, *, down: bool

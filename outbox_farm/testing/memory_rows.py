@@ -80,6 +80,7 @@ class Row:
     acquired_at: datetime | None = None
     lease_expires_at: datetime | None = None
     priority: int = 0  # migration 0013: among due rows, higher first (see `claim_order`)
+    fair_key: str | None = None  # migration 0014: the tenant, for a per-key limit (`fair_order`)
 
     def take(self, claim: Claim, now: datetime) -> Message:
         """Lease the row under `claim` and count a delivery (the claim's UPDATE): the message

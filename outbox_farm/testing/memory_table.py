@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -45,6 +45,7 @@ class Tables:
             timer_id=new.timer_id,
             ordering_key=new.ordering_key,
             priority=new.priority,
+            fair_key=new.fair_key,
         )
         self.rows[row.id] = row
         return row
@@ -199,3 +200,22 @@ def claim_order(due: list[Row], limit: int, draw: Callable[[], float] = random.r
     ranked = ranked[: max(ranked_limit(limit, draw), 0)]
     taken = {row.id for row in ranked}
     return ranked + [row for row in due if row.id not in taken]
+
+
+def fair_order(due: list[Row], leased: Counter[str | None], key_max: int) -> list[Row]:
+    """The claimable due rows `due` (in `due_order`) a fair claim takes after the expired
+    leases (Postgres's `claim_fair`): of each fair key, rows without one counting as one key of
+    their own, its oldest up to `key_max` less its `leased` rows; taken round the keys, every
+    key's first row, then every key's second, each round in due order. Priorities do not
+    order them. Unlike Postgres, which looks for rows without a fair key only among the
+    queue's first due rows, every such row is found here."""
+    ranks: Counter[str | None] = Counter()
+    chosen: list[tuple[int, tuple[Any, ...], Row]] = []
+    for row in due:
+        key = row.fair_key
+        if ranks[key] + leased[key] >= key_max:
+            continue
+        ranks[key] += 1
+        chosen.append((ranks[key], due_order(row), row))
+    chosen.sort(key=lambda taken: taken[:2])
+    return [row for _, _, row in chosen]

@@ -49,6 +49,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0011_queue_control on outbox",
             "0012_queue_limits on outbox",
             "0013_priority on outbox",
+            "0014_fair_key on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -65,6 +66,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0011_queue_control on outbox",
             "applying 0012_queue_limits on outbox",
             "applying 0013_priority on outbox",
+            "applying 0014_fair_key on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -79,6 +81,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 11, "queue_control"),
             ("outbox", 12, "queue_limits"),
             ("outbox", 13, "priority"),
+            ("outbox", 14, "fair_key"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -106,9 +109,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0011_queue_control on outbox",
             "0012_queue_limits on outbox",
             "0013_priority on outbox",
+            "0014_fair_key on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 13
+        assert len(records(conn)) == 14
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -157,6 +161,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0011_queue_control on outbox",
         "0012_queue_limits on outbox",
         "0013_priority on outbox",
+        "0014_fair_key on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -171,6 +176,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 11, "queue_control"),
             ("outbox", 12, "queue_limits"),
             ("outbox", 13, "priority"),
+            ("outbox", 14, "fair_key"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -208,6 +214,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0011_queue_control on jobs",
             "0012_queue_limits on jobs",
             "0013_priority on jobs",
+            "0014_fair_key on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -224,6 +231,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "jobs_timer_id_uq",
             "jobs_order_idx",
             "jobs_blocked_idx",
+            "jobs_fair_idx",
             "jobs_dead_queue_failed_idx",
             "jobs_dead_reason_idx",
             "jobs_dead_queue_reason_idx",
@@ -233,9 +241,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 10,
+            *["jobs"] * 11,
             *["jobs_dead"] * 3,
-            *["outbox"] * 10,
+            *["outbox"] * 11,
             *["outbox_dlq"] * 3,
         ]
 
@@ -259,6 +267,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0011_queue_control on app.jobs",
             "0012_queue_limits on app.jobs",
             "0013_priority on app.jobs",
+            "0014_fair_key on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -289,6 +298,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0011_queue_control on outbox",
             "0012_queue_limits on outbox",
             "0013_priority on outbox",
+            "0014_fair_key on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -303,6 +313,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 11, "queue_control"),
             ("outbox", 12, "queue_limits"),
             ("outbox", 13, "priority"),
+            ("outbox", 14, "fair_key"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -328,7 +339,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (10 if dlq is None else 13)
+        assert len(result.applied) == (11 if dlq is None else 14)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 

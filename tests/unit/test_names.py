@@ -35,6 +35,7 @@ def test_default_names_and_derived_identifiers() -> None:
         "ordering_idx": '"outbox_order_idx"',
         "blocked_idx": '"outbox_blocked_idx"',
         "priority_idx": '"outbox_prio_idx"',
+        "fair_idx": '"outbox_fair_idx"',
         "lease_ck": '"outbox_lease_ck"',
         "counts_ck": '"outbox_counts_ck"',
         "values_ck": '"outbox_values_ck"',
