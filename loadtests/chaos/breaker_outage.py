@@ -210,7 +210,8 @@ def scenario_run(ctx: Context) -> Result:
         result.note = (
             f"open {open_for:.0f}s: {attempts} attempts spent "
             f"(≤ {FAILURES} + {probes} probes), {failed_runs} runs failed; "
-            f"rated {seen_rate:.1f}/s of {RATE}/s; outage rows delivered {took:.1f}s after"
+            f"rated {seen_rate:.1f}/s of {RATE}/s (claims {claim_ms:.0f} ms); outage rows "
+            f"delivered {took:.1f}s after"
         )
     return result
 
