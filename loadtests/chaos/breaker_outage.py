@@ -166,7 +166,7 @@ def scenario_run(ctx: Context) -> Result:
 
         opened = len(_changes(run, "breaker_opened"))
         closed = len(_changes(run, "breaker_closed"))
-        seen_closed = len(events_named(run, "breaker_closed")) - closed
+        seen_closed = len(events_named(run, "breaker_releases"))
         result.findings += [
             Finding(
                 "breaker-opened-and-closed-once",
@@ -223,8 +223,8 @@ def _one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> tuple
 
 
 def _changes(run: FarmRun, event: str) -> list[dict[str, Any]]:
-    """The breaker's `event`s as logged by the process that opened or closed it: the others
-    log the same event name when they learn of it, from the queue controls' logger."""
+    """The breaker's `event`s as logged by the process that opened or closed it (the others
+    log `breaker_holds` and `breaker_releases` when they learn of it)."""
     return [e for e in events_named(run, event) if e.get("logger") == "outbox_farm.breaker"]
 
 

@@ -114,10 +114,20 @@ class ControlWatch:
         tripped = found.tripped if found is not None else None
         if breaker.known(tripped, found.failures if found is not None else 0):
             queue = fetcher.spec.queue
+            # What this farm does about it; the opening and the closing themselves are logged
+            # once, by the process that made them (`breaker_opened`, `breaker_closed`).
             if tripped is not None:
-                log.info(describe_tripped(queue, tripped), extra={"event": "breaker_open"})
+                log.info(
+                    "%s; holding it but for probes",
+                    describe_tripped(queue, tripped),
+                    extra={"event": "breaker_holds", "queue": queue},
+                )
             else:
-                log.info("queue %s breaker closed", queue, extra={"event": "breaker_closed"})
+                log.info(
+                    "queue %s breaker closed; claiming it again",
+                    queue,
+                    extra={"event": "breaker_releases", "queue": queue},
+                )
             fetcher.wake()
 
     @staticmethod

@@ -323,10 +323,11 @@ class Fetcher:
         if self.limits:
             allowed = await self.store.claim_limited(claim)
             msgs = allowed.messages
-            if allowed.allowed < limit:
+            if allowed.allowed < limit and len(msgs) == allowed.allowed:
+                # Cut short by the limits (a claim that found fewer rows than they allowed
+                # was not): rows may be waiting.
                 metrics().limited_claims.labels(self.spec.queue).inc()
-                if len(msgs) == allowed.allowed:  # rows were left: the limits held them
-                    self._held_back = allowed.wait
+                self._held_back = allowed.wait
         else:
             msgs = await self.store.claim(claim)
         if far and len(msgs) < limit:  # a full claim may have left the far rows out
