@@ -3,10 +3,14 @@
 A rate is kept as it was given (`6000/min` reads back as `6000/min`, not `100/s`), and applied
 as a token bucket refilled continuously at `per_second`, shared by every process and host
 through the queue's row of `outbox_farm_queues`. The bucket holds at most `burst` tokens: a
-tenth of a second's worth (one at least), so a queue idle for an hour starts again at its rate,
+tenth of a second's worth (two at least), so a queue idle for an hour starts again at its rate,
 not with an hour's worth at once, and no one-second window ever sees more than the rate plus a
-tenth of it. A claim takes at most what the bucket holds; a claim that finds fewer rows than it
-was allowed leaves the rest in the bucket.
+tenth of it (plus two rows, under 20 a second). A claim takes at most what the bucket holds; a
+claim that finds fewer rows than it was allowed leaves the rest in the bucket.
+
+A claim held back by the rate waits until the bucket is half full, not full: a bucket that is
+full stops filling, so a claim that comes late (a busy machine, a slow round trip) would lose
+the time it took, and the rate seen would fall short of the limit by as much.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 
 BURST_SECONDS = 0.1
 """The bucket's size, in seconds of the rate: how far a burst may run ahead of it."""
+BURST_LEAST = 2.0
+"""The smallest bucket, in tokens: room for a claim that comes late beside the one it waits for."""
 
 _UNITS = {
     "s": 1.0,
@@ -52,7 +58,7 @@ class Rate:
     @property
     def burst(self) -> float:
         """The most tokens the bucket holds (see the module)."""
-        return max(1.0, self.per_second * BURST_SECONDS)
+        return max(BURST_LEAST, self.per_second * BURST_SECONDS)
 
     def __str__(self) -> str:
         unit = _NAMES.get(self.seconds)
@@ -125,9 +131,10 @@ def allowance(
     now, None when there is no rate; `room`: rows that may start before `max_running` is
     reached, None when there is no such limit.
 
-    A claim held back by the rate waits until the bucket holds a claim's worth (`want`, or the
-    whole bucket when smaller), so a limited queue is claimed in a few larger claims rather than
-    one row at a time; one held back by `max_running` asks again after `ROOM_POLL`."""
+    A claim held back by the rate waits until the bucket holds a claim's worth (`want`, or half
+    the bucket when smaller: see the module), so a limited queue is claimed in a few larger
+    claims rather than one row at a time; one held back by `max_running` asks again after
+    `ROOM_POLL`."""
     allowed, wait = want, 0.0
     if room is not None and room < want:
         allowed = max(room, 0)
@@ -136,7 +143,7 @@ def allowance(
         whole = int(tokens + 1e-9)  # a float a hair under an integer still pays for it
         if whole < allowed:
             allowed = whole
-        need = min(float(want), size)
+        need = max(1.0, min(float(want), size / 2))
         if tokens + 1e-9 < need:
             wait = max(wait, (need - tokens) / per_second)
     return allowed, wait

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..breaker import Breaker
 from ..errors import DatabaseError
-from ..limits import BURST_SECONDS, ROOM_POLL, Limits, Rate, allowance
+from ..limits import BURST_LEAST, BURST_SECONDS, ROOM_POLL, Limits, Rate, allowance
 from ..message import Message
 from ..queries import Queries
 from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Tripped, Write, release
@@ -52,7 +52,12 @@ class PostgresStore:
         claimed by `claim_fair`, within the same transaction."""
         key = self._control_key(claim.queue)
         want = claim.limit or 0
-        args = {**key, "aside": SET_ASIDE_TOKEN, "burst_seconds": BURST_SECONDS}
+        args = {
+            **key,
+            "aside": SET_ASIDE_TOKEN,
+            "burst_seconds": BURST_SECONDS,
+            "burst_least": BURST_LEAST,
+        }
         with boundary():
             async with self.pool.connection() as conn, conn.transaction():
                 await conn.execute(self.queries["limit_lock"], key)

@@ -38,7 +38,8 @@ SELECT 1 FROM outbox_farm_queues WHERE target = %(target)s AND queue = %(queue)s
 -- The second statement, its snapshot taken after `limit_lock` was granted, so it sees every
 -- claim that held the lock before it committed: what the queue's limits allow now.
 -- `tokens`: the rate's bucket refilled by the time since it was last written, up to its size
--- (a tenth of a second of the rate, one at least: `limits.BURST_SECONDS`); a bucket never
+-- (a tenth of a second of the rate, two tokens at least: `limits.BURST_SECONDS` and
+-- `BURST_LEAST`); a bucket never
 -- written (NULL) is full. Refilled to `clock_timestamp()`, read after the lock, not `now()`,
 -- which is when the transaction began and may be long before the lock was granted.
 -- `room`: `max_running` less the rows of the queue leased now (from their claim until their
@@ -63,7 +64,8 @@ SELECT CASE WHEN q.rate_count IS NOT NULL THEN
        (to_jsonb(q) ->> 'key_max_running')::int AS key_max
 FROM outbox_farm_queues AS q,
      LATERAL (SELECT q.rate_count / q.rate_seconds AS per_second,
-                     greatest(1.0, q.rate_count / q.rate_seconds * %(burst_seconds)s) AS size) AS b
+                     greatest(%(burst_least)s::float8,
+                              q.rate_count / q.rate_seconds * %(burst_seconds)s) AS size) AS b
 WHERE q.target = %(target)s AND q.queue = %(queue)s
 
 -- name: limit_spend

@@ -69,17 +69,17 @@ async def test_a_limited_claim_takes_no_more_than_it_asked(outbox: Outbox) -> No
 async def test_the_rate_is_a_bucket_refilled_by_the_clock(outbox: Outbox) -> None:
     for n in range(10):
         await outbox.publish({"n": n}, queue="q")
-    await outbox.limit("q", Limits(Rate(1, 1.0)))  # a bucket of one token, one a second
-    assert (await limited(outbox))[:2] == (1, 1)  # a new limit starts full
+    await outbox.limit("q", Limits(Rate(1, 1.0)))  # a bucket of two tokens, one a second
+    assert (await limited(outbox))[:2] == (2, 2)  # a new limit starts full
     taken, allowed, wait = await limited(outbox)
     assert (taken, allowed) == (0, 0)
     assert 0.9 < wait <= 1.0  # a token's time, less what passed since the claim before
     await outbox.later(1.0)
     assert (await limited(outbox))[:2] == (1, 1)
     # A long idle time fills the bucket to its size only: a tenth of a second's worth of the
-    # rate, one token at least.
+    # rate, two tokens at least.
     await outbox.later(3600)
-    assert (await limited(outbox))[:2] == (1, 1)
+    assert (await limited(outbox))[:2] == (2, 2)
     assert (await limited(outbox))[:2] == (0, 0)
 
 
@@ -90,7 +90,7 @@ async def test_a_rate_allows_a_tenth_of_a_second_at_once(outbox: Outbox) -> None
     assert (await limited(outbox, limit=25))[:2] == (10, 10)
     taken, allowed, wait = await limited(outbox, limit=25)
     assert taken == allowed < 3  # what a few milliseconds refilled, at most
-    assert 0 < wait <= 0.1  # until a claim's worth (the bucket's size) is back
+    assert 0 < wait <= 0.05  # until half the bucket is back: a late claim loses nothing
 
 
 async def test_both_limits_at_once_allow_the_smaller(outbox: Outbox) -> None:
