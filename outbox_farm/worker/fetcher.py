@@ -254,6 +254,8 @@ class Fetcher:
         once its last probe ended. A breaker open is no stall, as a pause is none."""
         if self.stall.paused():
             self.observer.stalled(self.spec.queue, None)
+        # A probe written without a run (past `max_deliveries`, say) is over too.
+        breaker.probes.intersection_update(self.ledger.rows)
         wait = breaker.probe_at - time.monotonic()
         if breaker.probes or wait > 0:
             await self._rest(wait if wait > 0 else breaker.breaker.probe_every)

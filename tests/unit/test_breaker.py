@@ -146,3 +146,24 @@ def test_successes_between_failures_keep_it_closed() -> None:
             assert not is_open(runtime)
 
     asyncio.run(scenario())
+
+
+def test_a_probe_dead_lettered_unrun_leaves_the_next_probe_free() -> None:
+    """A probe row past its max_deliveries goes to the DLQ without a run: the breaker probes
+    with the next row, and the queue flows once the downstream is back."""
+    downstream = Downstream()
+    farm = Farm(dlq_table="outbox_dlq")
+    farm.handler("q", concurrency=1, max_deliveries=2, breaker=Breaker(1, 0.05))(downstream)
+
+    async def scenario() -> None:
+        store = MemoryStore(farm)
+        store.publish({"n": 0}, queue="q")
+        async with store.running(poll_interval=0.05, flush_interval=0.01) as runtime:
+            await eventually(lambda: len(store.dead_letters) == 1, "the first row's dead letter")
+            assert is_open(runtime)
+            store.publish({"n": 1}, queue="q")
+            downstream.up()
+            await eventually(lambda: len(downstream.sent) == 1, "the next row, probed")
+            await eventually(lambda: not is_open(runtime), "the breaker closed")
+
+    asyncio.run(scenario())
