@@ -202,6 +202,7 @@ COMMAND_LINE_ONLY = {
     # pause or limit run from that shell.
     ("queue", "limit", "--rate"),
     ("queue", "limit", "--max-running"),
+    ("queue", "limit", "--per-key-running"),
     ("queue", "limit", "--clear"),
     ("queue", "pause", "--until"),
     ("queue", "pause", "--for"),
