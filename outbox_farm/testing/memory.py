@@ -58,7 +58,7 @@ from ..storage import (
 )
 from ..worker.runtime import Runtime
 from .memory_rows import DeadLetter, Row, after, check_due
-from .memory_table import Tables, claim_order, due_order, fair_order, first_of_key, pending
+from .memory_table import Heads, Tables, claim_order, due_order, fair_order, first_of_key, pending
 
 Subscriber = tuple[Callable[[str], None], asyncio.AbstractEventLoop | None]
 SETTLED_POLL = 0.005  # seconds between looks while `settled` waits
@@ -304,17 +304,7 @@ class MemoryStore:
             now = self.now()
             heads = self._tables.heads()
             rows = [row for row in self._tables.rows.values() if row.queue == claim.queue]
-            held = set(claim.held)
-            expired = [
-                row
-                for row in rows
-                if row.acquired_token is not None
-                and row.acquired_token not in held
-                and row.lease_expires_at is not None
-                and row.lease_expires_at < now
-                and first_of_key(row, heads)
-            ]
-            expired.sort(key=lambda row: (row.lease_expires_at, row.id))
+            expired = _expired(rows, set(claim.held), now, heads)
             due = [row for row in rows if pending(row, heads) and row.next_attempt_at <= now]
             due.sort(key=due_order)
             chosen = expired + claim_order(due, claim.limit)
@@ -369,17 +359,7 @@ class MemoryStore:
             now = self.now()
             heads = self._tables.heads()
             rows = [row for row in self._tables.rows.values() if row.queue == claim.queue]
-            held = set(claim.held)
-            expired = [
-                row
-                for row in rows
-                if row.acquired_token is not None
-                and row.acquired_token not in held
-                and row.lease_expires_at is not None
-                and row.lease_expires_at < now
-                and first_of_key(row, heads)
-            ]
-            expired.sort(key=lambda row: (row.lease_expires_at, row.id))
+            expired = _expired(rows, set(claim.held), now, heads)
             leased = Counter(
                 row.fair_key
                 for row in rows
@@ -537,6 +517,22 @@ class MemoryFlush:
         if handover is not None and write.kind != "ack":
             raise ValueError(f"a hand-over is sent with an ack, not with a {write.kind}")
         return self._store._write(write, handover)
+
+
+def _expired(rows: list[Row], held: set[uuid.UUID], now: datetime, heads: Heads) -> list[Row]:
+    """The claim's first branch: rows whose lease expired, soonest first, unless held under a
+    token of `held`; a keyed row only while it is the oldest of its key left."""
+    expired = [
+        row
+        for row in rows
+        if row.acquired_token is not None
+        and row.acquired_token not in held
+        and row.lease_expires_at is not None
+        and row.lease_expires_at < now
+        and first_of_key(row, heads)
+    ]
+    expired.sort(key=lambda row: (row.lease_expires_at, row.id))
+    return expired
 
 
 @dataclass(slots=True)
