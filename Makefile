@@ -76,6 +76,10 @@ bench: ## Producer, single-process runtime and farm benchmarks against LOCAL_DSN
 bench-report: ## The standard performance report (< 5 min) against LOCAL_DSN
 	$(PY) -m loadtests.bench --dsn "$(LOCAL_DSN)"
 
+.PHONY: bench-tail
+bench-tail: ## Commit->handler latency beside the raw LISTEN + claim loop, alternating, and its stages
+	$(PY) -m loadtests.bench.tail --dsn "$(LOCAL_DSN)"
+
 .PHONY: bench-instructions
 bench-instructions: ## The cost gate CI runs: instructions per message/row/call against the baseline
 	$(PY) -m loadtests.bench.instructions --dsn "$(LOCAL_DSN)"

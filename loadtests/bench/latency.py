@@ -83,12 +83,12 @@ each message's number and the moment its handling began; entered: ready to recei
 
 async def latency(dsn: str, n: int, rate: float, concurrency: int, budget: float) -> Latency:
     """The farm's latency: its runtime in this process, `concurrency` executors."""
-    return await _measure(dsn, n, rate, concurrency, budget, partial(_farm, dsn, concurrency))
+    return await measure(dsn, n, rate, concurrency, budget, partial(_farm, dsn, concurrency))
 
 
 async def raw_latency(dsn: str, n: int, rate: float, budget: float) -> Latency:
     """The floor beside it: the least code that delivers the same messages (see `_raw`)."""
-    return await _measure(dsn, n, rate, 1, budget, partial(_raw, dsn))
+    return await measure(dsn, n, rate, 1, budget, partial(_raw, dsn))
 
 
 @asynccontextmanager
@@ -144,9 +144,18 @@ async def _raw(dsn: str, note: Callable[[int, float], None]) -> AsyncIterator[No
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def _measure(
-    dsn: str, n: int, rate: float, concurrency: int, budget: float, receiver: Receiver
+async def measure(
+    dsn: str,
+    n: int,
+    rate: float,
+    concurrency: int,
+    budget: float,
+    receiver: Receiver,
+    *,
+    commits: dict[int, float] | None = None,
 ) -> Latency:
+    """`n` messages at `rate` from a spawned producer to `receiver`, their latencies cut;
+    `commits`, if given, gets each message's commit time (for a caller that splits them up)."""
     result = Latency(n, rate, concurrency)
     warmup = 50
     starts: dict[int, float] = {}
@@ -182,8 +191,10 @@ async def _measure(
         go.set()
         await loop.run_in_executor(None, reap, [proc])
     raise_errors([report], "latency producer")
-    commits: dict[int, float] = report.get("commits", {})
-    lags = [(starts[i] - commits[i]) * 1000 for i in range(n) if i in starts and i in commits]
+    committed: dict[int, float] = report.get("commits", {})
+    if commits is not None:
+        commits.update(committed)
+    lags = [(starts[i] - committed[i]) * 1000 for i in range(n) if i in starts and i in committed]
     result.received = len(lags)
     cuts = percentiles(lags, 50, 95, 99)
     if cuts is not None:
