@@ -8,8 +8,9 @@ more; the handlers already running finish and their outcomes are written. A farm
 a queue is paused loads the pause before its first claim. A pause with an end (`until`, or
 `seconds` from now) ends by itself on the database's clock, the one every farm reads it by.
 
-Limits are farm-wide: a rate (`Rate`, a token bucket every process and host shares) and a most
-running at once. Setting one leaves the other, and the pause, as they are.
+Limits are farm-wide: a rate (`Rate`, a token bucket every process and host shares), a most
+running at once, and a most running of each fair key (migration 0014). Setting one leaves the
+others, and the pause, as they are.
 
 A queue's breaker (the handler option `Breaker`) is the runtime's, not the operator's: failures
 in a row open it and a probe's success closes it. The operator sees it here (`BreakerState`) and

@@ -70,6 +70,7 @@ def state_json(state: QueueState) -> dict[str, Any]:
         "rate": None if rate is None else str(rate),
         "rate_per_second": None if rate is None else rate.per_second,
         "max_running": state.limits.max_running,
+        "key_max_running": state.limits.key_max_running,
         "breaker": breaker_json(state.breaker),
     }
 
@@ -350,9 +351,9 @@ def close_breaker_(
 @json_option("an array of queues, by name")
 def list_(dsn: str | None, names: TableNames, as_json: bool) -> None:
     """Every queue of the outbox that is paused or limited, or ever was: paused now, until
-    when, why, who changed it last and when, its rate and most running at once. Then each queue
-    whose breaker is open or counting failures: OPEN (since when, why, the next probe) or the
-    failures counted in a row."""
+    when, why, who changed it last and when, its rate, its most running at once and its most
+    running of each fair key (`per key`). Then each queue whose breaker is open or counting
+    failures: OPEN (since when, why, the next probe) or the failures counted in a row."""
     with connected(dsn, notice, autocommit=True) as conn:
         states = queue_states(conn, names)
     if as_json:
@@ -376,6 +377,7 @@ def list_(dsn: str | None, names: TableNames, as_json: bool) -> None:
             _time(s.changed_at),
             "-" if s.limits.rate is None else str(s.limits.rate),
             "-" if s.limits.max_running is None else s.limits.max_running,
+            "-" if s.limits.key_max_running is None else s.limits.key_max_running,
         ]
         for s in states
     ]
@@ -388,6 +390,7 @@ def list_(dsn: str | None, names: TableNames, as_json: bool) -> None:
         "changed at",
         "rate",
         "max running",
+        "per key",
     ]
     click.echo(text_table(headers, rows))
     breakers = [

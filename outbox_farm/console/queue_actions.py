@@ -2,15 +2,22 @@
 replay (`actions`).
 
 1. `preview` reads what the operator asked for (a pause's reason and how long; a rate such as
-   `100/s` and a most running at once), refuses a bad value beside the form it came from
-   (a rate's error is `parse_rate`'s), reads the queue's controls now, and shows a
-   confirmation page ("Pause queue emails? Every farm stops claiming it within a second;
-   running handlers finish.") carrying the *plan*: the change, and when the controls it was
-   shown against were last changed, signed for this session by the console's `Signer`.
+   `100/s`, a most running at once and a most running of each fair key), refuses a bad value
+   beside the form it came from (a rate's error is `parse_rate`'s), reads the queue's controls
+   now, and shows a confirmation page ("Pause queue emails? Every farm stops claiming it
+   within a second; running handlers finish.") carrying the *plan*: the change, and when the
+   controls it was shown against were last changed, signed for this session by the console's
+   `Signer`.
 2. `run` refuses any plan it did not sign for this session, or an unconfirmed one, or one
    whose queue's controls changed since it was shown (another operator resumed it, or set
    its limits: the page shown is no longer what would be changed); then makes the change with
    the same functions as `outbox-farm queue` (`admin.queues`), naming who did it.
+
+A limit the database has no columns for yet (a most running of each fair key before migration
+0014, any limit before 0012) is refused by the admin API whole, nothing changed: the refusal,
+which names the migration to run, is shown beside the limits' form as typed, as a bad value is.
+A most running of each fair key is written only when set, or cleared where one is in force, so
+the rate and the most running are still set on a database without 0014.
 
 Closing a breaker closes it as a probe's success would (`admin.queues.close_breaker`): every farm
 claims the queue again within a second. One that closed by itself while the confirmation was
@@ -35,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..admin.queues import (
+    UNCHANGED,
     QueueState,
     check_queue,
     close_breaker,
@@ -118,13 +126,37 @@ NOT_OPEN = (
 
 
 def _act(
-    conn: Connection, names: TableNames, change: Change, by: str
+    conn: Connection, names: TableNames, change: Change, now: QueueState, by: str
 ) -> tuple[QueueState, str | None]:
-    """Make `change`: the controls after it, and a note when it changed nothing."""
+    """Make `change` to the controls `now`: the controls after it, and a note when it changed
+    nothing."""
     if change.action == "close-breaker":
         closed = close_breaker(conn, names, change.queue, by=by)
         return closed.state, None if closed.was_open else NOT_OPEN
+    if change.action == "limit":
+        try:
+            return _limit(conn, names, change, now, by), None
+        except SchemaError as exc:
+            raise Unmigrated(now, str(exc)) from exc
     return _change(conn, names, change, by), None
+
+
+def _limit(
+    conn: Connection, names: TableNames, change: Change, now: QueueState, by: str
+) -> QueueState:
+    """The limits of `change`; the most running of each fair key only when it is set or one in
+    force is cleared: a database without migration 0014 refuses any write of it."""
+    limits = change.limits
+    keep_keys = limits.key_max_running is None and now.limits.key_max_running is None
+    return limit_queue(
+        conn,
+        names,
+        change.queue,
+        rate=limits.rate,
+        max_running=limits.max_running,
+        key_max_running=UNCHANGED if keep_keys else limits.key_max_running,
+        by=by,
+    )
 
 
 def _change(conn: Connection, names: TableNames, change: Change, by: str) -> QueueState:
@@ -138,12 +170,7 @@ def _change(conn: Connection, names: TableNames, change: Change, by: str) -> Que
             reason=change.reason,
             by=by,
         )
-    if change.action == "resume":
-        return resume_queue(conn, names, change.queue, by=by)
-    limits = change.limits
-    return limit_queue(
-        conn, names, change.queue, rate=limits.rate, max_running=limits.max_running, by=by
-    )
+    return resume_queue(conn, names, change.queue, by=by)
 
 
 class Moved(Exception):
@@ -151,6 +178,15 @@ class Moved(Exception):
 
     def __init__(self, state: QueueState) -> None:
         super().__init__("its controls changed since this confirmation was shown")
+        self.state = state
+
+
+class Unmigrated(Exception):
+    """The database lacks the columns of a limit (the admin API's SchemaError, whose message
+    says which migration to run): nothing was done. `state`: the controls, unchanged."""
+
+    def __init__(self, state: QueueState, message: str) -> None:
+        super().__init__(message)
         self.state = state
 
 
@@ -209,7 +245,7 @@ async def run(request: Request) -> Response:
             # the write below is not caught: the log names both.)
             if changes.iso(now.changed_at) != plan["seen"]:
                 raise Moved(now)
-            return _act(conn, settings.names, change, actor)
+            return _act(conn, settings.names, change, now, actor)
 
     _log(request, actor, change, "console_action_start", None)
     error: str | None = None
@@ -223,6 +259,11 @@ async def run(request: Request) -> Response:
             f"{by}: nothing was changed; look at them again on the queue's page"
         )
         return _refused(request, message, 409, back)
+    except Unmigrated as exc:  # beside the limits' form, as typed, to send again once migrated
+        error = f"refused: {exc}"
+        form = changes.limits_form(change.limits)
+        shown = QueuePage(change.queue, exc.state, refused=str(exc), form=form)
+        return render_queue(request, shown, status=503)
     except SchemaError as exc:  # its message names the migration missing, and what to run
         error = f"refused: {exc}"
         return _refused(request, str(exc), 503, back)

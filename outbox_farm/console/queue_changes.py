@@ -1,7 +1,7 @@
 """What an operator asks of a queue on its page, checked: a pause (why, and for how long or
-until when), a resume, limits (a rate such as `100/s`, a most running at once), the close of an
-open breaker; and the plan a
-confirmation page carries of it (`plan`, `change_of`), signed by `queue_actions`.
+until when), a resume, limits (a rate such as `100/s`, a most running at once, a most running
+of each fair key), the close of an open breaker; and the plan a confirmation page carries of it
+(`plan`, `change_of`), signed by `queue_actions`.
 
 A bad value is a ConfigurationError whose message says what to type instead; a rate's is
 `parse_rate`'s own, so the console and `outbox-farm queue limit` refuse a rate in one voice.
@@ -22,7 +22,8 @@ ACTIONS = ("pause", "resume", "limit", "close-breaker")
 KIND = "queue"  # a plan of a queue's change: `/dlq/run` refuses it, `/queues/run` any other
 MAX_REASON = 500  # characters of a pause's reason
 MAX_RUNNING = 2**31 - 1  # the column's integer
-FIELDS = ("reason", "until", "rate", "max_running")  # echoed back to the form when refused
+# Echoed back to the form when refused.
+FIELDS = ("reason", "until", "rate", "max_running", "key_max_running")
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,9 @@ def _until(text: str) -> tuple[datetime | None, float | None]:
     return point.at, None
 
 
-def _max_running(text: str) -> int | None:
+def _most(text: str, asked: str) -> int | None:
+    """A most running from its field: empty is none; `asked` is the question the refusal
+    starts with, naming the field."""
     if not text:
         return None
     try:
@@ -86,8 +89,8 @@ def _max_running(text: str) -> int | None:
         number = 0
     if not 1 <= number <= MAX_RUNNING:
         raise ConfigurationError(
-            f"at most how many running? {text[:40]!r} is not a whole number from 1 to "
-            f"{MAX_RUNNING}; leave it empty for no such limit"
+            f"{asked} {text[:40]!r} is not a whole number from 1 to {MAX_RUNNING}; leave it "
+            "empty for no such limit"
         )
     return number
 
@@ -101,7 +104,11 @@ def _limits(form: dict[str, str], clear: bool) -> Limits:
             rate = parse_rate(form["rate"])
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
-    return Limits(rate, _max_running(form["max_running"]))
+    return Limits(
+        rate,
+        _most(form["max_running"], "at most how many running?"),
+        _most(form["key_max_running"], "at most how many running of each fair key?"),
+    )
 
 
 def parse_change(action: str, queue: str, form: dict[str, str], clear: bool) -> Change:
@@ -140,6 +147,7 @@ def plan(change: Change, seen: QueueState) -> dict[str, Any]:
         "lasting_text": change.lasting_text,
         "rate": [rate.count, rate.seconds] if rate is not None else None,
         "max_running": change.limits.max_running,
+        "key_max_running": change.limits.key_max_running,
         "seen": iso(seen.changed_at),
     }
 
@@ -155,7 +163,7 @@ def change_of(plan: dict[str, Any]) -> Change:
         until,
         plan["lasting"],
         plan["lasting_text"],
-        Limits(rate, plan["max_running"]),
+        Limits(rate, plan["max_running"], plan["key_max_running"]),
     )
 
 
@@ -172,3 +180,17 @@ def unchanged(change: Change, state: QueueState) -> str | None:
 
 def typed(form: Any) -> dict[str, str]:
     return {name: str(form.get(name) or "").strip() for name in FIELDS}
+
+
+def limits_form(limits: Limits) -> dict[str, str]:
+    """The limits' form as it was filled for `limits`: what a refusal after the confirmation
+    shows again, to be changed or sent as it is once the database allows it."""
+
+    def text(most: int | None) -> str:
+        return "" if most is None else str(most)
+
+    return {
+        "rate": "" if limits.rate is None else str(limits.rate),
+        "max_running": text(limits.max_running),
+        "key_max_running": text(limits.key_max_running),
+    }

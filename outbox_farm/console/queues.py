@@ -1,7 +1,7 @@
 """The pages of the queues' controls: every queue an operator paused or limited, or whose
 breaker is open or counting (`/queues`), and one queue's page (`/queues/{queue}`) with its
-state and the forms that pause, resume and limit it and close its open breaker (the actions
-themselves are `queue_actions`).
+state and the forms that pause, resume and limit it (a rate, a most running, a most running of
+each fair key) and close its open breaker (the actions themselves are `queue_actions`).
 
 The state comes from the same functions as `outbox-farm queue list` (`admin.queues`). A
 database not yet migrated to the controls' table is no error page: every page that shows
@@ -80,6 +80,8 @@ class QueuePage:
             return str(limits.rate)
         if name == "max_running" and limits is not None and limits.max_running is not None:
             return str(limits.max_running)
+        if name == "key_max_running" and limits is not None and limits.key_max_running is not None:
+            return str(limits.key_max_running)
         return ""
 
 

@@ -123,6 +123,11 @@ BREAKER_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "breaker_reason": ("text", False, False),
 }
 CONTROLS_VERSION, LIMITS_VERSION = 11, 12
+# The per-key running limit (migration 0014, fair keys), in the same row as the other limits.
+KEY_LIMIT_COLUMNS: dict[str, tuple[str, bool, bool]] = {
+    "key_max_running": ("integer", False, False)
+}
+FAIR_KEYS_VERSION = 14
 # Priorities (migration 0013): a column of the outbox and an index of its due rows above 0. Not
 # in OUTBOX_COLUMNS: a farm of this release claims without the column until it is there, so
 # `start` must not refuse a schema without it (`missing_columns`); `check` reports it.
@@ -356,10 +361,12 @@ def _check_causes(conn: Connection, names: TableNames, recorded: bool) -> list[P
 
 
 def _check_controls(conn: Connection, applied: set[int]) -> list[Problem]:
-    """The queue controls' table (migrations 0011 and 0012), which `queue pause|resume|limit`
-    write and every farm reads. Without it a farm pauses and limits nothing (it says so in its
-    log), and the operator's commands fail; without the 0012 columns, limits and breakers do. Once a
-    migration is recorded for the outbox, only `--repair` runs it again."""
+    """The queue controls' table (migrations 0011, 0012 and 0014's per-key limit), which
+    `queue pause|resume|limit` write and every farm reads. Without it a farm pauses and limits
+    nothing (it says so in its log), and the operator's commands fail; without the 0012
+    columns, limits and breakers do; without 0014's, a limit per fair key does (a farm limits
+    the rest as before). Once a migration is recorded for the outbox, only `--repair` runs it
+    again."""
     label = str(CONTROLS_TABLE)
 
     def hint(version: int) -> str:
@@ -387,6 +394,14 @@ def _check_controls(conn: Connection, applied: set[int]) -> list[Problem]:
     found += [
         Problem(p.table, f"{p.message} (migration 0012: breakers); {hint(LIMITS_VERSION)}")
         for p in _check_columns(label, live.columns, BREAKER_COLUMNS)
+    ]
+    found += [
+        Problem(
+            p.table,
+            f"{p.message} (migration 0014: fair keys; until then a limit per fair key is "
+            f"refused); {hint(FAIR_KEYS_VERSION)}",
+        )
+        for p in _check_columns(label, live.columns, KEY_LIMIT_COLUMNS)
     ]
     return found
 

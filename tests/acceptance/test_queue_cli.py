@@ -106,6 +106,7 @@ def test_limits_are_set_one_by_one_and_cleared(dsn: str) -> None:
             "rate": "6000/min",
             "rate_per_second": 100.0,
             "max_running": 4,
+            "key_max_running": None,
             "breaker": {
                 "open": False,
                 "failures": 0,

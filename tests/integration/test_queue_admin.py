@@ -136,6 +136,43 @@ def test_limits_are_set_left_and_cleared_one_by_one(conn: Conn) -> None:
     assert row(conn, "emails")[4:7] == (None, None, None)  # type: ignore[index]
 
 
+def test_a_queue_limited_per_key_only_is_listed_with_its_limit(conn: Conn) -> None:
+    """`queue list` and the console list what `queue_states` reads: a queue whose one control
+    is its per-key limit is among them, and stays (no longer limited) once it is cleared."""
+    state = limit_queue(conn, NAMES, "invoices", key_max_running=3, by="ann@host")
+    assert state.limits == Limits(key_max_running=3)
+    assert state.limits  # limited: the console never leaves it out
+    assert queue_states(conn, NAMES) == [state]
+    assert queue_state(conn, NAMES, "invoices") == state
+    kept = limit_queue(conn, NAMES, "invoices", max_running=5)
+    assert kept.limits == Limits(None, 5, 3)
+    cleared = limit_queue(conn, NAMES, "invoices", max_running=None, key_max_running=None)
+    assert cleared.limits == Limits()
+    assert [s.queue for s in queue_states(conn, NAMES)] == ["invoices"]
+
+
+@pytest.mark.parametrize("most", [0, -1, 2**31])
+def test_a_most_running_per_key_out_of_range_is_refused(conn: Conn, most: int) -> None:
+    with pytest.raises(ConfigurationError, match="key_max_running must be 1 to"):
+        limit_queue(conn, NAMES, "invoices", key_max_running=most)
+    assert row(conn, "invoices") is None
+    # The positive control: the bounds themselves are taken.
+    for bound in (1, 2**31 - 1):
+        state = limit_queue(conn, NAMES, "invoices", key_max_running=bound)
+        assert state.limits == Limits(key_max_running=bound)
+
+
+def test_before_0014_the_states_read_without_a_per_key_limit(conn: Conn) -> None:
+    conn.execute("ALTER TABLE outbox DROP COLUMN fair_key")
+    conn.execute("ALTER TABLE outbox_farm_queues DROP COLUMN key_max_running")
+    limit_queue(conn, NAMES, "invoices", max_running=2)
+    (state,) = queue_states(conn, NAMES)
+    assert state.limits == Limits(None, 2, None)
+    with pytest.raises(SchemaError, match=r"migration 0014.*run `outbox-farm migrate`"):
+        limit_queue(conn, NAMES, "invoices", key_max_running=None)
+    assert queue_state(conn, NAMES, "invoices") == state  # refused whole, nothing changed
+
+
 def test_a_limit_leaves_the_pause_and_a_pause_leaves_the_limits(conn: Conn) -> None:
     pause_queue(conn, NAMES, "emails", reason="why")
     state = limit_queue(conn, NAMES, "emails", max_running=2)

@@ -323,7 +323,9 @@ def test_invalid_timer_index_is_reported(conn: Conn) -> None:
 
 
 def test_missing_queue_controls_table_says_to_migrate(conn: Conn) -> None:
-    conn.execute("DELETE FROM outbox_farm_migrations WHERE version IN (11, 12)")
+    # A database before 0011: none of the migrations that make or extend the table are there.
+    conn.execute("DELETE FROM outbox_farm_migrations WHERE version IN (11, 12, 14)")
+    conn.execute("ALTER TABLE outbox DROP COLUMN fair_key")
     conn.execute("DROP TABLE outbox_farm_queues")
     found = only(conn)
     assert found.startswith("outbox_farm_queues: table does not exist (migration 0011")
@@ -396,3 +398,37 @@ def test_priority_index_dropped_or_drifted_is_reported(conn: Conn) -> None:
     conn.execute("DROP INDEX drifted")
     conn.execute("ALTER TABLE outbox ALTER COLUMN priority DROP NOT NULL")
     assert "column priority should be NOT NULL (migration 0013" in problems(conn)[0]
+
+
+def test_missing_per_key_limit_column_before_0014_says_to_migrate(conn: Conn) -> None:
+    from outbox_farm.ops.readiness import check_ready
+    from outbox_farm.ops.schema_check import missing_columns
+
+    # A database at 0013: migration 0014 neither recorded nor made.
+    conn.execute("DELETE FROM outbox_farm_migrations WHERE version = 14")
+    conn.execute("ALTER TABLE outbox DROP COLUMN fair_key")  # its index goes with it
+    conn.execute("ALTER TABLE outbox_farm_queues DROP COLUMN key_max_running")
+    assert only(conn) == (
+        "outbox_farm_queues: column key_max_running is missing (expected integer) (migration "
+        "0014: fair keys; until then a limit per fair key is refused); run `outbox-farm migrate`"
+    )
+    # Reported as a migration pending, as 0013's priority is: `start` does not refuse it.
+    assert missing_columns(conn, NAMES) == []
+    check_ready(conn, NAMES, False, logging.getLogger("test"))
+    migrate(conn, NAMES)
+    assert check_schema(conn, NAMES) == []
+
+
+def test_per_key_limit_column_dropped_or_drifted_after_0014_is_reported(conn: Conn) -> None:
+    conn.execute("ALTER TABLE outbox_farm_queues DROP COLUMN key_max_running")
+    assert only(conn) == (
+        "outbox_farm_queues: column key_max_running is missing (expected integer) (migration "
+        "0014: fair keys; until then a limit per fair key is refused); run `outbox-farm migrate "
+        "--repair` (it makes it again)"
+    )
+    migrate(conn, NAMES, repair=True)
+    assert check_schema(conn, NAMES) == []
+    conn.execute("ALTER TABLE outbox_farm_queues ALTER COLUMN key_max_running TYPE bigint")
+    assert only(conn).startswith(
+        "outbox_farm_queues: column key_max_running is bigint, expected integer (migration 0014"
+    )
