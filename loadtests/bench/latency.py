@@ -11,6 +11,7 @@ so that its GIL and the runtime's never share a core's time slices.
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing as mp
 import statistics
 import time
@@ -27,6 +28,7 @@ from psycopg import sql
 
 from loadtests.common.harness import note as note_stop
 from outbox_farm import Farm, Message
+from outbox_farm.prefork.heap import freeze_boot_heap
 
 from . import floor
 from .common import QUEUE, percentiles, raise_errors, reap
@@ -102,10 +104,21 @@ async def _farm(
         now = time.time()  # first thing: the handler started
         note(orjson.loads(msg.body)["i"], now)
 
-    async with farm.running(dsn) as runtime:
+    async with farm.running(dsn) as runtime, frozen_boot():
         assert runtime.listener is not None
         await runtime.listener.connected.wait()
         yield
+
+
+@asynccontextmanager
+async def frozen_boot() -> AsyncIterator[None]:
+    """The heap as an `outbox-farm start` worker has it while it serves: what its boot left,
+    frozen out of the collector's sight (`prefork.heap`); thawed after, for the next run."""
+    freeze_boot_heap()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @asynccontextmanager

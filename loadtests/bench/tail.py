@@ -39,7 +39,7 @@ from outbox_farm import Farm, Message
 from outbox_farm.storage import Claim
 
 from .common import QUEUE, add_dsn, percentiles, scratch, server, time_limit, write_json
-from .latency import Latency, latency, measure, raw_latency
+from .latency import Latency, frozen_boot, latency, measure, raw_latency
 from .report import print_measures, verdict
 
 TARGET_P50 = 1.15  # farm ÷ raw, median over the runs
@@ -147,7 +147,7 @@ def _traced(dsn: str, trace: Trace) -> Callable[..., Any]:
             trace.starts[i] = (now, msg.id)
             note_start(i, now)
 
-        async with farm.running(dsn) as runtime:
+        async with farm.running(dsn) as runtime, frozen_boot():
             listener, store = runtime.listener, runtime.store
             assert listener is not None
             assert store is not None
