@@ -36,9 +36,11 @@ class Claim:
 
     `limit` rows of `queue` at most (expired leases first, then due rows), under `token`, for
     `lease_ttl` seconds on the store's clock, counting a delivery on each; rows held under a
-    token in `held` are never taken, even when their lease ran out; `far`: look for rows due
-    beyond what a client can load as well. A hand-over (`limit` None) instead takes the next row
-    of each key an ack deletes a row of, with that ack (see `Flush.send`).
+    token in `held` are never taken, even when their lease ran out. `sweep`: look for expired
+    leases and for rows due beyond what a client can load as well; without it a store may
+    leave both for a later claim (the fetcher sweeps whenever something due was left behind).
+    A hand-over (`limit` None) instead takes the next row of each key an ack deletes a row of,
+    with that ack (see `Flush.send`).
 
     `sent` (monotonic) is when it was made, which the lease's deadline is counted from, and
     `start_by` (monotonic) when too little of that lease is left to start a handler: both are
@@ -51,7 +53,7 @@ class Claim:
     sent: float
     start_by: float
     held: list[uuid.UUID] = field(default_factory=list)
-    far: bool = True
+    sweep: bool = True
 
 
 @dataclass(slots=True)

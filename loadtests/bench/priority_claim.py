@@ -78,7 +78,6 @@ def claim_time(conn: psycopg.Connection[Any], statement: str, queue: str, limit:
         "lease_ttl": 30.0,
         "token": uuid.uuid4(),
         "held": [],
-        "far": False,
     }
     began = time.perf_counter()
     taken = conn.execute(statement, args, binary=True, prepare=True).fetchall()

@@ -12,12 +12,12 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 import orjson
-from psycopg import AsyncConnection, AsyncCursor, sql
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
 from ..message import Message
-from ..queries import Queries, load_blocks
+from ..queries import Queries, compose, load_blocks
 from ..storage import Claim
 
 CLAIMED_COLUMNS = (
@@ -214,18 +214,24 @@ def _names(cursor: AsyncCursor[Any]) -> tuple[str, ...]:
 
 # The fragments of `claim` that rank rows by `priority` (migration 0013).
 RANKING = ("claim_ranked", "claim_after_ranked", "claim_ranked_union")
+# The fragments of `claim` that sweep expired leases and far rows (see `Claim.sweep`).
+SWEEP = ("claim_sweep", "claim_swept", "claim_swept_far")
 RECHECK = 30.0  # seconds a table found without `priority` is claimed from without it
 RANK_RECHECK = 1.0  # seconds a queue found with (or without) rows above 0 is claimed so
+
+
+def claim_text(queries: Queries, *, ranked: bool, sweep: bool) -> str:
+    """`claim` with or without its ranking fragments and its sweep."""
+    text = load_blocks()["claim"]
+    for fragment in (() if ranked else RANKING) + (() if sweep else SWEEP):
+        text = text.replace("{" + fragment + "}", "")
+    return compose(text, queries.names)
 
 
 def unranked(queries: Queries) -> str:
     """`claim` without its ranking fragments: the claim of the release before migration 0013,
     for a table without `priority` and for a queue with no row above 0."""
-    blocks = load_blocks()
-    omitted = {fragment: sql.SQL("") for fragment in RANKING}
-    take = sql.SQL(queries["take"])  # composed already: nothing in it is formatted again
-    composed = sql.SQL(blocks["claim"]).format(**queries.names.identifiers(), take=take, **omitted)
-    return composed.as_string(None)
+    return claim_text(queries, ranked=False, sweep=True)
 
 
 class _Claims:
@@ -234,8 +240,11 @@ class _Claims:
     each queue whether it had rows above 0, and until when (monotonic) that holds."""
 
     def __init__(self, queries: Queries) -> None:
-        self.ranked = queries["claim"]
-        self.unranked = unranked(queries)
+        self.texts = {
+            (ranked, sweep): claim_text(queries, ranked=ranked, sweep=sweep)
+            for ranked in (False, True)
+            for sweep in (False, True)
+        }
         self.schema = queries["claim_schema"]
         self.probe = queries["claim_ranks"]
         self.args = {"table": queries.names.outbox.identifier().as_string(None)}
@@ -247,9 +256,11 @@ class _Claims:
 _claims: WeakKeyDictionary[Queries, _Claims] = WeakKeyDictionary()
 
 
-async def claim_statement(conn: AsyncConnection[Any], queries: Queries, queue: str) -> str:
+async def claim_statement(
+    conn: AsyncConnection[Any], queries: Queries, queue: str, *, sweep: bool = True
+) -> str:
     """The text of `claim` for a claim of `queue`: ranked by priority only while the queue
-    has rows above 0.
+    has rows above 0, and with the sweep of expired leases and far rows when `sweep`.
 
     The ranking costs a claim a fifth more planning (every claim is planned afresh: its LIMIT
     and queue are parameters no generic plan weighs well), about 7% of a 50-row claim with no
@@ -271,15 +282,15 @@ async def claim_statement(conn: AsyncConnection[Any], queries: Queries, queue: s
     if not found.column and (found.column is None or found.until < now):
         row = await (await conn.execute(found.schema, found.args)).fetchone()
         if row is None:  # no table: the claim fails as it always did, saying to migrate
-            return found.unranked
+            return found.texts[False, sweep]
         found.column, found.until = bool(row[0]), now + RECHECK
     if not found.column:
-        return found.unranked
+        return found.texts[False, sweep]
     known = found.queues.get(queue)
     if known is None or known[1] < now:
         row = await (await conn.execute(found.probe, {"queue": queue})).fetchone()
         known = found.queues[queue] = (bool(row and row[0]), now + RANK_RECHECK)
-    return found.ranked if known[0] else found.unranked
+    return found.texts[known[0], sweep]
 
 
 def claim_params(claim: Claim) -> tuple[str, dict[str, Any]]:
@@ -291,7 +302,7 @@ def claim_params(claim: Claim) -> tuple[str, dict[str, Any]]:
     }
     if claim.limit is None:
         return "ack_next", params
-    params.update(limit=claim.limit, held=claim.held, far=claim.far)
+    params.update(limit=claim.limit, held=claim.held)
     return "claim", params
 
 
@@ -306,7 +317,7 @@ async def send_claim(
     statement, params = claim_params(claim)
     text = queries[statement]
     if statement == "claim":
-        text = await claim_statement(conn, queries, claim.queue)
+        text = await claim_statement(conn, queries, claim.queue, sweep=claim.sweep)
     cursor = conn.cursor(row_factory=messages)
     cursor.adapters.register_loader("jsonb", HeadersLoader)
     await cursor.execute(text, params, binary=True)

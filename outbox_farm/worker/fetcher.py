@@ -51,7 +51,9 @@ DUE_SLACK = 0.001  # wake a hair late rather than early: an early claim finds no
 STALL_FAILURES = 5  # claims failed in a row that make the queue stalled ...
 STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
 STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
-FAR_EVERY = 2.0  # seconds between looks for rows due beyond what a client can load
+# Seconds between sweeps (`Claim.sweep`: expired leases, far rows) while claims come back short
+# and nothing due is left behind.
+SWEEP_EVERY = 2.0
 STRANDED_EVERY = 2.0  # seconds between looks for rows left marked at the head of their key
 SET_ASIDE_SECONDS = 3600.0
 """How long a row set aside stays so before it is claimed (and reported) again: often enough
@@ -94,7 +96,7 @@ class Fetcher:
         self.pause = Pause(spec.queue, self.problems, log)
         self.completer = completer
         self.operation = f"claim for queue {spec.queue}"
-        self._far_at = 0.0  # monotonic time of the next claim that also looks for far rows
+        self._sweep_at = 0.0  # monotonic time of the next claim that sweeps (`Claim.sweep`)
         self._stranded_at = 0.0  # monotonic time of the next look for stranded keyed rows
         self.capacity = spec.capacity
         self.ledger = Ledger(spec.queue, self.capacity, observer)
@@ -320,7 +322,7 @@ class Fetcher:
     async def _claim(self, limit: int) -> int:
         started = time.perf_counter()
         claim = self._new_claim(limit)
-        far = claim.far
+        sweep = claim.sweep
         self._held_back = None
         if self.limits:
             allowed = await self.store.claim_limited(claim)
@@ -332,8 +334,8 @@ class Fetcher:
                 self._held_back = allowed.wait
         else:
             msgs = await self.store.claim(claim)
-        if far and len(msgs) < limit:  # a full claim may have left the far rows out
-            self._far_at = time.monotonic() + FAR_EVERY
+        if sweep and len(msgs) < limit:  # a full claim may have left swept rows out
+            self._sweep_at = time.monotonic() + SWEEP_EVERY
         self.observer.claimed(self.spec.queue, len(msgs), time.perf_counter() - started)
         return await self._take(claim, msgs)
 
@@ -343,11 +345,11 @@ class Fetcher:
         errs on the early side."""
         spec = self.spec
         sent = time.monotonic()
-        far = limit is not None and sent >= self._far_at
+        sweep = limit is not None and sent >= self._sweep_at
         held = self.ledger.held() if limit is not None else []
         start_by = sent + spec.lease_ttl - spec.start_margin
         token = lease_token(self.worker_id)
-        return Claim(spec.queue, limit, spec.lease_ttl, token, sent, start_by, held, far)
+        return Claim(spec.queue, limit, spec.lease_ttl, token, sent, start_by, held, sweep)
 
     def handover(self) -> Claim:
         """The claim of the next rows of the keys an ack deletes rows of, for the completer to
@@ -439,6 +441,8 @@ class Fetcher:
         if idle and self.stall.idle(-due if due is not None else 0.0):
             self.observer.stalled(self.spec.queue, self.stall.reason)
         if due is not None:
+            if due <= 0:  # due now, yet the claim took none: maybe an expired lease
+                self._sweep_at = 0.0
             wait = min(wait, max(due, 0.0) + DUE_SLACK)
         if self._due_at is not None:
             local = self._due_at - time.monotonic()

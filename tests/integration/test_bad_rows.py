@@ -278,11 +278,11 @@ def test_without_a_dlq_an_unloadable_row_is_set_aside_and_reported_by_id(
     assert "created_at: infinity is not a finite timestamp" in reports[0].getMessage()
 
 
-def test_a_row_due_beyond_year_9999_is_claimed_only_by_a_claim_that_looks_far(
+def test_a_row_due_beyond_year_9999_is_claimed_only_by_a_claim_that_sweeps(
     dsn: str, conn: Conn
 ) -> None:
-    """The fetcher asks for such rows every few seconds, not on every claim: a claim without
-    `far` leaves them alone (and costs nothing for them); one with `far` takes them."""
+    """The fetcher sweeps every few seconds, not on every claim: a claim without `sweep`
+    leaves such rows alone (and costs nothing for them); one with `sweep` takes them."""
     without_checks(conn)
     bad = insert_bad(conn, "q", next_attempt_at="infinity")
     conn.commit()
@@ -291,8 +291,8 @@ def test_a_row_due_beyond_year_9999_is_claimed_only_by_a_claim_that_looks_far(
         pool = await open_pool(dsn, 1)
         try:
             took = []
-            for far in (False, True):
-                claim = Claim("q", 10, 60.0, uuid.uuid4(), sent=0.0, start_by=60.0, far=far)
+            for sweep in (False, True):
+                claim = Claim("q", 10, 60.0, uuid.uuid4(), sent=0.0, start_by=60.0, sweep=sweep)
                 msgs = await PostgresStore(pool, Queries(NAMES)).claim(claim)
                 took.append([msg.id for msg in msgs])
             return took[0], took[1]

@@ -638,7 +638,6 @@ def test_the_runtime_statements_use_their_indexes(
                 "lease_ttl": 60.0,
                 "token": uuid.uuid4(),
                 "held": [uuid.uuid4() for _ in range(4)],  # the tokens of claims in hand
-                "far": True,
             },
             ("outbox_pending_idx", "outbox_lease_idx", "outbox_order_idx"),
         ),

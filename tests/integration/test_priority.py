@@ -192,7 +192,6 @@ def test_the_claim_of_the_release_before_works_on_a_migrated_table(conn: Conn) -
         "lease_ttl": 30.0,
         "token": uuid.uuid4(),
         "held": [],
-        "far": False,
     }
     taken = conn.execute(statement, args, binary=True).fetchall()
     assert {row[0] for row in taken} == set(plain)
@@ -210,7 +209,6 @@ def test_a_queue_without_priorities_claims_over_the_same_indexes(conn: Conn) -> 
         "lease_ttl": 30.0,
         "token": uuid.uuid4(),
         "held": [],
-        "far": False,
     }
     conn.execute("SET enable_seqscan = off")  # a plan that needs one would still use it
     rows = conn.execute(
