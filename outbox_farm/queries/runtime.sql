@@ -25,8 +25,8 @@
 -- every two seconds (`Claim.sweep`), but not, in between, with the claims NOTIFYs wake on an
 -- idle queue: the three branches, even skipped, cost that claim a sixth of its round trip
 -- (measured: 0.61 against 0.53 ms a one-row claim), and the time an idle farm takes from a
--- commit to its handler is mostly that claim. An expired lease is due in `next_due`, so it is swept as soon as
--- the fetcher would have claimed it anyway.
+-- commit to its handler is mostly that claim. An expired lease is due in `next_due`, so it is
+-- swept as soon as the fetcher would have claimed it anyway.
 -- Priorities (migration 0013): `ranked` takes due rows with a `priority` above 0, highest first,
 -- then in due order, over the priority index, which holds only such rows. It is sent only for a
 -- queue that has such rows (`db.claims` asks every second, `claim_ranks`): its planning alone
