@@ -139,10 +139,23 @@ PRIORITY_INDEX = ExpectedIndex(
     "acquired_token IS NULL AND NOT key_blocked AND priority > 0",
 )
 PRIORITY_VERSION = 13
+# Fair keys (migration 0014): a column of the outbox and an index of its free rows that have
+# one. Not in OUTBOX_COLUMNS either: a farm claims without it, and only a publish with a fair
+# key needs it (it is refused, saying to migrate, until then).
+FAIR_COLUMNS: dict[str, tuple[str, bool, bool]] = {"fair_key": ("text", False, False)}
+FAIR_INDEX = ExpectedIndex(
+    "fair key index (migration 0014)",
+    ("queue", "fair_key", "next_attempt_at"),
+    False,
+    "acquired_token IS NULL AND NOT key_blocked AND fair_key IS NOT NULL",
+)
 FIX_HINT = (
     "run `outbox-farm migrate`, or for a drifted index or CHECK drop it and recreate it as "
     "`outbox-farm sql` prints it"
 )
+# A dropped index of a recorded migration: a plain `migrate` skips the migration, `--repair`
+# runs it again.
+REPAIR_HINT = "run `outbox-farm migrate --repair` (it makes it again)"
 
 
 @dataclass(frozen=True)
@@ -254,7 +267,9 @@ def _check_columns(
     return problems
 
 
-def _check_index(label: str, want: ExpectedIndex, live_indexes: list[LiveIndex]) -> Problem | None:
+def _check_index(
+    label: str, want: ExpectedIndex, live_indexes: list[LiveIndex], missing_hint: str = FIX_HINT
+) -> Problem | None:
     candidates = [
         (index.name, index.unique, _normalise(index.predicate))
         for index in live_indexes
@@ -265,7 +280,7 @@ def _check_index(label: str, want: ExpectedIndex, live_indexes: list[LiveIndex])
         return None
     cols = ", ".join(want.columns)
     if not candidates:
-        return Problem(label, f"{want.role} on ({cols}) is missing; {FIX_HINT}", True)
+        return Problem(label, f"{want.role} on ({cols}) is missing; {missing_hint}", True)
     index_name, _, pred = candidates[0]
     if pred == wanted_pred:
         issue = "must be UNIQUE" if want.unique else "must not be UNIQUE"
@@ -406,32 +421,79 @@ def _check_controls(conn: Connection, applied: set[int]) -> list[Problem]:
     return found
 
 
-def _check_priority(conn: Connection, names: TableNames, applied: set[int]) -> list[Problem]:
-    """Migration 0013's column and index on the outbox. Without the column the farms claim as
-    the release before did and a publish with a priority is refused; without the index the
-    claim's share by priority reads the pending index instead. Neither stops a farm, so `start`
-    does not look (`missing_columns`); the index is looked for only beside its column."""
+@dataclass(frozen=True)
+class OutboxAddition:
+    """A column a migration added to the outbox, with its index, that no farm needs to run:
+    `start` does not look for it (`missing_columns`), `check` does."""
+
+    version: int
+    feature: str
+    columns: dict[str, tuple[str, bool, bool]]
+    index: ExpectedIndex
+    until: str  # what does not work while the column is missing
+
+
+OUTBOX_ADDITIONS = (
+    OutboxAddition(
+        PRIORITY_VERSION,
+        "priorities",
+        PRIORITY_COLUMNS,
+        PRIORITY_INDEX,
+        "a publish with a priority is refused and every row is claimed in due order",
+    ),
+    OutboxAddition(
+        FAIR_KEYS_VERSION,
+        "fair keys",
+        FAIR_COLUMNS,
+        FAIR_INDEX,
+        "a publish with a fair key is refused",
+    ),
+)
+
+
+def _check_additions(conn: Connection, names: TableNames, applied: set[int]) -> list[Problem]:
+    """Migration 0013's and 0014's columns and indexes on the outbox. Without the priority
+    column the farms claim as the release before did and a publish with a priority is refused;
+    without the fair key column a publish with a fair key is refused. Without the priority
+    index the claim's share by priority reads the pending index instead; without the fair key
+    index the fair claim reads the queue's free rows once per key waiting. None stops a farm,
+    so `start` does not look; an index is looked for only beside its column. Once the migration
+    is recorded, only `--repair` makes what it made again."""
     live = read_table(conn, names.outbox)
     if live is None:  # reported by the outbox's own check
         return []
     label = str(names.outbox)
-    repair = PRIORITY_VERSION in applied
-    hint = "run `outbox-farm migrate --repair`" if repair else "run `outbox-farm migrate`"
-    if "priority" not in live.columns:
-        what = "column priority is missing (expected smallint)"
-        return [
-            Problem(
-                label,
-                f"{what} (migration 0013: priorities; until then a publish with a priority is "
-                f"refused and every row is claimed in due order); {hint}",
-            )
+    found: list[Problem] = []
+    for added in OUTBOX_ADDITIONS:
+        repair = added.version in applied
+        hint = "run `outbox-farm migrate --repair`" if repair else "run `outbox-farm migrate`"
+        migration = f"migration {added.version:04d}: {added.feature}"
+        absent = [name for name in added.columns if name not in live.columns]
+        if absent:
+            found += [
+                Problem(
+                    label,
+                    f"column {name} is missing (expected {added.columns[name][0]}) "
+                    f"({migration}; until then {added.until}); {hint}",
+                )
+                for name in absent
+            ]
+            continue
+        found += [
+            Problem(p.table, f"{p.message} ({migration}); {hint}")
+            for p in _check_columns(label, live.columns, added.columns)
         ]
-    found = [
-        Problem(p.table, f"{p.message} (migration 0013: priorities); {hint}")
-        for p in _check_columns(label, live.columns, PRIORITY_COLUMNS)
-    ]
-    index = _check_index(label, PRIORITY_INDEX, live.indexes)
-    return found if index is None else [*found, index]
+        index = _check_index(label, added.index, live.indexes, REPAIR_HINT if repair else FIX_HINT)
+        if index is not None:
+            found.append(index)
+    return found
+
+
+def _unadvised(message: str) -> str:
+    """A shape problem's message without its advice to recreate, for a note."""
+    for hint in (FIX_HINT, REPAIR_HINT):
+        message = message.removesuffix("; " + hint)
+    return message
 
 
 @dataclass(frozen=True)
@@ -456,7 +518,7 @@ def assess_schema(conn: Connection, names: TableNames) -> Assessment:
         problems += _check_causes(conn, names, causes_applied)
     outbox_applied = {v for t, v, _ in recorded if t == str(names.outbox)}
     problems += _check_controls(conn, outbox_applied)
-    problems += _check_priority(conn, names, outbox_applied)
+    problems += _check_additions(conn, names, outbox_applied)
     shipped = max(m.version for m in load_migrations())
     newer = [record for record in recorded if record[1] > shipped]
     if not newer:
@@ -467,7 +529,7 @@ def assess_schema(conn: Connection, names: TableNames) -> Assessment:
         f"this release ships up to {shipped:04d}): fine, it works with this release"
     ]
     notes += [
-        f"{p.table}: {p.message.removesuffix('; ' + FIX_HINT)}, as a newer migration may have "
+        f"{p.table}: {_unadvised(p.message)}, as a newer migration may have "
         "left it: leave it, and check with the release that migrated"
         for p in problems
         if p.shape

@@ -13,7 +13,7 @@ from outbox_farm import Farm
 from outbox_farm.errors import DatabaseError
 from outbox_farm.names import TableNames
 from outbox_farm.ops.migrate import migrate
-from outbox_farm.ops.schema_check import FIX_HINT, Problem, check_schema
+from outbox_farm.ops.schema_check import FIX_HINT, Problem, assess_schema, check_schema
 
 Conn = psycopg.Connection[Any]
 NAMES = TableNames.build("outbox", "outbox_dlq")
@@ -327,9 +327,11 @@ def test_missing_queue_controls_table_says_to_migrate(conn: Conn) -> None:
     conn.execute("DELETE FROM outbox_farm_migrations WHERE version IN (11, 12, 14)")
     conn.execute("ALTER TABLE outbox DROP COLUMN fair_key")
     conn.execute("DROP TABLE outbox_farm_queues")
-    found = only(conn)
-    assert found.startswith("outbox_farm_queues: table does not exist (migration 0011")
-    assert found.endswith("run `outbox-farm migrate`")
+    table, fair_key = problems(conn)
+    assert table.startswith("outbox_farm_queues: table does not exist (migration 0011")
+    assert table.endswith("run `outbox-farm migrate`")
+    assert fair_key.startswith("outbox: column fair_key is missing (expected text) (migration 0014")
+    assert fair_key.endswith("run `outbox-farm migrate`")
     migrate(conn, NAMES)
     assert check_schema(conn, NAMES) == []
 
@@ -387,8 +389,9 @@ def test_priority_index_dropped_or_drifted_is_reported(conn: Conn) -> None:
     index = NAMES.identifiers()["priority_idx"]
     conn.execute(sql.SQL("DROP INDEX {}").format(index))
     found = only(conn)
-    assert found.startswith(
-        "outbox: priority index (migration 0013) on (queue, priority, next_attempt_at) is missing"
+    assert found == (
+        "outbox: priority index (migration 0013) on (queue, priority, next_attempt_at) is "
+        "missing; run `outbox-farm migrate --repair` (it makes it again)"
     )
     conn.execute(
         "CREATE INDEX drifted ON outbox (queue, priority DESC, next_attempt_at) "
@@ -396,11 +399,13 @@ def test_priority_index_dropped_or_drifted_is_reported(conn: Conn) -> None:
     )
     assert "has predicate WHERE acquired_token is null, expected WHERE" in only(conn)
     conn.execute("DROP INDEX drifted")
+    migrate(conn, NAMES, repair=True)
+    assert check_schema(conn, NAMES) == []
     conn.execute("ALTER TABLE outbox ALTER COLUMN priority DROP NOT NULL")
     assert "column priority should be NOT NULL (migration 0013" in problems(conn)[0]
 
 
-def test_missing_per_key_limit_column_before_0014_says_to_migrate(conn: Conn) -> None:
+def test_a_database_at_0013_says_to_migrate_and_start_does_not_refuse(conn: Conn) -> None:
     from outbox_farm.ops.readiness import check_ready
     from outbox_farm.ops.schema_check import missing_columns
 
@@ -408,10 +413,12 @@ def test_missing_per_key_limit_column_before_0014_says_to_migrate(conn: Conn) ->
     conn.execute("DELETE FROM outbox_farm_migrations WHERE version = 14")
     conn.execute("ALTER TABLE outbox DROP COLUMN fair_key")  # its index goes with it
     conn.execute("ALTER TABLE outbox_farm_queues DROP COLUMN key_max_running")
-    assert only(conn) == (
+    assert problems(conn) == [
         "outbox_farm_queues: column key_max_running is missing (expected integer) (migration "
-        "0014: fair keys; until then a limit per fair key is refused); run `outbox-farm migrate`"
-    )
+        "0014: fair keys; until then a limit per fair key is refused); run `outbox-farm migrate`",
+        "outbox: column fair_key is missing (expected text) (migration 0014: fair keys; until "
+        "then a publish with a fair key is refused); run `outbox-farm migrate`",
+    ]
     # Reported as a migration pending, as 0013's priority is: `start` does not refuse it.
     assert missing_columns(conn, NAMES) == []
     check_ready(conn, NAMES, False, logging.getLogger("test"))
@@ -431,4 +438,75 @@ def test_per_key_limit_column_dropped_or_drifted_after_0014_is_reported(conn: Co
     conn.execute("ALTER TABLE outbox_farm_queues ALTER COLUMN key_max_running TYPE bigint")
     assert only(conn).startswith(
         "outbox_farm_queues: column key_max_running is bigint, expected integer (migration 0014"
+    )
+
+
+def test_fair_key_column_dropped_or_drifted_after_0014_is_reported(conn: Conn) -> None:
+    conn.execute("ALTER TABLE outbox DROP COLUMN fair_key")  # its index goes with it
+    assert only(conn) == (
+        "outbox: column fair_key is missing (expected text) (migration 0014: fair keys; until "
+        "then a publish with a fair key is refused); run `outbox-farm migrate --repair`"
+    )
+    migrate(conn, NAMES, repair=True)
+    assert check_schema(conn, NAMES) == []
+    conn.execute("ALTER TABLE outbox ALTER COLUMN fair_key SET NOT NULL")
+    assert only(conn) == (
+        "outbox: column fair_key should be nullable (migration 0014: fair keys); run "
+        "`outbox-farm migrate --repair`"
+    )
+    conn.execute("ALTER TABLE outbox ALTER COLUMN fair_key DROP NOT NULL")
+    conn.execute("ALTER TABLE outbox ALTER COLUMN fair_key TYPE varchar(255)")
+    assert only(conn).startswith(
+        "outbox: column fair_key is character varying(255), expected text (migration 0014"
+    )
+
+
+def test_fair_key_index_dropped_or_drifted_after_0014_is_reported(conn: Conn) -> None:
+    index = NAMES.identifiers()["fair_idx"]
+    conn.execute(sql.SQL("DROP INDEX {}").format(index))
+    assert only(conn) == (
+        "outbox: fair key index (migration 0014) on (queue, fair_key, next_attempt_at) is "
+        "missing; run `outbox-farm migrate --repair` (it makes it again)"
+    )
+    migrate(conn, NAMES, repair=True)
+    assert check_schema(conn, NAMES) == []
+
+    conn.execute(sql.SQL("DROP INDEX {}").format(index))
+    conn.execute(
+        "CREATE INDEX drifted ON outbox (queue, fair_key, next_attempt_at) "
+        "WHERE acquired_token IS NULL AND NOT key_blocked"
+    )
+    assert only(conn) == (
+        "outbox: fair key index (migration 0014) drifted on (queue, fair_key, next_attempt_at) "
+        "has predicate WHERE acquired_token is null and not key_blocked, expected WHERE "
+        f"acquired_token IS NULL AND NOT key_blocked AND fair_key IS NOT NULL; {FIX_HINT}"
+    )
+
+
+def test_fair_key_index_missing_before_0014_is_recorded_says_to_migrate(
+    conn: Conn,
+) -> None:
+    # The column is there, but 0014 never ran: `migrate` makes the index.
+    conn.execute("DELETE FROM outbox_farm_migrations WHERE version = 14")
+    conn.execute(sql.SQL("DROP INDEX {}").format(NAMES.identifiers()["fair_idx"]))
+    assert only(conn) == (
+        "outbox: fair key index (migration 0014) on (queue, fair_key, next_attempt_at) is "
+        f"missing; {FIX_HINT}"
+    )
+    migrate(conn, NAMES)
+    assert check_schema(conn, NAMES) == []
+
+
+def test_fair_key_index_missing_on_a_newer_schema_is_a_note_without_advice(conn: Conn) -> None:
+    conn.execute(sql.SQL("DROP INDEX {}").format(NAMES.identifiers()["fair_idx"]))
+    conn.execute(
+        "INSERT INTO outbox_farm_migrations (target, version, name, checksum)"
+        " VALUES ('outbox', 99, 'fair_reshaped', 'x')"
+    )
+    found = assess_schema(conn, NAMES)
+    assert found.problems == []
+    assert found.notes[1] == (
+        "outbox: fair key index (migration 0014) on (queue, fair_key, next_attempt_at) is "
+        "missing, as a newer migration may have left it: leave it, and check with the release "
+        "that migrated"
     )
