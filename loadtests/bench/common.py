@@ -23,7 +23,7 @@ import psycopg
 import uvloop
 
 from loadtests.common import tables
-from loadtests.common.harness import admin_server, note, scratch_database
+from loadtests.common.harness import Metrics, admin_server, note, scratch_database
 from outbox_farm import Farm
 
 QUEUE = "bench"
@@ -243,3 +243,24 @@ def add_limits(
         help="seconds after which a phase stops and reports what it did by then",
     )
     parser.add_argument("--time-limit", type=float, default=time_limit, help=time_limit_help)
+
+
+# -- the farm's own counters ---------------------------------------------------------------
+
+COUNTERS = ("acked", "claimed", "fetch_sum", "fetch_count", "vacuum_sum", "vacuum_count")
+
+
+def readings(url: str) -> dict[str, float] | None:
+    """The farm's counters the depth and sustained reports read (acks, claims, claim time,
+    VACUUM time), or None while its /metrics does not answer."""
+    metrics = Metrics.scrape(url)
+    if metrics is None:
+        return None
+    return {
+        "acked": metrics.total("outbox_farm_acked_total", queue=QUEUE),
+        "claimed": metrics.total("outbox_farm_claimed_total", queue=QUEUE),
+        "fetch_sum": metrics.total("outbox_farm_fetch_seconds_sum", queue=QUEUE),
+        "fetch_count": metrics.total("outbox_farm_fetch_seconds_count", queue=QUEUE),
+        "vacuum_sum": metrics.total("outbox_farm_vacuum_seconds_sum"),
+        "vacuum_count": metrics.total("outbox_farm_vacuum_seconds_count"),
+    }

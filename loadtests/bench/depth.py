@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 
 from loadtests.common import tables
-from loadtests.common.harness import Metrics, free_port, note
+from loadtests.common.harness import free_port, note
 from loadtests.common.waits import wait_until
 from outbox_farm import Farm
 from outbox_farm.chores.vacuum import MIN_DEAD_TUPLES
@@ -46,6 +46,7 @@ from outbox_farm.prefork.arbiter import GAUGES_INTERVAL
 from outbox_farm.queries import Queries
 
 from .common import (
+    COUNTERS,
     QUEUE,
     Progress,
     add_dsn,
@@ -53,6 +54,7 @@ from .common import (
     outbox_stats,
     percentiles,
     raise_errors,
+    readings,
     reap,
     scratch,
     server,
@@ -99,24 +101,6 @@ FREE_INDEX = "SELECT leaf_pages, empty_pages, deleted_pages FROM pgstatindex(%s:
 
 class OutOfDisk(Exception):
     """The server's disk will not hold the rows: nothing more is loaded."""
-
-
-COUNTERS = ("acked", "claimed", "fetch_sum", "fetch_count", "vacuum_sum", "vacuum_count")
-
-
-def readings(url: str) -> dict[str, float] | None:
-    """The farm's counters this report reads, or None while its /metrics does not answer."""
-    metrics = Metrics.scrape(url)
-    if metrics is None:
-        return None
-    return {
-        "acked": metrics.total("outbox_farm_acked_total", queue=QUEUE),
-        "claimed": metrics.total("outbox_farm_claimed_total", queue=QUEUE),
-        "fetch_sum": metrics.total("outbox_farm_fetch_seconds_sum", queue=QUEUE),
-        "fetch_count": metrics.total("outbox_farm_fetch_seconds_count", queue=QUEUE),
-        "vacuum_sum": metrics.total("outbox_farm_vacuum_seconds_sum"),
-        "vacuum_count": metrics.total("outbox_farm_vacuum_seconds_count"),
-    }
 
 
 def first_row(

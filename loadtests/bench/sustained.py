@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from loadtests.common import tables
-from loadtests.common.harness import Metrics, free_port
+from loadtests.common.harness import free_port
 from outbox_farm import Farm
 
 from . import floor
@@ -39,6 +39,7 @@ from .common import (
     outbox_stats,
     percentiles,
     raise_errors,
+    readings,
     reap,
     scratch,
     server_info,
@@ -140,18 +141,6 @@ def raw_receiver(dsn: str, folder: str, stop: Any, handled: Any) -> None:
                     break
             for _ in listen.notifies(timeout=0.1, stop_after=1):
                 pass
-
-
-def readings(url: str) -> dict[str, float] | None:
-    """The farm's counters this report reads, or None while its /metrics does not answer."""
-    metrics = Metrics.scrape(url)
-    if metrics is None:
-        return None
-    return {
-        "acked": metrics.total("outbox_farm_acked_total", queue=QUEUE),
-        "fetch_sum": metrics.total("outbox_farm_fetch_seconds_sum", queue=QUEUE),
-        "fetch_count": metrics.total("outbox_farm_fetch_seconds_count", queue=QUEUE),
-    }
 
 
 Reading = Callable[[], dict[str, float] | None]
