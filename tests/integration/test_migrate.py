@@ -50,6 +50,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "0012_queue_limits on outbox",
             "0013_priority on outbox",
             "0014_fair_key on outbox",
+            "0015_fleet on outbox",
         ]
         assert result.already == []
         assert lines == [
@@ -67,6 +68,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             "applying 0012_queue_limits on outbox",
             "applying 0013_priority on outbox",
             "applying 0014_fair_key on outbox",
+            "applying 0015_fleet on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") == "outbox_dlq"
@@ -82,6 +84,7 @@ def test_migrate_creates_both_tables(empty_dsn: str) -> None:
             ("outbox", 12, "queue_limits"),
             ("outbox", 13, "priority"),
             ("outbox", 14, "fair_key"),
+            ("outbox", 15, "fleet"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -110,9 +113,10 @@ def test_second_run_applies_nothing(empty_dsn: str) -> None:
             "0012_queue_limits on outbox",
             "0013_priority on outbox",
             "0014_fair_key on outbox",
+            "0015_fleet on outbox",
         ]
         assert lines == []
-        assert len(records(conn)) == 14
+        assert len(records(conn)) == 15
 
 
 def test_migrate_refuses_a_connection_inside_a_transaction(empty_dsn: str) -> None:
@@ -162,6 +166,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
         "0012_queue_limits on outbox",
         "0013_priority on outbox",
         "0014_fair_key on outbox",
+        "0015_fleet on outbox",
     ]
     assert already == applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -177,6 +182,7 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox", 12, "queue_limits"),
             ("outbox", 13, "priority"),
             ("outbox", 14, "fair_key"),
+            ("outbox", 15, "fleet"),
             ("outbox_dlq", 2, "dlq"),
             ("outbox_dlq", 7, "dlq_filter_indexes"),
             ("outbox_dlq", 9, "dlq_cause"),
@@ -190,6 +196,8 @@ def test_concurrent_migrate_on_a_fresh_database(empty_dsn: str) -> None:
             ("outbox_dlq",),
             ("outbox_dlq_causes",),
             ("outbox_farm_code",),
+            ("outbox_farm_fleet_leases",),
+            ("outbox_farm_fleet_members",),
             ("outbox_farm_migrations",),
             ("outbox_farm_queues",),
         ]
@@ -215,6 +223,7 @@ def test_renamed_tables(empty_dsn: str) -> None:
             "0012_queue_limits on jobs",
             "0013_priority on jobs",
             "0014_fair_key on jobs",
+            "0015_fleet on jobs",
         ]
         assert regclass(conn, "jobs") == "jobs"
         assert regclass(conn, "jobs_dead") == "jobs_dead"
@@ -241,9 +250,9 @@ def test_renamed_tables(empty_dsn: str) -> None:
         # Both sets of tables can live in one database, each with its own records.
         migrate(conn, DEFAULT)
         assert [r[0] for r in records(conn)] == [
-            *["jobs"] * 11,
+            *["jobs"] * 12,
             *["jobs_dead"] * 3,
-            *["outbox"] * 11,
+            *["outbox"] * 12,
             *["outbox_dlq"] * 3,
         ]
 
@@ -268,6 +277,7 @@ def test_schema_qualified_tables(empty_dsn: str) -> None:
             "0012_queue_limits on app.jobs",
             "0013_priority on app.jobs",
             "0014_fair_key on app.jobs",
+            "0015_fleet on app.jobs",
         ]
         assert regclass(conn, "app.jobs") == "app.jobs"
         assert regclass(conn, "app.jobs_dlq") == "app.jobs_dlq"
@@ -299,6 +309,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             "0012_queue_limits on outbox",
             "0013_priority on outbox",
             "0014_fair_key on outbox",
+            "0015_fleet on outbox",
         ]
         assert regclass(conn, "outbox") == "outbox"
         assert regclass(conn, "outbox_dlq") is None
@@ -314,6 +325,7 @@ def test_no_dlq_creates_only_the_outbox(empty_dsn: str) -> None:
             ("outbox", 12, "queue_limits"),
             ("outbox", 13, "priority"),
             ("outbox", 14, "fair_key"),
+            ("outbox", 15, "fleet"),
         ]
         assert check_schema(conn, TableNames.build("outbox")) == []
         # Adding the DLQ later applies only its migration.
@@ -339,7 +351,7 @@ def test_ddl_applied_by_hand_passes_the_check(empty_dsn: str, table: str, dlq: s
         # DDL leaves no bookkeeping; migrate then adopts the tables without error.
         assert regclass(conn, "outbox_farm_migrations") is None
         result = migrate(conn, TableNames.build(table, dlq))
-        assert len(result.applied) == (11 if dlq is None else 14)
+        assert len(result.applied) == (12 if dlq is None else 15)
         assert check_schema(conn, TableNames.build(table, dlq)) == []
 
 
