@@ -18,6 +18,7 @@ from ..errors import OutboxFarmError
 from .console import console
 from .demo import demo
 from .dlq import dlq
+from .fleet import fleet
 from .ops import doctor_command, stats
 from .options import EPILOG
 from .queues import queue
@@ -39,6 +40,18 @@ def main() -> None:
     """outbox_farm: deliver every committed outbox row to its handler, at least once."""
 
 
-COMMANDS = (migrate_command, check, sql, start, demo, stats, queue, dlq, doctor_command, console)
+COMMANDS = (
+    migrate_command,
+    check,
+    sql,
+    start,
+    demo,
+    stats,
+    queue,
+    dlq,
+    doctor_command,
+    console,
+    fleet,
+)
 for command in COMMANDS:
     main.add_command(command)

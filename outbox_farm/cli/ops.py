@@ -17,6 +17,7 @@ from ..admin.rates import DEFAULT_METRICS_URL
 from ..admin.stats import CAUSES_PER_QUEUE, EXACT_LIMIT, OUTBOX_COUNTS, STALL_AFTER
 from ..db.connect import connect
 from ..errors import OutboxFarmError
+from ..fleet.fleet import Fleet
 from ..names import TableNames
 from ..ops.server import connected, located
 from ..prefork.app import load_farm
@@ -58,6 +59,15 @@ def _breaker(q: Any) -> str:
     why = f" ({b.reason})" if b.reason else ""
     probe = "" if b.probe_at is None else f", next probe {b.probe_at:%Y-%m-%d %H:%M:%S %Z}"
     return f"open since {b.open_since:%Y-%m-%d %H:%M:%S %Z}{why}{probe}"
+
+
+def _queues_of(app: str, names: TableNames) -> list[str]:
+    """The queues `app` registers on the outbox `names` says: of a Fleet, its farm of that
+    table."""
+    loaded = load_farm(app)
+    if not isinstance(loaded, Fleet):
+        return list(loaded.handlers)
+    return [q for f in loaded.farms if f.names.outbox == names.outbox for q in f.handlers]
 
 
 def _render(frame: dict[str, Any]) -> str:
@@ -185,7 +195,7 @@ def stats(
     JSON: open_since non-null; its rows wait for the downstream, one probe row each
     interval). A queue whose claims fail is found by `outbox-farm doctor`, which probes them.
     """
-    known = list(load_farm(app).handlers) if app else []
+    known = _queues_of(app, names) if app else []
     with connected(dsn, notice, autocommit=True) as conn:
         frames = stats_frames(
             conn,

@@ -181,6 +181,10 @@ def start(
     worker one at a time with one running the code now on disk, SIGTTIN/SIGTTOU add or remove
     one. --embedded runs it on the embedded PostgreSQL server instead of a DSN, migrated first:
     for a try.
+
+    APP may also be an `outbox_farm.fleet.Fleet`: several outbox tables, in every database of
+    a set (a TOML file, a catalog query), shared out among the workers of every host by leases
+    in the database of --dsn, the fleet's home (`outbox-farm migrate` it first).
     """
     configure(log_format, log_level)
     with usage_error(METRICS_DIR_HINT):

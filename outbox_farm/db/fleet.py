@@ -10,6 +10,7 @@ what it holds and tries again next round).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import psycopg
@@ -43,11 +44,20 @@ class Round(NamedTuple):
     taken: frozenset[str]
 
 
+class Process(NamedTuple):
+    """One live process of a fleet, as an operator sees it."""
+
+    member: str
+    host: str
+    pid: int
+    started_at: datetime
+    databases: int
+
+
 class Assignment(NamedTuple):
     """One lease of the fleet, as an operator sees it."""
 
     database: str
-    copy: int
     holder: str
     live: bool
     expires_in: float
@@ -58,7 +68,6 @@ async def play_round(
     member: Member,
     ttl: float,
     wanted: list[str],
-    copies: int,
     share: Callable[[int], int],
 ) -> Round:
     """Beat, renew, then take free databases of `wanted` (in that order of preference) until
@@ -76,28 +85,24 @@ async def play_round(
             row = await (await conn.execute(_text("fleet_beat"), params)).fetchone()
             members = int(row[0]) if row is not None else 1
             renewed = await (await conn.execute(_text("fleet_renew"), params)).fetchall()
-            held = {database for database, _ in renewed}
+            held = {database for (database,) in renewed}
             room = min(int(share(members)), len(wanted)) - len(held & set(wanted))
             taken: set[str] = set()
             if room > 0:
                 free = await (
                     await conn.execute(
                         _text("fleet_free"),
-                        {**params, "databases": wanted, "copies": copies, "limit": room},
+                        {**params, "databases": wanted, "limit": room},
                     )
                 ).fetchall()
                 if free:
                     got = await (
                         await conn.execute(
                             _text("fleet_take"),
-                            {
-                                **params,
-                                "databases": [database for database, _ in free],
-                                "copies": [copy for _, copy in free],
-                            },
+                            {**params, "databases": [database for (database,) in free]},
                         )
                     ).fetchall()
-                    taken = {database for database, _ in got}
+                    taken = {database for (database,) in got}
     return Round(members, frozenset(held | taken), frozenset(taken))
 
 
@@ -138,7 +143,7 @@ def assignments(conn: Connection, fleet: str) -> list[Assignment]:
     """Every lease of `fleet`, by database."""
     with boundary():
         rows = conn.execute(_text("fleet_assignments"), {"fleet": fleet}).fetchall()
-    return [Assignment(d, int(c), h, bool(live), float(left)) for d, c, h, live, _, left in rows]
+    return [Assignment(d, h, bool(live), float(left)) for d, h, live, left in rows]
 
 
 def has_tables(conn: Connection) -> bool:
@@ -146,3 +151,10 @@ def has_tables(conn: Connection) -> bool:
     with boundary():
         row = conn.execute(_text("fleet_tables")).fetchone()
     return bool(row and row[0])
+
+
+def processes(conn: Connection, fleet: str) -> list[Process]:
+    """The live processes of `fleet`, by host and pid."""
+    with boundary():
+        rows = conn.execute(_text("fleet_members"), {"fleet": fleet}).fetchall()
+    return [Process(m, h, int(p), s, int(n)) for m, h, p, s, n in rows]

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConfigurationError
 from ..farm import Farm
 from ..handler import HandlerSpec
-
-FLEET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+from .databases import NAME, NAME_RULE
 
 
 class Fleet:
@@ -25,15 +23,14 @@ class Fleet:
     them is served or let go without restarting anything else. With neither, the fleet serves
     the home database alone, under the name `default`: several outboxes of one database.
 
-    Sharing out: each database is served by `copies` processes at a time (1: one process
-    claims its rows, holds its connections and runs its chores), whichever hold its leases.
-    Every process renews its leases and takes free ones up to its share, the set's size times
-    `copies` divided by the live processes of the fleet (of every host), rounded up, and at
-    most `max_databases`; a process above its share (one joined) drains and gives the excess
-    up. A process that stops gives its databases up at once; one that died is given up for by
-    its arbiter; a dead host's expire `lease` seconds after its last renewal and are taken at
-    the others' next round (every `lease / 3` seconds). `name` tells fleets sharing a home
-    database apart.
+    Sharing out: each database is served by one process at a time, whichever holds its lease:
+    it claims the database's rows, holds its connections and runs its chores. Every process
+    renews its leases and takes free ones up to its share, the set's size divided by the live
+    processes of the fleet (of every host), rounded up, and at most `max_databases`; a process
+    above its share (one joined) drains and gives the excess up. A process that stops gives its
+    databases up at once; one that died is given up for by its arbiter; a dead host's expire
+    `lease` seconds after its last renewal and are taken at the others' next round (every
+    `lease / 3` seconds). `name` tells fleets sharing a home database apart.
     """
 
     def __init__(
@@ -42,7 +39,6 @@ class Fleet:
         databases: str | Path | None = None,
         catalog: str | None = None,
         name: str = "default",
-        copies: int = 1,
         lease: float = 15.0,
         recheck: float = 10.0,
         max_databases: int | None = None,
@@ -56,10 +52,8 @@ class Fleet:
         if not all(farm.handlers for farm in farms):
             empty = [t for t, farm in zip(tables, farms, strict=True) if not farm.handlers]
             raise ConfigurationError(f"farms of tables {empty} have no handlers")
-        if not FLEET_NAME.fullmatch(name):
-            raise ConfigurationError(f"fleet name {name!r}: 1-63 of A-Z a-z 0-9 _ . -")
-        if not isinstance(copies, int) or not 1 <= copies <= 16:
-            raise ConfigurationError(f"copies must be 1 to 16, got {copies!r}")
+        if not NAME.fullmatch(name):
+            raise ConfigurationError(f"fleet name {name!r}: {NAME_RULE}")
         if not 3.0 <= lease <= 3600.0:
             raise ConfigurationError(f"lease must be 3 to 3600 seconds, got {lease!r}")
         if not 0.5 <= recheck <= 3600.0:
@@ -72,7 +66,6 @@ class Fleet:
         self.file = Path(databases) if databases is not None else None
         self.catalog = catalog
         self.name = name
-        self.copies = copies
         self.lease = lease
         self.recheck = recheck
         self.max_databases = max_databases
@@ -98,5 +91,5 @@ class Fleet:
 
     def share(self, databases: int, members: int) -> int:
         """How many of `databases` one of `members` live processes serves."""
-        share = math.ceil(databases * self.copies / max(members, 1))
+        share = math.ceil(databases / max(members, 1))
         return share if self.max_databases is None else min(share, self.max_databases)

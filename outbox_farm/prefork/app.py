@@ -21,6 +21,9 @@ from pathlib import Path
 from ..chores.farm_code import remember
 from ..errors import AppImportError
 from ..farm import Farm
+from ..fleet.fleet import Fleet
+
+App = Farm | Fleet
 
 # Where installed code lives: modules from here are libraries, never the app's own code.
 _OURS = __name__.partition(".")[0]  # outbox_farm itself: never imported afresh
@@ -30,8 +33,9 @@ _LIBRARY_ROOTS = tuple(
 )
 
 
-def load_farm(path: str) -> Farm:
-    """Import `module:attribute` (attribute defaults to `farm`) and check it is a usable Farm."""
+def load_farm(path: str) -> App:
+    """Import `module:attribute` (attribute defaults to `farm`) and check it is a usable Farm
+    (or Fleet of farms)."""
     module_name, _, attribute = path.partition(":")
     attribute = attribute or "farm"
     if not module_name or not all(part.isidentifier() for part in module_name.split(".")):
@@ -53,8 +57,10 @@ def load_farm(path: str) -> Farm:
         farm = getattr(module, attribute)
     except AttributeError:
         raise AppImportError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not isinstance(farm, Farm):
-        raise AppImportError(f"{path!r} is a {type(farm).__name__}, not an outbox_farm.Farm")
+    if not isinstance(farm, Farm | Fleet):
+        raise AppImportError(
+            f"{path!r} is a {type(farm).__name__}, not an outbox_farm.Farm (nor a Fleet)"
+        )
     if not farm.handlers:
         raise AppImportError(f"{path!r} has no handlers: register one with @farm.handler(queue)")
     # Now, not when a worker reports it: a worker forked from a preloaded app runs this code,
@@ -85,12 +91,12 @@ class AppLoader:
     `reload()` runs in a freshly forked worker: it forgets those modules and imports them again.
     """
 
-    def __init__(self, path: str, adjust: Callable[[Farm], Farm] = lambda farm: farm) -> None:
+    def __init__(self, path: str, adjust: Callable[[App], App] = lambda farm: farm) -> None:
         self.path = path
         self.adjust = adjust
         self.modules: frozenset[str] = frozenset()
 
-    def load(self) -> Farm:
+    def load(self) -> App:
         before = set(sys.modules)
         farm = self.adjust(load_farm(self.path))
         top = self.path.partition(":")[0].split(".")[0]
@@ -103,7 +109,7 @@ class AppLoader:
         )
         return farm
 
-    def reload(self) -> Farm:
+    def reload(self) -> App:
         for name in self.modules:
             sys.modules.pop(name, None)
         importlib.invalidate_caches()

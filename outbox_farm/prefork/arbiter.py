@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigurationError
-from ..farm import Farm
+from ..fleet.fleet import Fleet
 from ..metrics import supervisor_metrics
 from ..settings import SupervisorSettings
 from ..worker.runtime import PAST_DEADLINE
 from . import liveness
-from .app import AppLoader
+from .app import App, AppLoader
 from .beats import Child
 from .child import ARBITER_SIGNALS, BOOT_ERROR, describe_exit, run_child
 from .deaths import describe_death
@@ -66,7 +66,7 @@ class Arbiter:
     owned by the one arbiter thread; signal handlers only queue the signal (`Wakeup`).
     """
 
-    farm: Farm
+    farm: App
     dsn: str
     state_dir: Path  # heartbeat and problem files of the children
     settings: SupervisorSettings
@@ -213,9 +213,11 @@ class Arbiter:
         heartbeat, spawned_at = Child.new_heartbeat(self.state_dir, slot)
         worker_id = int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF
         # One process of the farm is the housekeeper: it alone refreshes the database-derived
-        # gauges, vacuums the table and prunes the DLQ.
+        # gauges, vacuums the table and prunes the DLQ. In a fleet, every process is, of the
+        # databases it holds (each has one holder unless the fleet says more copies).
+        fleet = isinstance(self.farm, Fleet)
         settings = self.settings.runtime.for_worker(
-            worker_id, housekeeper=slot == 0, gauges_interval=GAUGES_INTERVAL
+            worker_id, housekeeper=fleet or slot == 0, gauges_interval=GAUGES_INTERVAL
         )
         loader = None if self.settings.preload else self.loader
         pid = self._fork()
@@ -258,9 +260,7 @@ class Arbiter:
             booted, last_words = child.booted(), child.problem()
             child.forget()
             if code != 0 and booted:  # one that never booted took no lease
-                self._handbacks.launch(
-                    self._fork, self.dsn, self.farm.queries, child.worker_id, child.pid
-                )
+                self._handbacks.launch(self._fork, self.dsn, self.farm, child.worker_id, child.pid)
             if not child.retiring:
                 self._died(child, booted, code, last_words)
 

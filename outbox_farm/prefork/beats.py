@@ -29,10 +29,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ..worker.runtime import Runtime
+from typing import Protocol
 
 log = logging.getLogger("outbox_farm.child")
 HEARTBEAT_EVERY = 1.0
@@ -134,6 +131,16 @@ class Child:
             path.unlink(missing_ok=True)
 
 
+class Serving(Protocol):
+    """What a worker serves, as its files report it: a farm's runtime, or a fleet's process."""
+
+    @property
+    def problem(self) -> str | None: ...
+
+    @property
+    def warnings(self) -> list[str]: ...
+
+
 class Pulse:
     """The worker's side of its heartbeat and problem files; owned by the worker's event loop.
 
@@ -146,12 +153,12 @@ class Pulse:
         self.arbiter = arbiter
         self.stop = stop
         self.unready: str | None = None
-        self._runtime: Runtime | None = None
+        self._runtime: Serving | None = None
         self._booted_at = 0.0
         self._reported: str | None = None
         self._warned: list[str] = []
 
-    def booted(self, runtime: Runtime) -> None:
+    def booted(self, runtime: Serving) -> None:
         """The runtime started: say so at once (a rolling restart waits for it)."""
         self._runtime = runtime
         self.unready = None

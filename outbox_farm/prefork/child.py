@@ -19,17 +19,19 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ..backoff import Backoff
 from ..db.boundary import translate
 from ..dsn import scrub
 from ..errors import ConnectionLost, OutboxFarmError
 from ..farm import Farm
+from ..fleet.fleet import Fleet
+from ..fleet.member import FleetMember
 from ..problems import one_line
 from ..settings import RuntimeSettings
 from ..worker.runtime import Runtime
-from .beats import Pulse, problem_path, reload_failure
+from .beats import Pulse, Serving, problem_path, reload_failure
 from .heap import freeze_boot_heap
 
 if TYPE_CHECKING:
@@ -59,6 +61,17 @@ RETRY_LOG_EVERY = 30.0  # seconds between two log lines saying the database is s
 
 class BootError(Exception):
     """The runtime could not start, and retrying will not change that."""
+
+
+class Served(Serving, Protocol):
+    """What a worker runs: a farm's `Runtime`, or a fleet's `FleetMember`."""
+
+    fatal: asyncio.Event
+    fatal_reason: str | None
+
+    async def start(self) -> None: ...
+
+    async def stop(self, graceful_timeout: float | None = None) -> None: ...
 
 
 def describe_exit(code: int) -> str:
@@ -105,7 +118,7 @@ def forked(name: str) -> None:
 
 
 def run_child(
-    farm: Farm,
+    farm: Farm | Fleet,
     loader: AppLoader | None,
     dsn: str,
     heartbeat: Path,
@@ -145,7 +158,7 @@ def run_child(
 
 
 async def _main(
-    farm: Farm,
+    farm: Farm | Fleet,
     dsn: str,
     heartbeat: Path,
     settings: RuntimeSettings,
@@ -161,19 +174,7 @@ async def _main(
     pulse = Pulse(heartbeat, arbiter, stop)
     beat = asyncio.create_task(pulse.run())
     try:
-        runtime = await _boot(
-            lambda: Runtime(
-                list(farm.handlers.values()),
-                farm.queries,
-                dsn,
-                settings,
-                farm.observers,
-                code_note=partial(reload_failure, heartbeat.parent),
-            ),
-            dsn,
-            pulse,
-            stop,
-        )
+        runtime = await _boot(partial(_served, farm, dsn, heartbeat, settings), dsn, pulse, stop)
         if runtime is None:
             return 0
         pulse.booted(runtime)
@@ -184,9 +185,23 @@ async def _main(
         beat.cancel()
 
 
+def _served(farm: Farm | Fleet, dsn: str, heartbeat: Path, settings: RuntimeSettings) -> Served:
+    """What this worker serves: the farm's runtime, or its share of a fleet's databases."""
+    if isinstance(farm, Fleet):
+        return FleetMember(farm, dsn, settings)
+    return Runtime(
+        list(farm.handlers.values()),
+        farm.queries,
+        dsn,
+        settings,
+        farm.observers,
+        code_note=partial(reload_failure, heartbeat.parent),
+    )
+
+
 async def _boot(
-    make: Callable[[], Runtime], dsn: str, pulse: Pulse, stop: asyncio.Event
-) -> Runtime | None:
+    make: Callable[[], Served], dsn: str, pulse: Pulse, stop: asyncio.Event
+) -> Served | None:
     """A started runtime, once the database can be reached; None if told to stop first.
 
     Each attempt gets a fresh runtime: a failed start closes what it opened and cannot run
@@ -227,7 +242,7 @@ async def _boot(
         return runtime
 
 
-async def _start(runtime: Runtime, stop: asyncio.Event) -> bool:
+async def _start(runtime: Served, stop: asyncio.Event) -> bool:
     """Start `runtime` unless `stop` is set first (then close what it opened: False).
 
     A connection attempt to a database that does not answer takes its whole connect timeout,
@@ -252,7 +267,7 @@ async def _start(runtime: Runtime, stop: asyncio.Event) -> bool:
     return True
 
 
-async def _serve(runtime: Runtime, stop: asyncio.Event) -> int:
+async def _serve(runtime: Served, stop: asyncio.Event) -> int:
     """Run until told to stop (drain, 0) or until a part of the runtime failed for good (drain
     what can be, then 1: the arbiter replaces this worker as it would after a crash)."""
     stopped = asyncio.create_task(stop.wait())

@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
+from ..db.fleet import leave_for
 from ..db.leases import release_dead_worker
 from ..dsn import redact
 from ..errors import DatabaseError
-from ..queries import Queries
+from ..fleet.fleet import Fleet
+from ..fleet.member import member_name
+from .app import App
 from .child import forked
 
 log = logging.getLogger("outbox_farm.arbiter")
@@ -30,11 +33,24 @@ MAX_RUNNING = 8  # hand-backs under way at once; more means the database is not 
 HANDBACK_NAME = "outbox-handback"  # what ps and top show for a hand-back process
 
 
-def hand_back(dsn: str, queries: Queries, worker_id: int, pid: int) -> None:
-    """Free the rows held by worker `worker_id` (process `pid`, for the log). Best effort: if
-    the database cannot be reached, the leases still expire."""
+def hand_back(dsn: str, app: App, worker_id: int, pid: int) -> None:
+    """Free the rows held by worker `worker_id` (process `pid`, for the log); of a fleet, give
+    up the databases it held instead (its rows, in many databases, come back with their
+    leases). Best effort: if the database cannot be reached, the leases still expire."""
+    if isinstance(app, Fleet):
+        try:
+            leave_for(dsn, app.name, member_name(pid), RELEASE_TIMEOUT)
+        except DatabaseError as exc:
+            log.warning(
+                "could not give up the databases of dead worker %d (%s); the others take them "
+                "when its leases expire",
+                pid,
+                str(exc).strip(),
+                extra={"event": "release_failed"},
+            )
+        return
     try:
-        released = release_dead_worker(dsn, queries, worker_id, RELEASE_TIMEOUT)
+        released = release_dead_worker(dsn, app.queries, worker_id, RELEASE_TIMEOUT)
     except DatabaseError as exc:
         log.warning(
             "could not hand back the rows of dead worker %d on %s (%s); they are delivered "
@@ -54,13 +70,13 @@ def hand_back(dsn: str, queries: Queries, worker_id: int, pid: int) -> None:
         )
 
 
-def run_hand_back(dsn: str, queries: Queries, worker_id: int, pid: int) -> NoReturn:
+def run_hand_back(dsn: str, app: App, worker_id: int, pid: int) -> NoReturn:
     """The hand-back process, right after the fork (signal handling already reset); never
     returns. Ctrl-C reaches the whole process group: the arbiter decides when this one ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 0
     try:
-        hand_back(dsn, queries, worker_id, pid)
+        hand_back(dsn, app, worker_id, pid)
     except BaseException:
         log.exception("handing back the rows of dead worker %d failed", pid)
         code = 1
@@ -76,9 +92,7 @@ class HandBacks:
     def __init__(self) -> None:
         self.running: dict[int, float] = {}
 
-    def launch(
-        self, fork: Callable[[], int], dsn: str, queries: Queries, worker_id: int, pid: int
-    ) -> None:
+    def launch(self, fork: Callable[[], int], dsn: str, app: App, worker_id: int, pid: int) -> None:
         """Free dead worker `pid`'s rows now, from a process `fork` makes (the arbiter's fork,
         its signals blocked across it); skipped, rows left to their leases, while MAX_RUNNING
         hand-backs are still under way."""
@@ -94,7 +108,7 @@ class HandBacks:
         handback = fork()
         if handback == 0:
             forked(HANDBACK_NAME)
-            run_hand_back(dsn, queries, worker_id, pid)
+            run_hand_back(dsn, app, worker_id, pid)
         self.started(handback, time.monotonic())
 
     def end_overdue(self, kill: Callable[[int, int], None]) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Iterable
 
+from ..fleet.member import ALL_DOWN
 from .beats import Child
 from .child import STACK_DUMP
 
@@ -59,6 +60,9 @@ def health(
     """Healthy when `procs` workers booted and beat, and none reports a problem (a worker
     waiting for its database reports that it cannot reach it); the detail /healthz shows.
 
+    A fleet's process that serves only databases that are down is a problem only when every
+    process is in that state (`ALL_DOWN`); until then it is listed as degraded.
+
     `degraded` (the arbiter's own notes) and the workers' warnings are listed under `degraded`
     and leave the farm healthy: each says the farm delivers, but not as deployed (the last
     reload failed; farms on this database run different code for a queue). A 503 would have
@@ -67,8 +71,13 @@ def health(
     """
     judged = [c for c in active if not c.stale]
     live = [c for c in judged if c.booted() and c.silent_for(now) <= heartbeat_timeout]
-    problems = sorted({p for p in (c.problem() for c in judged) if p})
-    notes = sorted({*degraded, *(w for c in judged for w in c.warnings())})
+    said = [c.problem() for c in judged]
+    # A fleet's process whose databases are all down: the farm's problem only when every
+    # process says so; otherwise the other databases flow, and those are degraded.
+    down = [p for p in said if p and p.startswith(ALL_DOWN)]
+    partly = down if len(down) < len(judged) else []
+    problems = sorted({p for p in said if p and p not in partly})
+    notes = sorted({*degraded, *partly, *(w for c in judged for w in c.warnings())})
     detail: dict[str, object] = {"procs": procs, "alive": len(live), "pid": os.getpid()}
     if problems:
         detail["problems"] = problems

@@ -22,37 +22,29 @@ WHERE fleet = %(fleet)s AND expires_at >= now() AND member <> %(member)s;
 UPDATE outbox_farm_fleet_leases
 SET expires_at = now() + make_interval(secs => %(ttl)s)
 WHERE fleet = %(fleet)s AND holder = %(member)s
-RETURNING database, copy;
+RETURNING database;
 
 -- name: fleet_free
--- The databases of `databases` (in the caller's order of preference) with a copy nobody holds
--- now, that this process does not already hold a copy of: candidates to take, at most one copy
--- of each. Read without locks; `fleet_take` settles races.
-SELECT DISTINCT ON (d.ord) d.database, c.copy
+-- The databases of `databases` (in the caller's order of preference) nobody holds now:
+-- candidates to take. Read without locks; `fleet_take` settles races.
+SELECT d.database
 FROM unnest(%(databases)s::text[]) WITH ORDINALITY AS d (database, ord)
-CROSS JOIN generate_series(0, %(copies)s - 1) AS c (copy)
-LEFT JOIN outbox_farm_fleet_leases AS l
-    ON l.fleet = %(fleet)s AND l.database = d.database AND l.copy = c.copy
-WHERE (l.database IS NULL OR l.expires_at < now())
-    AND NOT EXISTS (
-        SELECT 1 FROM outbox_farm_fleet_leases AS mine
-        WHERE mine.fleet = %(fleet)s AND mine.database = d.database
-            AND mine.holder = %(member)s
-    )
-ORDER BY d.ord, c.copy
+LEFT JOIN outbox_farm_fleet_leases AS l ON l.fleet = %(fleet)s AND l.database = d.database
+WHERE l.database IS NULL OR l.expires_at < now()
+ORDER BY d.ord
 LIMIT %(limit)s;
 
 -- name: fleet_take
--- Take the copies found free: a copy another process took since, or renewed, stays its own
+-- Take the databases found free: one another process took since, or renewed, stays its own
 -- (the ON CONFLICT's WHERE reads the row as it is now, under its lock). What comes back is
--- what this process holds.
-INSERT INTO outbox_farm_fleet_leases AS l (fleet, database, copy, holder, expires_at)
-SELECT %(fleet)s, t.database, t.copy, %(member)s, now() + make_interval(secs => %(ttl)s)
-FROM unnest(%(databases)s::text[], %(copies)s::int[]) AS t (database, copy)
-ON CONFLICT (fleet, database, copy) DO UPDATE
+-- what this process took.
+INSERT INTO outbox_farm_fleet_leases AS l (fleet, database, holder, expires_at)
+SELECT %(fleet)s, t.database, %(member)s, now() + make_interval(secs => %(ttl)s)
+FROM unnest(%(databases)s::text[]) AS t (database)
+ON CONFLICT (fleet, database) DO UPDATE
 SET holder = excluded.holder, taken_at = now(), expires_at = excluded.expires_at
 WHERE l.expires_at < now()
-RETURNING database, copy;
+RETURNING database;
 
 -- name: fleet_release
 -- Give up these databases (drained, or no longer in the set): deleted rather than expired, so
@@ -71,13 +63,22 @@ DELETE FROM outbox_farm_fleet_members WHERE fleet = %(fleet)s AND member = %(mem
 
 -- name: fleet_assignments
 -- Who serves what, for operators: every lease of the fleet, live or not.
-SELECT l.database, l.copy, l.holder, l.expires_at >= now(), l.taken_at,
+SELECT l.database, l.holder, l.expires_at >= now(),
     extract(epoch FROM l.expires_at - now())::float8
 FROM outbox_farm_fleet_leases AS l
 WHERE l.fleet = %(fleet)s
-ORDER BY l.database, l.copy;
+ORDER BY l.database;
 
 -- name: fleet_tables
 -- Whether the fleet's tables exist, before a fleet starts on this home database.
 SELECT to_regclass('outbox_farm_fleet_leases') IS NOT NULL
     AND to_regclass('outbox_farm_fleet_members') IS NOT NULL;
+
+-- name: fleet_members
+-- The fleet's live processes, for operators, with how many databases each holds now.
+SELECT m.member, m.host, m.pid, m.started_at,
+    (SELECT count(*) FROM outbox_farm_fleet_leases AS l
+     WHERE l.fleet = m.fleet AND l.holder = m.member AND l.expires_at >= now())
+FROM outbox_farm_fleet_members AS m
+WHERE m.fleet = %(fleet)s AND m.expires_at >= now()
+ORDER BY m.host, m.pid;
