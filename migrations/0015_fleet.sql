@@ -8,11 +8,10 @@
 -- expires, on the database clock. The live count is what each process divides the databases
 -- by to know its share.
 --
--- `outbox_farm_fleet_leases`: one row per served copy of a database (`copy` < the fleet's
--- copies, 1 unless configured): its holder and until when. A holder renews its rows every
--- round; a row past `expires_at` is free for any process to take, guarded in the taking
--- statement itself, so two processes never hold one copy. Rows of a database no longer in the
--- set are deleted by their holder; rows of a dead holder expire.
+-- `outbox_farm_fleet_leases`: one row per served database: its holder and until when. A holder
+-- renews its rows every round; a row past `expires_at` is free for any process to take,
+-- guarded in the taking statement itself, so two processes never hold one database. Rows of a
+-- database no longer in the set are deleted by their holder; rows of a dead holder expire.
 --
 -- Global tables (no `target` column): a fleet is named instead (`fleet`), so several fleets may
 -- share one home database. Logged: a crash of the server must not hand every database to new
@@ -30,11 +29,10 @@ CREATE TABLE IF NOT EXISTS outbox_farm_fleet_members (
 CREATE TABLE IF NOT EXISTS outbox_farm_fleet_leases (
     fleet      text NOT NULL,
     database   text NOT NULL,
-    copy       integer NOT NULL DEFAULT 0,
     holder     text NOT NULL,
     taken_at   timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL,
-    PRIMARY KEY (fleet, database, copy)
+    PRIMARY KEY (fleet, database)
 );
 
 CREATE INDEX IF NOT EXISTS outbox_farm_fleet_leases_holder
