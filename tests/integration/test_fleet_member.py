@@ -173,3 +173,74 @@ def test_an_unreachable_database_is_its_own_problem(
             await member.stop()
 
     run(body)
+
+
+def test_several_outboxes_of_the_home_database_alone(dsn: str) -> None:
+    """With no file and no catalog, a fleet of two farms serves both tables of the home
+    database, under the name `default`."""
+    from outbox_farm.names import TableNames
+    from outbox_farm.ops.migrate import migrate
+
+    billing = Farm("billing_outbox", "billing_dlq")
+    orders = Farm()
+    seen: Counter[tuple[str, int]] = Counter()
+
+    @orders.handler("work")
+    async def order(msg: Message) -> None:
+        seen[("orders", msg.json()["n"])] += 1
+
+    @billing.handler("work")
+    async def bill(msg: Message) -> None:
+        seen[("billing", msg.json()["n"])] += 1
+
+    with psycopg.connect(dsn) as conn:
+        migrate(conn, TableNames.build("billing_outbox", "billing_dlq"))
+    with psycopg.connect(dsn) as conn:
+        for n in range(PER_TENANT):
+            orders.publish(conn, {"n": n}, queue="work")
+            billing.publish(conn, {"n": n}, queue="work")
+    fleet = Fleet(orders, billing, lease=3.0)
+
+    async def body() -> None:
+        member = FleetMember(fleet, dsn, SETTINGS, name="only")
+        await member.start()
+        try:
+            assert served(member) == ["default"]
+            await until(lambda: len(seen) == 2 * PER_TENANT, "both tables' rows")
+            assert len(member.served["default"].runtimes) == 2
+        finally:
+            await member.stop()
+
+    run(body)
+    assert set(seen) == {(t, n) for t in ("orders", "billing") for n in range(PER_TENANT)}
+
+
+def test_a_lease_taken_by_another_process_stops_being_served(
+    dsn: str, tenants: dict[str, str], tmp_path: Path
+) -> None:
+    """A process that could not renew (cut off from the home database) finds its lease taken:
+    it stops serving that database at its next round, and serves the rest."""
+    path = tmp_path / "databases.toml"
+    write_set(path, tenants)
+    fleet = fleet_with(path, Counter())
+
+    async def body() -> None:
+        member = FleetMember(fleet, dsn, SETTINGS, name="slow")
+        await member.start()
+        try:
+            await until(lambda: served(member) == sorted(tenants), "every database served")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    "UPDATE outbox_farm_fleet_leases"
+                    " SET holder = 'thief', expires_at = now() + interval '1 hour'"
+                    " WHERE database = 'tenant_1'"
+                )
+            await until(lambda: "tenant_1" not in member.served, "the taken one let go")
+            assert served(member) == sorted(set(tenants) - {"tenant_1"})
+        finally:
+            await member.stop()
+
+    run(body)
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT database, holder FROM outbox_farm_fleet_leases").fetchall()
+    assert rows == [("tenant_1", "thief")]  # the thief's lease is not given up by the victim
