@@ -18,7 +18,7 @@ from ..names import TableNames
 from ..ops.server import located
 from ..settings import parse_bind
 from .log_setup import configure
-from .options import EPILOG, dsn_options, log_format_option, table_options
+from .options import EPILOG, log_format_option, table_options, tenant_dsn_options
 from .output import notice
 
 DEFAULT_BIND = "127.0.0.1:9465"
@@ -26,7 +26,7 @@ EXTRA = "pip install 'outbox-farm[console]'"
 
 
 @click.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @click.option(
     "--bind",

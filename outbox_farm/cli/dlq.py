@@ -29,11 +29,11 @@ from .dlq_filters import filter_options, selected
 from .options import (
     EPILOG,
     Decorator,
-    dsn_options,
     duration,
     group,
     json_option,
     table_options,
+    tenant_dsn_options,
 )
 from .output import echo_json, notice, text_table
 
@@ -66,7 +66,7 @@ def dlq() -> None:
 
 
 @dlq.command(name="list", epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @filter_options
 @click.option(
@@ -145,7 +145,7 @@ def _print_causes(groups: list[CauseGroup], as_json: bool) -> None:
 
 
 @dlq.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @click.argument("row_id", metavar="ID", type=int)
 @json_option("one object")
@@ -178,7 +178,7 @@ def show(dsn: str | None, names: TableNames, row_id: int, as_json: bool) -> None
 
 
 @dlq.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @ids_argument
 @filter_options
@@ -269,7 +269,7 @@ def _report_unfit(conn: Connection, names: TableNames, where: DlqFilter, upto: i
 
 
 @dlq.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @ids_argument
 @filter_options

@@ -9,7 +9,6 @@ fails is reported by name and the others still run; the exit status is 1 when an
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,28 +21,20 @@ from ..admin.stats import queue_stats
 from ..db import fleet as statements
 from ..db.connect import Connection, connect
 from ..errors import OutboxFarmError
-from ..fleet.databases import Listing, Sources
-from ..fleet.fleet import Fleet
 from ..ops.migrate import migrate
 from ..ops.readiness import schema_report
 from ..ops.server import located
-from ..prefork.app import load_farm
 from ..problems import one_line
-from .options import EPILOG, dsn_options, json_option, usage_error
+from .options import (
+    ALL_DATABASES,
+    EPILOG,
+    chosen,
+    dsn_options,
+    json_option,
+    load_fleet,
+    read_set,
+)
 from .output import echo_json, notice, text_table
-
-ALL = "all"
-
-
-def _fleet(app: str) -> Fleet:
-    with usage_error():
-        loaded = load_farm(app)
-    if not isinstance(loaded, Fleet):
-        raise click.UsageError(
-            f"{app!r} is a Farm, not a Fleet: the fleet commands need the Fleet `start` runs "
-            "(for one database, use the commands without `fleet`)"
-        )
-    return loaded
 
 
 @dataclass
@@ -58,25 +49,6 @@ class Outcome:
 def _home(dsn: str | None) -> Iterator[str]:
     with located(dsn, notice) as server:
         yield server.url
-
-
-def _listing(fleet: Fleet, home: str) -> Listing:
-    listing = asyncio.run(Sources(fleet.file, fleet.catalog, home).read())
-    for source, problem in sorted(listing.problems.items()):
-        notice(f"note: {source}: {problem}")
-    return listing
-
-
-def _chosen(listing: Listing, database: str) -> dict[str, str]:
-    if database == ALL:
-        return dict(sorted(listing.databases.items()))
-    if database not in listing.databases:
-        known = ", ".join(sorted(listing.databases)[:10]) or "none"
-        raise click.UsageError(
-            f"no database {database!r} in the fleet's set ({len(listing.databases)}: {known}"
-            f"{', ...' if len(listing.databases) > 10 else ''})"
-        )
-    return {database: listing.databases[database]}
 
 
 def _over(
@@ -98,7 +70,7 @@ def _over(
 
 database_option = click.option(
     "--database",
-    default=ALL,
+    default=ALL_DATABASES,
     show_default=True,
     envvar="OUTBOX_FARM_DATABASE",
     metavar="NAME",
@@ -123,9 +95,9 @@ def fleet() -> None:
 def status(app: str, dsn: str | None, as_json: bool) -> None:
     """Which process of which host serves each database of the set, and the fleet's live
     processes; exit status 1 while a database of the set is served by none."""
-    fleet_ = _fleet(app)
+    fleet_ = load_fleet(app)
     with _home(dsn) as home:
-        listing = _listing(fleet_, home)
+        listing = read_set(fleet_, home)
         with connect(home, autocommit=True, name="the home database") as conn:
             leases = {a.database: a for a in statements.assignments(conn, fleet_.name)}
             processes = statements.processes(conn, fleet_.name)
@@ -177,13 +149,18 @@ def status(app: str, dsn: str | None, as_json: bool) -> None:
 @app_argument
 @dsn_options
 @database_option
-@click.option("--repair", is_flag=True, help="As `outbox-farm migrate --repair`, everywhere.")
+@click.option(
+    "--repair",
+    is_flag=True,
+    envvar="OUTBOX_FARM_REPAIR",
+    help="As `outbox-farm migrate --repair`, in every database. [env OUTBOX_FARM_REPAIR]",
+)
 @json_option('one object: "applied" per database, "failed" per database with why')
 def migrate_command(app: str, dsn: str | None, database: str, repair: bool, as_json: bool) -> None:
     """Create or upgrade every farm's tables in the home database, then in each database of
     the set (or --database NAME), with a summary: which were migrated, which were up to date,
     which failed and why. Safe to run again, or on a set being served."""
-    fleet_ = _fleet(app)
+    fleet_ = load_fleet(app)
 
     def work(conn: Connection) -> list[str]:
         applied: list[str] = []
@@ -198,7 +175,7 @@ def migrate_command(app: str, dsn: str | None, database: str, repair: bool, as_j
         notice("migrating the home database")
         with connect(home, name="the home database") as conn:
             notice(f"  home: {say('home', work(conn))}")
-        databases = _chosen(_listing(fleet_, home), database)
+        databases = chosen(read_set(fleet_, home), database)
         notice(f"migrating {len(databases)} database(s) of fleet {fleet_.name}")
         outcome = _over(databases, work, say)
     migrated = sorted(n for n, applied in outcome.lines.items() if applied)
@@ -223,7 +200,7 @@ def check(app: str, dsn: str | None, database: str, as_json: bool) -> None:
     """`outbox-farm check` of every farm's tables in each database of the set (or --database
     NAME), with a summary: which are OK, which are behind or drifted (run `fleet migrate`),
     which could not be checked; exit status 1 unless all are OK."""
-    fleet_ = _fleet(app)
+    fleet_ = load_fleet(app)
 
     def work(conn: Connection) -> list[str]:
         return [p for farm in fleet_.farms for p in schema_report(conn, farm.names).problems]
@@ -232,7 +209,7 @@ def check(app: str, dsn: str | None, database: str, as_json: bool) -> None:
         return "OK" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems)
 
     with _home(dsn) as home:
-        databases = _chosen(_listing(fleet_, home), database)
+        databases = chosen(read_set(fleet_, home), database)
         outcome = _over(databases, work, say)
     behind = sorted(n for n, problems in outcome.lines.items() if problems)
     if as_json:
@@ -258,7 +235,7 @@ def stats(app: str, dsn: str | None, database: str, as_json: bool) -> None:
     """Per database of the set (or --database NAME), per table and queue: ready, in flight,
     retrying, DLQ rows, the oldest ready row's age, and whether it is paused or stalled (see
     `outbox-farm stats`, which --database's DSN also suits, for the whole picture)."""
-    fleet_ = _fleet(app)
+    fleet_ = load_fleet(app)
 
     def work(conn: Connection) -> dict[str, Any]:
         return {
@@ -271,7 +248,7 @@ def stats(app: str, dsn: str | None, database: str, as_json: bool) -> None:
         return f"{ready} ready"
 
     with _home(dsn) as home:
-        databases = _chosen(_listing(fleet_, home), database)
+        databases = chosen(read_set(fleet_, home), database)
         outcome = _over(databases, work, say)
     if as_json:
         echo_json({"databases": outcome.lines, "failed": outcome.failed})

@@ -21,7 +21,7 @@ from ..fleet.fleet import Fleet
 from ..names import TableNames
 from ..ops.server import connected, located
 from ..prefork.app import load_farm
-from .options import EPILOG, dsn_options, duration, json_option, table_options
+from .options import EPILOG, duration, json_option, table_options, tenant_dsn_options
 from .output import echo_json, notice, text_table
 
 
@@ -126,7 +126,7 @@ def _render(frame: dict[str, Any]) -> str:
 
 
 @click.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @click.option(
     "--queue",
@@ -226,7 +226,7 @@ def stats(
 
 
 @click.command(name="doctor", epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @click.option(
     "--max-xmin-age",

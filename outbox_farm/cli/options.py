@@ -12,7 +12,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,6 +20,10 @@ from ..admin import When, parse_duration
 from ..errors import ConfigurationError, OutboxFarmError
 from ..names import TableNames
 from ..ops.server import read_dsn_file
+
+if TYPE_CHECKING:
+    from ..fleet import Fleet
+    from ..fleet.databases import Listing
 
 EPILOG = "An option whose help ends in [env NAME] can also be set from that environment variable."
 DSN_FILE_HINT = "'--dsn-file' / OUTBOX_FARM_DSN_FILE"
@@ -171,23 +175,95 @@ _dsn_file_option = click.option(
     "password shows on the command line. [env OUTBOX_FARM_DSN_FILE]",
 )
 
+ALL_DATABASES = "all"
+
+
+def load_fleet(app: str) -> Fleet:
+    """The Fleet at `app` (as `start` takes it); a usage error for anything else."""
+    from ..fleet import Fleet
+    from ..prefork.app import load_farm
+
+    with usage_error():
+        loaded = load_farm(app)
+    if not isinstance(loaded, Fleet):
+        raise click.UsageError(
+            f"{app!r} is a Farm, not a Fleet: the fleet's databases are named by the Fleet "
+            "`start` runs (for one database, give its DSN instead)"
+        )
+    return loaded
+
+
+def read_set(fleet: Fleet, home: str) -> Listing:
+    """The fleet's set as its processes read it; a source's problem goes to stderr."""
+    import asyncio
+
+    from ..fleet.databases import Sources
+
+    listing = asyncio.run(Sources(fleet.file, fleet.catalog, home).read())
+    for source, problem in sorted(listing.problems.items()):
+        click.echo(f"note: {source}: {problem}", err=True)
+    return listing
+
+
+def chosen(listing: Listing, database: str) -> dict[str, str]:
+    """The databases `database` names in `listing`: one by its name, or all of them."""
+    if database == ALL_DATABASES:
+        return dict(sorted(listing.databases.items()))
+    if database not in listing.databases:
+        known = sorted(listing.databases)
+        more = ", ..." if len(known) > 10 else ""
+        raise click.UsageError(
+            f"no database {database!r} in the fleet's set ({len(known)}: "
+            f"{', '.join(known[:10]) or 'none'}{more})"
+        )
+    return {database: listing.databases[database]}
+
+
+def _tenant_dsn(
+    dsn: str | None,
+    dsn_file: str | None,
+    embedded: bool,
+    fleet: str | None,
+    database: str | None,
+) -> str | None:
+    """The DSN, or with --database that database's, from the set of the Fleet --fleet names,
+    the DSN then being the fleet's home (where its catalog is)."""
+    home = _dsn_or_embedded(dsn, dsn_file, embedded)
+    if database is None:
+        return home
+    if fleet is None:
+        raise click.UsageError(
+            "--database picks a database of a fleet's set: name the Fleet with --fleet (or "
+            "OUTBOX_FARM_FLEET), and give its home database as the DSN"
+        )
+    if home is None:
+        raise click.UsageError("--database needs the fleet's home database as its DSN")
+    if database == ALL_DATABASES:
+        raise click.UsageError(
+            "--database all is for `outbox-farm fleet migrate|check|stats`; here, name one"
+        )
+    [picked] = chosen(read_set(load_fleet(fleet), home), database).values()
+    return picked
+
+
 # --dsn, --dsn-file and --embedded as the command's one `dsn` argument: the connection string,
 # or None for the embedded server, which only --embedded asks for (neither is a usage error).
 # The file (or the environment) keeps the password out of every process's command line. A
 # blank one is refused, naming its source.
+_embedded_option = click.option(
+    "--embedded",
+    is_flag=True,
+    envvar="OUTBOX_FARM_EMBEDDED",
+    help=f"Use the embedded PostgreSQL server under {EMBEDDED_DIR} instead of a DSN, "
+    "started for the command and created on first use: for trying the farm out (`pip "
+    "install 'outbox-farm[embedded]'`). [env OUTBOX_FARM_EMBEDDED]",
+)
 dsn_options = merged(
     "dsn",
     _dsn_or_embedded,
     _dsn_option("Without any, --embedded is required."),
     _dsn_file_option,
-    click.option(
-        "--embedded",
-        is_flag=True,
-        envvar="OUTBOX_FARM_EMBEDDED",
-        help=f"Use the embedded PostgreSQL server under {EMBEDDED_DIR} instead of a DSN, "
-        "started for the command and created on first use: for trying the farm out (`pip "
-        "install 'outbox-farm[embedded]'`). [env OUTBOX_FARM_EMBEDDED]",
-    ),
+    _embedded_option,
 )
 
 # --dsn and --dsn-file for `demo`, which runs on the embedded server when given neither: it
@@ -267,3 +343,30 @@ def log_format_option(lines: str = "One line per event") -> Decorator:
         envvar="OUTBOX_FARM_LOG_FORMAT",
         help=f"{lines}, as text or JSON. [env OUTBOX_FARM_LOG_FORMAT]",
     )
+
+
+# `dsn_options`, and a database of a fleet's set by its name: --fleet APP --database NAME, the
+# DSN then being the fleet's home. For the commands that work on one database's tables.
+tenant_dsn_options = merged(
+    "dsn",
+    _tenant_dsn,
+    _dsn_option("Without any, --embedded is required. With --database, the fleet's home."),
+    _dsn_file_option,
+    _embedded_option,
+    click.option(
+        "--fleet",
+        envvar="OUTBOX_FARM_FLEET",
+        default=None,
+        metavar="APP",
+        help="The Fleet (`package.module:fleet`, as `start` takes it) whose set --database "
+        "names a database of. [env OUTBOX_FARM_FLEET]",
+    ),
+    click.option(
+        "--database",
+        envvar="OUTBOX_FARM_DATABASE",
+        default=None,
+        metavar="NAME",
+        help="Work on this database of --fleet's set, found through the fleet's home "
+        "database (the DSN). [env OUTBOX_FARM_DATABASE]",
+    ),
+)

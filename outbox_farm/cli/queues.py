@@ -32,10 +32,10 @@ from ..names import TableNames
 from ..ops.server import connected
 from .options import (
     EPILOG,
-    dsn_options,
     duration,
     json_option,
     table_options,
+    tenant_dsn_options,
     usage_error,
     when,
 )
@@ -124,7 +124,7 @@ def queue() -> None:
 
 
 @queue.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @queue_argument
 @click.option(
@@ -178,7 +178,7 @@ def pause(
 
 
 @queue.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @queue_argument
 @by_option
@@ -225,7 +225,7 @@ def _most(text: str) -> int:
 
 
 @queue.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @queue_argument
 @click.option(
@@ -310,7 +310,7 @@ def limit(
 
 
 @queue.command(name="close-breaker", epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @queue_argument
 @by_option
@@ -346,7 +346,7 @@ def close_breaker_(
 
 
 @queue.command(name="list", epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @json_option("an array of queues, by name")
 def list_(dsn: str | None, names: TableNames, as_json: bool) -> None:

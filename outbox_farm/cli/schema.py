@@ -10,7 +10,7 @@ from ..names import TableNames
 from ..ops.migrate import ddl, migrate
 from ..ops.readiness import schema_report
 from ..ops.server import connected
-from .options import EPILOG, dsn_options, json_option, table_options
+from .options import EPILOG, json_option, table_options, tenant_dsn_options
 from .output import echo_json, notice
 
 
@@ -23,7 +23,7 @@ def _tables(names: TableNames) -> str:
 
 
 @click.command(name="migrate", epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @click.option(
     "--repair",
@@ -67,7 +67,7 @@ def migrate_command(dsn: str | None, names: TableNames, repair: bool, as_json: b
 
 
 @click.command(epilog=EPILOG)
-@dsn_options
+@tenant_dsn_options
 @table_options
 @json_option('one object: "ok", the "problems" and "notes", the "tables"; exit status as in text')
 def check(dsn: str | None, names: TableNames, as_json: bool) -> None:

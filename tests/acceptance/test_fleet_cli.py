@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from outbox_farm.testing.databases import Templates
@@ -111,3 +112,31 @@ def test_a_farm_is_not_a_fleet(fleet_dir: tuple[Path, dict[str, str]], dsn: str)
     done = run("fleet", "status", "fleetcli:plain", "--dsn", dsn, cwd=str(folder), **env)
     assert done.returncode == 2
     assert "'fleetcli:plain' is a Farm, not a Fleet" in done.stderr
+
+
+def test_one_database_commands_take_a_database_of_the_fleet_by_name(
+    fleet_dir: tuple[Path, dict[str, str]], dsn: str
+) -> None:
+    folder, tenants = fleet_dir
+    env = write_set(folder, tenants)
+    assert fleet(folder, dsn, env, "migrate")[0] == 0
+    publish(tenants["tenant_0"], 2, queue="q")
+    picked = ["--dsn", dsn, "--fleet", "fleetcli:fleet", "--database", "tenant_0"]
+    done = run("stats", *picked, "--json", cwd=str(folder), **env)
+    assert done.returncode == 0, done.stderr
+    [queue] = json.loads(done.stdout)["queues"]
+    assert (queue["queue"], queue["counts"]["ready"]["value"]) == ("q", 2)
+    done = run("queue", "pause", "q", *picked, cwd=str(folder), **env)
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(tenants["tenant_0"]) as conn:
+        assert conn.execute("SELECT paused FROM outbox_farm_queues").fetchall() == [(True,)]
+    with psycopg.connect(dsn) as conn:  # the home database was not the one paused
+        assert conn.execute("SELECT count(*) FROM outbox_farm_queues").fetchone() == (0,)
+    done = run("dlq", "list", "--dsn", dsn, "--database", "tenant_0", cwd=str(folder), **env)
+    assert done.returncode == 2
+    assert "--database picks a database of a fleet's set: name the Fleet with --fleet" in (
+        done.stderr
+    )
+    done = run("doctor", *picked[:4], "--database", "all", cwd=str(folder), **env)
+    assert done.returncode == 2
+    assert "--database all is for `outbox-farm fleet migrate|check|stats`" in done.stderr
