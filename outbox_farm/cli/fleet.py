@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from ..admin.doctor import Check, Status, doctor
 from ..admin.stats import queue_stats
 from ..db import fleet as statements
 from ..db.connect import Connection, connect
@@ -52,13 +53,16 @@ def _home(dsn: str | None) -> Iterator[str]:
 
 
 def _over(
-    databases: dict[str, str], work: Callable[[Connection], Any], say: Callable[[str, Any], str]
+    databases: dict[str, str],
+    work: Callable[[Connection], Any],
+    say: Callable[[str, Any], str],
+    autocommit: bool = False,
 ) -> Outcome:
     """`work` on each database, its line said as it is done; a failure is that database's."""
     outcome = Outcome()
     for name, dsn in databases.items():
         try:
-            with connect(dsn, autocommit=False, name=f"database {name}") as conn:
+            with connect(dsn, autocommit=autocommit, name=f"database {name}") as conn:
                 outcome.lines[name] = work(conn)
         except OutboxFarmError as exc:
             outcome.failed[name] = one_line(exc)
@@ -274,4 +278,42 @@ def stats(app: str, dsn: str | None, database: str, as_json: bool) -> None:
         if outcome.failed:
             click.echo(f"\nnot read: {', '.join(sorted(outcome.failed))}")
     if outcome.failed:
+        sys.exit(1)
+
+
+@fleet.command(name="doctor", epilog=EPILOG)
+@app_argument
+@dsn_options
+@database_option
+@json_option('one object: per database, its "checks"; "failed" per database with why')
+def doctor_command(app: str, dsn: str | None, database: str, as_json: bool) -> None:
+    """`outbox-farm doctor` of every farm's tables in each database of the set (or --database
+    NAME): each database's FAIL and WARN lines, then a summary; exit status 1 when a check
+    failed or a database could not be reached."""
+    fleet_ = load_fleet(app)
+
+    def work(conn: Connection) -> list[Check]:
+        return [check for farm in fleet_.farms for check in doctor(conn, farm.names)]
+
+    def say(name: str, checks: list[Check]) -> str:
+        worst = [c for c in checks if c.status is not Status.OK]
+        lines = "".join(f"\n    {c.status.value} {c.name}: {c.detail}" for c in worst)
+        return ("OK" if not worst else f"{len(worst)} not OK") + lines
+
+    with _home(dsn) as home:
+        databases = chosen(read_set(fleet_, home), database)
+        outcome = _over(databases, work, say, autocommit=True)
+    failing = sorted(
+        n for n, checks in outcome.lines.items() if any(c.status is Status.FAIL for c in checks)
+    )
+    if as_json:
+        echo_json({"checks": outcome.lines, "failed": outcome.failed})
+    else:
+        click.echo(
+            f"fleet doctor: {len(databases)} database(s): {len(failing)} failing"
+            + (f" ({', '.join(failing)})" if failing else "")
+            + f", {len(outcome.failed)} unreachable"
+            + (f" ({', '.join(sorted(outcome.failed))})" if outcome.failed else "")
+        )
+    if failing or outcome.failed:
         sys.exit(1)

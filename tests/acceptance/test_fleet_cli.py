@@ -140,3 +140,22 @@ def test_one_database_commands_take_a_database_of_the_fleet_by_name(
     done = run("doctor", *picked[:4], "--database", "all", cwd=str(folder), **env)
     assert done.returncode == 2
     assert "--database all is for `outbox-farm fleet migrate|check|stats`" in done.stderr
+
+
+def test_doctor_over_the_set_names_the_failing_and_unreachable_databases(
+    fleet_dir: tuple[Path, dict[str, str]], dsn: str
+) -> None:
+    folder, tenants = fleet_dir
+    env = write_set(folder, tenants)
+    assert fleet(folder, dsn, env, "migrate", "--database", "tenant_0")[0] == 0
+    env = write_set(folder, {**tenants, "broken": BROKEN})
+    code, out, err = fleet(folder, dsn, env, "doctor")
+    assert code == 1
+    # tenant_1 was never migrated: its schema check fails; tenant_0 passes it.
+    assert "fleet doctor: 3 database(s): 1 failing (tenant_1), 1 unreachable (broken)" in out
+    assert "  tenant_1: " in err
+    code, out, err = fleet(folder, dsn, env, "doctor", "--database", "tenant_0", "--json")
+    report = json.loads(out)
+    assert list(report["checks"]) == ["tenant_0"]
+    assert all(check["status"] != "FAIL" for check in report["checks"]["tenant_0"]), report
+    assert code == 0, err
