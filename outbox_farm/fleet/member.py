@@ -222,6 +222,7 @@ class FleetMember:
             self.settings,
             lambda: [metrics.DatabaseObserver(name), *self._observers(name)],
             lambda up: metrics.up(name, up),
+            lambda rows, age: metrics.backlog(name, rows, age),
         )
         self.served[name] = database
         metrics.served(name)

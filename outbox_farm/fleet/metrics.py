@@ -34,6 +34,7 @@ notes of `outbox_farm.observe.prometheus` keep off the data path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -76,6 +77,8 @@ class FleetMetrics:
     served: Gauge
     up: Gauge
     databases: Gauge
+    backlog: Gauge
+    oldest_pending_age: Gauge
 
 
 @cache
@@ -114,6 +117,22 @@ def fleet_metrics() -> FleetMetrics:
         databases=Gauge(
             PREFIX + "fleet_databases",
             "Databases in the fleet's set, as the latest read of a live process found it.",
+            multiprocess_mode="livemostrecent",
+        ),
+        # The database's holder counts them (a fleet's runtimes leave the per-queue backlog
+        # gauges alone: every database of a process would write the same queue's child).
+        # livemostrecent: after a hand-over, the new holder's count wins over the last one the
+        # old holder left in its file.
+        backlog=Gauge(
+            PREFIX + "database_backlog",
+            "Rows in the database's outbox tables (every queue), counted by its holder.",
+            ["database"],
+            multiprocess_mode="livemostrecent",
+        ),
+        oldest_pending_age=Gauge(
+            PREFIX + "database_oldest_pending_age_seconds",
+            "Age of the database's oldest due row nobody holds (every table and queue).",
+            ["database"],
             multiprocess_mode="livemostrecent",
         ),
     )
@@ -232,6 +251,9 @@ def unserved(database: str) -> None:
         warnings.filterwarnings("ignore", _REMOVAL_WARNING, UserWarning)
         m.served.remove(database)
         m.up.remove(database)
+        for gauge in (m.backlog, m.oldest_pending_age):
+            with contextlib.suppress(KeyError):  # never counted while served
+                gauge.remove(database)
         for result in RESULTS:
             m.messages.remove(database, result)
 
@@ -242,6 +264,14 @@ def up(database: str, running: bool) -> None:
     held = _serving.get(database)
     if held is not None:
         held.up.set(1 if running else 0)
+
+
+def backlog(database: str, rows: int, oldest_pending_age: float) -> None:
+    """The holder's latest count of `database`'s outbox rows; ignored once unserved."""
+    if database in _serving:
+        m = fleet_metrics()
+        m.backlog.labels(database).set(rows)
+        m.oldest_pending_age.labels(database).set(oldest_pending_age)
 
 
 def fleet_size(databases: int) -> None:

@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..backoff import Backoff
+from ..chores.gauges import Pace
 from ..db.boundary import translate
+from ..db.housekeeping import backlog
 from ..dsn import scrub
-from ..errors import ConnectionLost
+from ..errors import ConnectionLost, DatabaseError
 from ..farm import Farm
 from ..observe import Observer
 from ..problems import one_line
@@ -26,6 +28,7 @@ RETRY_FIRST = 0.5  # seconds before the second attempt to start on an unreachabl
 RETRY_CAP = 5.0  # the longest wait between two attempts while it is unreachable
 BROKEN_CAP = 60.0  # the longest wait after an error retrying does not fix by itself (a missing
 # table: an operator migrates, and the database is served again within this much)
+COUNT_EVERY = 5.0  # seconds between two counts of the backlog, at least (paced as the gauges)
 
 
 def _reason(exc: BaseException, dsn: str) -> tuple[bool, str]:
@@ -44,7 +47,11 @@ class ServedDatabase:
     `run()` keeps them running until `stop()`: an unreachable database is waited out with
     backoff (`problem` says so meanwhile), an error retrying does not fix by itself (a table
     not migrated there) is retried less often, and a runtime that broke for good is stopped and
-    started afresh. `up` is True while every runtime runs.
+    started afresh. `up` is True while every runtime runs. While they run, the rows of every
+    table are counted (`on_count(rows, oldest pending age)`), paced like the farm's gauges.
+
+    The runtimes run no per-queue gauges (`settings.gauges_interval` is ignored): one process
+    serves many databases, whose queues would all write the same gauges.
     """
 
     def __init__(
@@ -55,6 +62,7 @@ class ServedDatabase:
         settings: RuntimeSettings,
         observers: Callable[[], list[Observer]] = list,
         on_up: Callable[[bool], None] = lambda up: None,
+        on_count: Callable[[int, float], None] = lambda rows, age: None,
     ) -> None:
         self.name = name
         self.dsn = dsn
@@ -62,6 +70,7 @@ class ServedDatabase:
         self.settings = settings
         self.observers = observers
         self.on_up = on_up
+        self.on_count = on_count
         self.runtimes: list[Runtime] = []
         self.up = False
         self.unready: str | None = "starting"
@@ -158,7 +167,7 @@ class ServedDatabase:
                 list(farm.handlers.values()),
                 farm.queries,
                 self.dsn,
-                dataclasses.replace(self.settings, queues=None),
+                dataclasses.replace(self.settings, queues=None, gauges_interval=None),
                 [*farm.observers, *self.observers()],
             )
             self.runtimes.append(runtime)
@@ -175,9 +184,30 @@ class ServedDatabase:
             starting.result()
         return True
 
+    async def _count(self) -> None:
+        """Count every table's rows, again and again, no sooner than the pace allows; a count
+        that fails is skipped (the runtime reports what is wrong with the database)."""
+        pace = Pace()
+        while True:
+            began = time.monotonic()
+            if pace.ready(began):
+                rows, age = 0, 0.0
+                try:
+                    for runtime in self.runtimes:
+                        if runtime.pool is not None:
+                            for queue in await backlog(runtime.pool, runtime.queries):
+                                rows += queue.rows
+                                age = max(age, queue.oldest_pending_age)
+                except DatabaseError as exc:
+                    log.debug("database %s: backlog not counted: %s", self.name, exc)
+                else:
+                    self.on_count(rows, age)
+                pace.ran(began, time.monotonic())
+            await asyncio.sleep(COUNT_EVERY)
+
     async def _until_stopped_or_broken(self) -> str | None:
         """None once told to stop; why, once one of the runtimes broke for good."""
-        waits = [asyncio.create_task(self._stop.wait())]
+        waits = [asyncio.create_task(self._stop.wait()), asyncio.create_task(self._count())]
         waits += [asyncio.create_task(r.fatal.wait()) for r in self.runtimes]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from outbox_farm import Farm, Message
 from outbox_farm.fleet.fleet import Fleet
@@ -199,7 +200,13 @@ def test_several_outboxes_of_the_home_database_alone(dsn: str) -> None:
         for n in range(PER_TENANT):
             orders.publish(conn, {"n": n}, queue="work")
             billing.publish(conn, {"n": n}, queue="work")
+        for n in range(3):  # a queue no farm of the fleet serves: its rows stay
+            billing.publish(conn, {"n": n}, queue="idle")
     fleet = Fleet(orders, billing, lease=3.0)
+
+    def backlog() -> float | None:
+        return REGISTRY.get_sample_value("outbox_farm_database_backlog", {"database": "default"})
+
 
     async def body() -> None:
         member = FleetMember(fleet, dsn, SETTINGS, name="only")
@@ -208,11 +215,14 @@ def test_several_outboxes_of_the_home_database_alone(dsn: str) -> None:
             assert served(member) == ["default"]
             await until(lambda: len(seen) == 2 * PER_TENANT, "both tables' rows")
             assert len(member.served["default"].runtimes) == 2
+            # Its holder counts the database's rows, every table's: the idle queue's are left.
+            await until(lambda: backlog() == 3, "the backlog of both tables counted")
         finally:
             await member.stop()
 
     run(body)
     assert set(seen) == {(t, n) for t in ("orders", "billing") for n in range(PER_TENANT)}
+    assert backlog() is None  # not served here any more: not exported
 
 
 def test_a_lease_taken_by_another_process_stops_being_served(
