@@ -11,6 +11,7 @@ from typing import Any
 import mkdocs_gen_files
 
 from outbox_farm import metrics as registration
+from outbox_farm.fleet.metrics import fleet_metrics
 
 GROUPS = [
     (
@@ -30,6 +31,12 @@ GROUPS = [
         registration.supervisor_metrics,
         "The arbiter",
         "Written by the arbiter of `outbox-farm start` only.",
+    ),
+    (
+        fleet_metrics,
+        "A fleet's databases",
+        "Written by the processes of a Fleet (many outboxes), each for the databases it "
+        "serves: see the guide *Many outboxes* for their cardinality.",
     ),
 ]
 
