@@ -35,6 +35,7 @@ from .fleet import Fleet
 from .served import ServedDatabase
 
 log = logging.getLogger("outbox_farm.fleet")
+LEAVE_TIMEOUT = 5.0  # seconds a stop waits to give its leases up; they expire otherwise
 JOIN_WAIT = 1.0  # seconds between saying it is alive and taking its share, at start
 ALL_DOWN = "every database this process serves is down"  # a problem of the farm only when
 # every process of it says so (see `prefork.liveness.health`): one database down, or one host's,
@@ -129,8 +130,8 @@ class FleetMember:
             metrics.unserved(name)
         if self._pool is not None:
             try:
-                await statements.leave(self._pool, self.member)
-            except DatabaseError as exc:
+                await asyncio.wait_for(statements.leave(self._pool, self.member), LEAVE_TIMEOUT)
+            except (DatabaseError, TimeoutError) as exc:
                 log.warning(
                     "fleet %s: could not give up the leases of this process (%s); the other "
                     "processes take its databases when they expire",

@@ -73,7 +73,7 @@ class ServedDatabase:
         self.on_count = on_count
         self.runtimes: list[Runtime] = []
         self.up = False
-        self.unready: str | None = "starting"
+        self.unready: str | None = None  # why it is not running, once a start failed
         self.since = time.monotonic()
         self._stop = asyncio.Event()
         self._graceful: float | None = None  # the drain's deadline: the settings' unless told

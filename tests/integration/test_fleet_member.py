@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
+from psycopg import sql
 
 from outbox_farm import Farm, Message
 from outbox_farm.fleet.fleet import Fleet
@@ -207,7 +208,6 @@ def test_several_outboxes_of_the_home_database_alone(dsn: str) -> None:
     def backlog() -> float | None:
         return REGISTRY.get_sample_value("outbox_farm_database_backlog", {"database": "default"})
 
-
     async def body() -> None:
         member = FleetMember(fleet, dsn, SETTINGS, name="only")
         await member.start()
@@ -254,3 +254,50 @@ def test_a_lease_taken_by_another_process_stops_being_served(
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT database, holder FROM outbox_farm_fleet_leases").fetchall()
     assert rows == [("tenant_1", "thief")]  # the thief's lease is not given up by the victim
+
+
+def test_a_home_database_out_of_reach_leaves_the_databases_served(
+    dsn: str, tenants: dict[str, str], tmp_path: Path, server_dsn: str
+) -> None:
+    """The home database refuses connections: the process keeps serving what it holds (no
+    other process could take it through that database either), says so, and renews again
+    once the home database answers."""
+    path = tmp_path / "databases.toml"
+    write_set(path, tenants)
+    seen: Counter[tuple[str, int]] = Counter()
+    fleet = fleet_with(path, seen)
+    home = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+
+    def home_reachable(allowed: bool) -> None:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+                    sql.Identifier(home), sql.Literal(allowed)
+                )
+            )
+            if not allowed:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    [home],
+                )
+
+    async def body() -> None:
+        member = FleetMember(fleet, dsn, SETTINGS, name="only")
+        await member.start()
+        try:
+            await until(lambda: served(member) == sorted(tenants), "every database served")
+            home_reachable(False)
+            await until(lambda: member.home_problem is not None, "the home database missed")
+            assert any("home database unreachable" in line for line in member.warnings)
+            assert member.problem is None
+            for name, tenant in tenants.items():
+                publish(fleet.farms[0], tenant, name, PER_TENANT)
+            await until(lambda: len(seen) == TENANTS * PER_TENANT, "rows while home is out")
+            assert served(member) == sorted(tenants)
+            home_reachable(True)
+            await until(lambda: member.home_problem is None, "the home database answering")
+        finally:
+            home_reachable(True)
+            await member.stop()
+
+    run(body)
