@@ -27,7 +27,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from outbox_farm.fleet.databases import read_file
-from outbox_farm.fleet.metrics import RESULTS, fleet_metrics
+from outbox_farm.fleet.metrics import fleet_metrics
 from tests.unit.kustomize import KustomizeError, Resource, build, containers
 from tests.unit.test_images import image_command
 from tests.unit.test_kubernetes_manifests import (
@@ -197,7 +197,7 @@ def test_keda_for_a_fleet_is_keda_with_other_triggers_and_refuses_keda_beside_it
         "triggers"
     ]
     assert the(fleet_keda, "ScaledObject", "outbox-farm") == expected
-    assert set(triggers(fleet_keda)) == {"databases", "delivered"}
+    assert set(triggers(fleet_keda)) == {"databases", "backlog"}
     # fleet-keda replaces keda: listing both adds keda's resources twice, which kustomize
     # refuses ("may not add resource with an already registered id"), as this build does.
     with pytest.raises(KustomizeError):
@@ -282,7 +282,7 @@ def test_the_databases_file_reads_as_two_databases_with_passwords_from_the_secre
 # -- KEDA ------------------------------------------------------------------------------------------
 
 
-def test_the_scaled_object_scales_a_fleet_on_its_size_and_its_deliveries(
+def test_the_scaled_object_scales_a_fleet_on_its_size_and_its_backlog(
     parse: Parse,  # noqa: F811
 ) -> None:
     built = build(FLEET)
@@ -306,15 +306,19 @@ def test_the_scaled_object_scales_a_fleet_on_its_size_and_its_deliveries(
     assert int(per_pod) == target == int(stated_procs) * int(max_databases)
     assert int(stated_procs) == procs
 
-    delivered = found["delivered"]
-    assert (delivered["type"], delivered["metricType"]) == ("prometheus", "AverageValue")
-    query = delivered["metadata"]["query"]
+    backlog = found["backlog"]
+    assert (backlog["type"], backlog["metricType"]) == ("prometheus", "AverageValue")
+    query = " ".join(backlog["metadata"]["query"].split())
     metrics = fleet_metrics()
-    assert re.findall(r"outbox_farm_\w+", query) == [metrics.messages._name + "_total"]
-    assert re.findall(r'job="([^"]+)"', query) == [PROMETHEUS_JOB]
-    [counted] = re.findall(r'result=~"([^"]+)"', query)
-    # Work done: every verdict but a row handed back unrun.
-    assert set(counted.split("|")) == set(RESULTS) - {"released"}
+    # Each database's count, from the pods serving it now (a process that let it go leaves its
+    # last count in its metric file, and 0 served).
+    assert re.findall(r"outbox_farm_\w+", query) == [metrics.backlog._name, metrics.served._name]
+    assert re.findall(r'job="([^"]+)"', query) == [PROMETHEUS_JOB] * 2
+    assert re.fullmatch(
+        r"sum\(outbox_farm_database_backlog\{[^}]*\} and on\(instance, database\) "
+        r"\(outbox_farm_database_served\{[^}]*\} > 0\)\)",
+        query,
+    )
 
 
 def test_keda_s_role_for_a_fleet_counts_the_catalog_and_can_change_nothing(
