@@ -10,7 +10,7 @@ fails is reported by name and the others still run; the exit status is 1 when an
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +70,12 @@ def _over(
             continue
         notice(f"  {name}: {say(name, outcome.lines[name])}")
     return outcome
+
+
+def _named(names: Iterable[str]) -> str:
+    """` (a, b)` for a summary's list of databases; nothing when there are none."""
+    listed = sorted(names)
+    return f" ({', '.join(listed)})" if listed else ""
 
 
 database_option = click.option(
@@ -189,7 +195,7 @@ def migrate_command(app: str, dsn: str | None, database: str, repair: bool, as_j
         click.echo(
             f"fleet migrate: {len(databases)} database(s): {len(migrated)} migrated, "
             f"{len(outcome.lines) - len(migrated)} up to date, {len(outcome.failed)} failed"
-            + (f" ({', '.join(sorted(outcome.failed))})" if outcome.failed else "")
+            + _named(outcome.failed)
         )
     if outcome.failed:
         sys.exit(1)
@@ -222,9 +228,9 @@ def check(app: str, dsn: str | None, database: str, as_json: bool) -> None:
         click.echo(
             f"fleet check: {len(databases)} database(s): {len(outcome.lines) - len(behind)} OK, "
             f"{len(behind)} with problems"
-            + (f" ({', '.join(behind)})" if behind else "")
+            + _named(behind)
             + f", {len(outcome.failed)} not checked"
-            + (f" ({', '.join(sorted(outcome.failed))})" if outcome.failed else "")
+            + _named(outcome.failed)
         )
     if behind or outcome.failed:
         sys.exit(1)
@@ -276,7 +282,7 @@ def stats(app: str, dsn: str | None, database: str, as_json: bool) -> None:
         headers = ["database", "table", "queue", "ready", "in flight", "retrying", "dlq"]
         click.echo(text_table([*headers, "oldest ready", "state"], rows))
         if outcome.failed:
-            click.echo(f"\nnot read: {', '.join(sorted(outcome.failed))}")
+            click.echo(f"\nnot read:{_named(outcome.failed)}")
     if outcome.failed:
         sys.exit(1)
 
@@ -311,9 +317,9 @@ def doctor_command(app: str, dsn: str | None, database: str, as_json: bool) -> N
     else:
         click.echo(
             f"fleet doctor: {len(databases)} database(s): {len(failing)} failing"
-            + (f" ({', '.join(failing)})" if failing else "")
+            + _named(failing)
             + f", {len(outcome.failed)} unreachable"
-            + (f" ({', '.join(sorted(outcome.failed))})" if outcome.failed else "")
+            + _named(outcome.failed)
         )
     if failing or outcome.failed:
         sys.exit(1)

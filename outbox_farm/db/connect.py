@@ -41,6 +41,18 @@ def connect(dsn: str, *, autocommit: bool = False, name: str | None = None) -> C
         raise ConnectionLost(scrub(message, dsn)) from exc
 
 
+def bounded(dsn: str, timeout: float) -> Connection:
+    """An autocommit connection whose connect and every statement end after `timeout`
+    seconds, for a process that must not hang on a database that does not answer (the
+    arbiter's hand-backs); driver errors as they are, for the caller's `boundary`."""
+    return psycopg.connect(
+        dsn,
+        autocommit=True,
+        connect_timeout=max(int(timeout), 1),
+        options=f"-c statement_timeout={int(timeout * 1000)}",
+    )
+
+
 def limit_statements(conn: Connection, seconds: float) -> None:
     """Make the server end any statement of this session that runs longer than `seconds`
     (SQLSTATE 57014, a `DatabaseError`): a caller that serves people (the console) would

@@ -13,11 +13,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
-import psycopg
-
 from ..queries import load_blocks
 from .boundary import boundary
-from .connect import Connection
+from .connect import Connection, bounded
 from .pool import Pool
 
 
@@ -127,15 +125,7 @@ def leave_for(dsn: str, fleet: str, member: str, timeout: float) -> None:
     """For a worker that died, on a connection of its own bounded by `timeout`: what `leave`
     would have done, so its databases are taken at the others' next round rather than after
     the lease time."""
-    with (
-        boundary(),
-        psycopg.connect(
-            dsn,
-            autocommit=True,
-            connect_timeout=max(int(timeout), 1),
-            options=f"-c statement_timeout={int(timeout * 1000)}",
-        ) as conn,
-    ):
+    with boundary(), bounded(dsn, timeout) as conn:
         conn.execute(_text("fleet_leave"), {"fleet": fleet, "member": member})
 
 

@@ -3,16 +3,13 @@ are `store.PostgresStore`'s)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
 from ..queries import Queries
 from ..tokens import token_range
 from .boundary import boundary
+from .connect import Connection, bounded
 
 
-def release_worker(conn: psycopg.Connection[Any], queries: Queries, worker_id: int) -> int:
+def release_worker(conn: Connection, queries: Queries, worker_id: int) -> int:
     """Clear the lease of every row held under a token of `worker_id`; return how many.
 
     For a supervisor that has just reaped the worker: the rows become claimable at once. The
@@ -30,13 +27,5 @@ def release_worker(conn: psycopg.Connection[Any], queries: Queries, worker_id: i
 def release_dead_worker(dsn: str, queries: Queries, worker_id: int, timeout: float) -> int:
     """`release_worker` on a connection of its own, bounded by `timeout` for the connect and
     for the statement: the supervisor holds no connection between forks, and must not hang."""
-    with (
-        boundary(),
-        psycopg.connect(
-            dsn,
-            autocommit=True,
-            connect_timeout=max(int(timeout), 1),
-            options=f"-c statement_timeout={int(timeout * 1000)}",
-        ) as conn,
-    ):
+    with boundary(), bounded(dsn, timeout) as conn:
         return release_worker(conn, queries, worker_id)

@@ -4,14 +4,16 @@ totals (the metrics of `outbox_farm.metrics` keep their labels and sum over ever
     outbox_farm_database_messages_total{database, result}  verdicts, by RESULT_OF
     outbox_farm_database_served{database}  processes serving it
     outbox_farm_database_up{database}      1 when a process serving it runs it, else 0
+    outbox_farm_database_backlog{database}  its outbox rows, counted by its holder
+    outbox_farm_database_oldest_pending_age_seconds{database}  its oldest due row nobody holds
     outbox_farm_fleet_databases            databases in the set, as last read
 
 Cardinality is what shapes this module. A process exports only the databases it serves:
-`served()` makes a database's six series (served, up, and one counter per result), and
-`unserved()` removes them from this process. So 1,000 databases shared out over 10 processes
-are about 1,000 x 6 series at the scrape, whatever the number of processes; a process that
-kept (or made up front) every database it ever saw would, as databases move between
-processes, end near 10,000 x 6. The fleet member calls `served` before a database's runtimes
+`served()` makes a database's six series (served, up, and one counter per result), its first
+count two more, and `unserved()` removes them from this process. So 1,000 databases shared out
+over 10 processes are about 1,000 x 8 series at the scrape, whatever the number of processes; a
+process that kept (or made up front) every database it ever saw would, as databases move
+between processes, end near 10,000 x 8. The fleet member calls `served` before a database's runtimes
 start and `unserved` after they stopped (a runtime's observer still counting into removed
 children would count into nothing); `up` of a database this process does not serve is
 ignored, so a late report cannot bring a let-go database back.
@@ -22,7 +24,8 @@ silenced here). The merged scrape drops the pid for these gauges' modes, so the 
 still per database, not per process, but a process's file keeps every database it served
 since the farm started (the farm empties the directory at every start; a process that ends
 takes its live gauges with it). `unserved` therefore writes the neutral value of each gauge
-before it removes it: 0 served (nothing to a sum), 0 up (below any 1 of a max). The counters
+before it removes it: 0 served (nothing to a sum), 0 up (below any 1 of a max), 0 rows and
+age (a database let go for good reads 0; a new holder's next count, newer, wins). The counters
 keep their totals, as the files of ended processes do: the farm's totals over its run.
 
 The per-message event (`DatabaseObserver.decided`) tallies plain integers, added to the
@@ -34,7 +37,6 @@ notes of `outbox_farm.observe.prometheus` keep off the data path.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -252,8 +254,8 @@ def unserved(database: str) -> None:
         m.served.remove(database)
         m.up.remove(database)
         for gauge in (m.backlog, m.oldest_pending_age):
-            with contextlib.suppress(KeyError):  # never counted while served
-                gauge.remove(database)
+            gauge.labels(database).set(0)
+            gauge.remove(database)
         for result in RESULTS:
             m.messages.remove(database, result)
 

@@ -22,6 +22,7 @@ from ..observe import Observer
 from ..problems import one_line
 from ..settings import RuntimeSettings
 from ..worker.runtime import Runtime
+from ..worker.supervised import started_unless_stopped
 
 log = logging.getLogger("outbox_farm.fleet")
 RETRY_FIRST = 0.5  # seconds before the second attempt to start on an unreachable database
@@ -171,17 +172,8 @@ class ServedDatabase:
                 [*farm.observers, *self.observers()],
             )
             self.runtimes.append(runtime)
-            starting = asyncio.create_task(runtime.start())
-            stopping = asyncio.create_task(self._stop.wait())
-            try:
-                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-            if not starting.done():
-                starting.cancel()
-                await asyncio.gather(starting, return_exceptions=True)
+            if not await started_unless_stopped(runtime.start(), self._stop):
                 return False
-            starting.result()
         return True
 
     async def _count(self) -> None:

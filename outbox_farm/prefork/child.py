@@ -31,6 +31,7 @@ from ..fleet.member import FleetMember
 from ..problems import one_line
 from ..settings import RuntimeSettings
 from ..worker.runtime import Runtime
+from ..worker.supervised import started_unless_stopped
 from .beats import Pulse, Serving, problem_path, reload_failure
 from .heap import freeze_boot_heap
 
@@ -243,28 +244,16 @@ async def _boot(
 
 
 async def _start(runtime: Served, stop: asyncio.Event) -> bool:
-    """Start `runtime` unless `stop` is set first (then close what it opened: False).
-
-    A connection attempt to a database that does not answer takes its whole connect timeout,
-    so a stop must not wait for the attempt to end.
-    """
-    starting = asyncio.create_task(runtime.start())
-    stopping = asyncio.create_task(stop.wait())
+    """Start `runtime` unless `stop` is set first; a start stopped or failed closes what it
+    opened (False when stopped)."""
     try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-    if not starting.done():
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        await runtime.stop(0)
-        return False
-    try:
-        starting.result()
+        started = await started_unless_stopped(runtime.start(), stop)
     except Exception:
         await runtime.stop(0)
         raise
-    return True
+    if not started:
+        await runtime.stop(0)
+    return started
 
 
 async def _serve(runtime: Served, stop: asyncio.Event) -> int:

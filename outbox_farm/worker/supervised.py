@@ -147,3 +147,21 @@ class Supervisor:
         self._reported.pop(name, None)
         self._reported[name] = (reason, now + delay + SETTLE)
         return delay
+
+
+async def started_unless_stopped(start: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run `start` unless `stop` is set first: then it is cancelled, and False. A connection
+    attempt to a database that does not answer takes its whole timeout, so a stop must not
+    wait for the attempt to end. What `start` raised is raised."""
+    starting = asyncio.ensure_future(start)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        return False
+    starting.result()
+    return True
