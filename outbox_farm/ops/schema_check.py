@@ -128,6 +128,26 @@ KEY_LIMIT_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "key_max_running": ("integer", False, False)
 }
 FAIR_KEYS_VERSION = 14
+# A fleet's leases (migration 0015), in its home database; a farm that is not a fleet never
+# reads them.
+FLEET_VERSION = 15
+FLEET_TABLES: dict[QualifiedName, dict[str, tuple[str, bool, bool]]] = {
+    QualifiedName(None, "outbox_farm_fleet_members"): {
+        "fleet": ("text", True, False),
+        "member": ("text", True, False),
+        "host": ("text", True, False),
+        "pid": ("integer", True, False),
+        "started_at": (TSTZ, True, True),
+        "expires_at": (TSTZ, True, False),
+    },
+    QualifiedName(None, "outbox_farm_fleet_leases"): {
+        "fleet": ("text", True, False),
+        "database": ("text", True, False),
+        "holder": ("text", True, False),
+        "taken_at": (TSTZ, True, True),
+        "expires_at": (TSTZ, True, False),
+    },
+}
 # Priorities (migration 0013): a column of the outbox and an index of its due rows above 0. Not
 # in OUTBOX_COLUMNS: a farm of this release claims without the column until it is there, so
 # `start` must not refuse a schema without it (`missing_columns`); `check` reports it.
@@ -489,6 +509,26 @@ def _check_additions(conn: Connection, names: TableNames, applied: set[int]) -> 
     return found
 
 
+def _check_fleet(conn: Connection, applied: set[int]) -> list[Problem]:
+    """Migration 0015's tables, once it is recorded: a fleet started on this home database
+    refuses to run without them, and `migrate` skips a recorded migration, so a dropped or
+    changed one says `--repair`. Before 0015, nothing: only a fleet's home needs them."""
+    if FLEET_VERSION not in applied:
+        return []
+    hint = "(migration 0015: a fleet's leases); run `outbox-farm migrate --repair`"
+    found: list[Problem] = []
+    for table, columns in FLEET_TABLES.items():
+        live = read_table(conn, table)
+        if live is None:
+            found.append(Problem(str(table), f"table does not exist {hint}"))
+            continue
+        found += [
+            Problem(p.table, f"{p.message} {hint}")
+            for p in _check_columns(str(table), live.columns, columns)
+        ]
+    return found
+
+
 def _unadvised(message: str) -> str:
     """A shape problem's message without its advice to recreate, for a note."""
     for hint in (FIX_HINT, REPAIR_HINT):
@@ -519,6 +559,7 @@ def assess_schema(conn: Connection, names: TableNames) -> Assessment:
     outbox_applied = {v for t, v, _ in recorded if t == str(names.outbox)}
     problems += _check_controls(conn, outbox_applied)
     problems += _check_additions(conn, names, outbox_applied)
+    problems += _check_fleet(conn, outbox_applied)
     shipped = max(m.version for m in load_migrations())
     newer = [record for record in recorded if record[1] > shipped]
     if not newer:

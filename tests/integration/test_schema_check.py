@@ -510,3 +510,20 @@ def test_fair_key_index_missing_on_a_newer_schema_is_a_note_without_advice(conn:
         "missing, as a newer migration may have left it: leave it, and check with the release "
         "that migrated"
     )
+
+
+def test_a_fleet_table_dropped_after_0015_says_repair(conn: Conn) -> None:
+    assert check_schema(conn, NAMES) == []
+    conn.execute("DROP TABLE outbox_farm_fleet_leases")
+    conn.execute("ALTER TABLE outbox_farm_fleet_members DROP COLUMN expires_at")
+    problems = [(p.table, p.message) for p in check_schema(conn, NAMES)]
+    repair = "(migration 0015: a fleet's leases); run `outbox-farm migrate --repair`"
+    assert problems == [
+        (
+            "outbox_farm_fleet_members",
+            f"column expires_at is missing (expected timestamp with time zone) {repair}",
+        ),
+        ("outbox_farm_fleet_leases", f"table does not exist {repair}"),
+    ]
+    migrate(conn, NAMES, repair=True)
+    assert check_schema(conn, NAMES) == []
