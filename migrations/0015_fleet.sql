@@ -16,24 +16,28 @@
 -- Global tables (no `target` column): a fleet is named instead (`fleet`), so several fleets may
 -- share one home database. Logged: a crash of the server must not hand every database to new
 -- holders at once. Expand-only: an earlier release ignores them.
+-- The key columns make each table; every other column is added on its own, so `migrate
+-- --repair` puts back a column dropped since (a lease's expiry defaults to now: expired).
 CREATE TABLE IF NOT EXISTS outbox_farm_fleet_members (
     fleet      text NOT NULL,
     member     text NOT NULL,
-    host       text NOT NULL,
-    pid        integer NOT NULL,
-    started_at timestamptz NOT NULL DEFAULT now(),
-    expires_at timestamptz NOT NULL,
     PRIMARY KEY (fleet, member)
 );
+ALTER TABLE outbox_farm_fleet_members
+    ADD COLUMN IF NOT EXISTS host       text NOT NULL DEFAULT '',
+    ADD COLUMN IF NOT EXISTS pid        integer NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS started_at timestamptz NOT NULL DEFAULT now(),
+    ADD COLUMN IF NOT EXISTS expires_at timestamptz NOT NULL DEFAULT now();
 
 CREATE TABLE IF NOT EXISTS outbox_farm_fleet_leases (
     fleet      text NOT NULL,
     database   text NOT NULL,
-    holder     text NOT NULL,
-    taken_at   timestamptz NOT NULL DEFAULT now(),
-    expires_at timestamptz NOT NULL,
     PRIMARY KEY (fleet, database)
 );
+ALTER TABLE outbox_farm_fleet_leases
+    ADD COLUMN IF NOT EXISTS holder     text NOT NULL DEFAULT '',
+    ADD COLUMN IF NOT EXISTS taken_at   timestamptz NOT NULL DEFAULT now(),
+    ADD COLUMN IF NOT EXISTS expires_at timestamptz NOT NULL DEFAULT now();
 
 CREATE INDEX IF NOT EXISTS outbox_farm_fleet_leases_holder
     ON outbox_farm_fleet_leases (fleet, holder);
