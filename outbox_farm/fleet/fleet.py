@@ -28,9 +28,10 @@ class Fleet:
     renews its leases and takes free ones up to its share, the set's size divided by the live
     processes of the fleet (of every host), rounded up, and at most `max_databases`; a process
     above its share (one joined) drains and gives the excess up. A process that stops gives its
-    databases up at once; one that died is given up for by its arbiter; a dead host's expire
-    `lease` seconds after its last renewal and are taken at the others' next round (every
-    `lease / 3` seconds). `name` tells fleets sharing a home database apart.
+    databases up at once; one that died is given up for by its arbiter; a dead host's are
+    served again within `lease` seconds of its last renewal (they expire three quarters of it
+    after, and are taken at the others' next round, every quarter). `name` tells fleets sharing
+    a home database apart.
     """
 
     def __init__(
@@ -85,9 +86,15 @@ class Fleet:
 
     @property
     def round_every(self) -> float:
-        """Seconds between two rounds of a process: three renewals per lease, so one lost
-        round trip never lets a lease lapse."""
-        return self.lease / 3
+        """Seconds between two rounds of a process: a quarter of the lease."""
+        return self.lease / 4
+
+    @property
+    def expiry(self) -> float:
+        """Seconds a lease lasts past its renewal: the lease less one round, so a dead
+        holder's database, taken at the next round after it expires, is served again within
+        `lease`; still three rounds, so one lost round trip never lets a lease lapse."""
+        return self.lease - self.round_every
 
     def share(self, databases: int, members: int) -> int:
         """How many of `databases` one of `members` live processes serves."""

@@ -98,7 +98,7 @@ class FleetMember:
         self._pool = await open_pool(self.home_dsn, max_size=2, utc=True)
         try:
             await statements.play_round(
-                self._pool, self.member, self.fleet.lease, [], lambda members: 0
+                self._pool, self.member, self.fleet.expiry, [], lambda members: 0
             )
             await asyncio.sleep(JOIN_WAIT)
             await self.play()
@@ -174,7 +174,7 @@ class FleetMember:
         result = await statements.play_round(
             self._pool,
             self.member,
-            fleet.lease,
+            fleet.expiry,
             wanted,
             lambda members: fleet.share(len(wanted), members),
         )
