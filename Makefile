@@ -106,7 +106,7 @@ chaos: ## Chaos and scale suite against LOCAL_DSN (all scenarios, ~15 min; or SC
 	$(PY) -m loadtests.chaos --dsn "$(LOCAL_DSN)" $(if $(SCENARIO),--scenario $(SCENARIO),)
 
 .PHONY: scale
-scale: ## Farms on 3 hosts (network namespaces, root): partition, 20 ms link, scale curve, limits (~7 min)
+scale: ## Farms on 3 hosts (network namespaces, root): partition, 20 ms link, scale curve, limits (~7 min); SCENARIO=fleet: 100 databases
 	$(PY) -m loadtests.scale $(if $(SCENARIO),--scenario $(SCENARIO),)
 
 .PHONY: docs
