@@ -22,10 +22,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from outbox_farm.names import TableNames
 from outbox_farm.testing.databases import Templates
 from tests.acceptance.test_cli import run
 from tests.acceptance.test_farm import farm_process, scalar
-from tests.conftest import DEFAULT_TABLES
 from tests.steps import publish, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_server]
@@ -34,6 +34,7 @@ Conn = psycopg.Connection[Any]
 TENANTS = 4
 ROWS = 40  # per tenant, per wave
 LEASE = 3.0
+TABLES = TableNames.build("outbox", "outbox_dlq")
 
 FLEETAPP = '''\
 """Acceptance-test app: one farm, one queue "q", served in every database of FLEETAPP_SET."""
@@ -73,7 +74,7 @@ fleet = Fleet(
 def tenants(outbox_templates: Templates) -> Iterator[dict[str, str]]:
     with contextlib.ExitStack() as stack:
         yield {
-            f"tenant_{i}": stack.enter_context(outbox_templates.database(DEFAULT_TABLES))
+            f"tenant_{i}": stack.enter_context(outbox_templates.database(TABLES))
             for i in range(TENANTS)
         }
 
