@@ -44,7 +44,6 @@ import psycopg
 from psycopg import sql
 
 from loadtests.common import tables
-from loadtests.common.farmproc import get
 from loadtests.common.harness import CLI, SetupError, align, kill_farm
 from loadtests.common.waits import wait_until
 from outbox_farm import Farm
@@ -52,7 +51,7 @@ from outbox_farm.ops.migrate import migrate
 
 from . import dbserver
 from .bed import Bed, percentile, say
-from .hosts import BOOT_TIMEOUT, GRACEFUL, METRICS_PORT, REPO, FarmHost, clean_env
+from .hosts import METRICS_PORT, REPO, FarmHost, clean_env, farm_host
 from .netns import Host
 
 APP = "loadtests.scale.fleetapp:fleet"
@@ -231,56 +230,19 @@ def fleet_farm(
     port: int = METRICS_PORT,
     tag: str = "",
 ) -> Iterator[FarmHost]:
-    """`outbox-farm start` of the fleet app in `host`'s namespace, every worker alive when
-    yielded, killed on the way out if still running (`hosts.farm_host`, for another app)."""
-    name = f"{host.role}{tag}"
-    log = work / f"{name}.log"
-    command = [
-        str(CLI),
-        "start",
-        app,
-        "--dsn",
+    """`outbox-farm start` of the fleet app in `host`'s namespace (`hosts.farm_host`), every
+    worker alive when yielded, killed on the way out if still running."""
+    with farm_host(
+        host,
         home,
-        "--procs",
-        str(procs),
-        "--metrics-bind",
-        f"{host.address}:{port}",
-        "--metrics-dir",
-        str(work / f"{name}-metrics"),
-        "--graceful-timeout",
-        str(GRACEFUL),
-        "--log-format",
-        "json",
-    ]
-    environ = clean_env({"TMPDIR": str(work), "FLEETAPP_HOST": host.role, **env})
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            host.exec(command),
-            cwd=REPO,
-            env=environ,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    farm = FarmHost(host, proc, log, procs)
-    try:
-        ok = wait_until(lambda: _ready(farm, port), BOOT_TIMEOUT, watch=proc)
-        if not ok:
-            raise SetupError(f"{name}: the fleet did not start:\n{farm.tail()}")
+        procs,
+        work,
+        env={"FLEETAPP_HOST": host.role, **env},
+        app=app,
+        port=port,
+        name=f"{host.role}{tag}",
+    ) as farm:
         yield farm
-    finally:
-        if proc.poll() is None:
-            kill_farm(proc)
-
-
-def _ready(farm: FarmHost, port: int) -> bool:
-    got = get(f"http://{farm.host.address}:{port}/healthz")
-    if got is None:
-        return False
-    with contextlib.suppress(ValueError):
-        return got[0] == 200 and json.loads(got[1] or b"{}").get("alive") == farm.procs
-    return False
 
 
 def workers(

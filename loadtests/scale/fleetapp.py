@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
-from typing import IO
 
 import orjson
 
 from loadtests.common import tables
+from loadtests.scale.journal_file import journal as open_journal
 from outbox_farm import Farm, Message
 from outbox_farm.fleet import Fleet
 
@@ -38,18 +37,6 @@ QUEUE = "work"
 CATALOG = "SELECT name, dsn FROM tenants"
 
 farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
-# pid -> this process's journal, opened on its first run (after the fork: never shared).
-_journals: dict[int, IO[str]] = {}
-
-
-def _journal() -> IO[str] | None:
-    if not JOURNAL:
-        return None
-    pid = os.getpid()
-    if pid not in _journals:
-        path = Path(JOURNAL) / f"{HOST}-{pid}.tsv"
-        _journals[pid] = path.open("a", buffering=1, encoding="utf-8")  # a line at a time
-    return _journals[pid]
 
 
 @farm.handler(QUEUE, lease_ttl=float(os.environ.get("FLEETAPP_ROW_LEASE", "10")))
@@ -57,7 +44,7 @@ async def handle(msg: Message) -> None:
     """Journal the run as it ends: a line means the handler finished and asked for its ack;
     the message's database is in its body, so a line says which database's row ran where."""
     started = time.time()
-    journal = _journal()
+    journal = open_journal(JOURNAL, HOST)
     if journal is not None:
         body = orjson.loads(msg.body)
         journal.write(

@@ -54,10 +54,11 @@ class FarmHost:
     proc: subprocess.Popen[bytes]
     log: Path
     procs: int
+    port: int = METRICS_PORT
 
     @property
     def url(self) -> str:
-        return f"http://{self.host.address}:{METRICS_PORT}"
+        return f"http://{self.host.address}:{self.port}"
 
     def health(self) -> tuple[int, dict[str, Any]] | None:
         got = get(self.url + "/healthz")
@@ -104,23 +105,27 @@ def farm_host(
     *,
     env: Mapping[str, str],
     options: Sequence[str] = (),
+    app: str = APP,
+    port: int = METRICS_PORT,
+    name: str | None = None,
 ) -> Iterator[FarmHost]:
-    """`outbox-farm start` of the scale app in `host`'s namespace, ready (every worker alive)
-    when yielded, killed on the way out if still running."""
-    log = work / f"{host.role}.log"
-    metrics_dir = work / f"{host.role}-metrics"
+    """`outbox-farm start` of `app` (the scale app unless told) in `host`'s namespace, its
+    /metrics on `port`, its log and metrics named `name` (the host's role unless told), ready
+    (every worker alive) when yielded, killed on the way out if still running."""
+    name = name or host.role
+    log = work / f"{name}.log"
     command = [
         str(CLI),
         "start",
-        APP,
+        app,
         "--dsn",
         dsn,
         "--procs",
         str(procs),
         "--metrics-bind",
-        f"{host.address}:{METRICS_PORT}",
+        f"{host.address}:{port}",
         "--metrics-dir",
-        str(metrics_dir),
+        str(work / f"{name}-metrics"),
         "--graceful-timeout",
         str(GRACEFUL),
         "--log-format",
@@ -138,7 +143,7 @@ def farm_host(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    farm = FarmHost(host, proc, log, procs)
+    farm = FarmHost(host, proc, log, procs, port)
     try:
         farm.wait_ready()
         yield farm

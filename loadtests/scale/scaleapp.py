@@ -23,12 +23,11 @@ import asyncio
 import os
 import random
 import time
-from pathlib import Path
-from typing import IO
 
 import orjson
 
 from loadtests.common import tables
+from loadtests.scale.journal_file import journal as open_journal
 from outbox_farm import Farm, Message
 
 HOST = os.environ.get("SCALE_HOST", "host")
@@ -38,18 +37,6 @@ SLEEP = (float(_lo or 0), float(_hi or _lo or 0))
 QUEUE = "work"
 
 farm = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
-# pid -> this process's journal, opened on its first run (after the fork: never shared).
-_journals: dict[int, IO[str]] = {}
-
-
-def _journal() -> IO[str] | None:
-    if not JOURNAL:
-        return None
-    pid = os.getpid()
-    if pid not in _journals:
-        path = Path(JOURNAL) / f"{HOST}-{pid}.tsv"
-        _journals[pid] = path.open("a", buffering=1, encoding="utf-8")  # a line at a time
-    return _journals[pid]
 
 
 def _options() -> dict[str, object]:
@@ -70,7 +57,7 @@ async def handle(msg: Message) -> None:
     started = time.time()
     if SLEEP[1] > 0:
         await asyncio.sleep(random.uniform(*SLEEP))
-    journal = _journal()
+    journal = open_journal(JOURNAL, HOST)
     if journal is not None:
         msg_id = orjson.loads(msg.body).get("id", "")
         journal.write(f"{msg_id}\t{started:.6f}\t{time.time():.6f}\t{os.getpid()}\t{HOST}\n")
