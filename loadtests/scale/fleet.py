@@ -51,7 +51,7 @@ from outbox_farm.ops.migrate import migrate
 
 from . import dbserver
 from .bed import Bed, percentile, say
-from .hosts import METRICS_PORT, REPO, FarmHost, clean_env, farm_host
+from .hosts import METRICS_PORT, REPO, FarmHost, clean_env, farm_host, run_to_end
 from .netns import Host
 
 APP = "loadtests.scale.fleetapp:fleet"
@@ -207,15 +207,7 @@ def create_databases(server: dbserver.Server, names: Sequence[str]) -> None:
 
 
 def run_cli(args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(CLI), *args],
-        cwd=REPO,
-        env=clean_env({}),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_to_end([str(CLI), *args], timeout)
 
 
 @contextlib.contextmanager

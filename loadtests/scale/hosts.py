@@ -157,10 +157,10 @@ def _producer_command(host: Host, dsn: str, commits: Path, args: Sequence[str]) 
     return host.exec([*program, "--commits", str(commits), *args])
 
 
-def produce(host: Host, dsn: str, commits: Path, *args: str, timeout: float) -> dict[str, float]:
-    """Run the producer in `host`'s namespace to its end (killed at `timeout`); its summary."""
-    command = _producer_command(host, dsn, commits, args)
-    done = subprocess.run(
+def run_to_end(command: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`command` from the repository, in the farm's clean environment, to its end (killed at
+    `timeout`), its output captured."""
+    return subprocess.run(
         command,
         cwd=REPO,
         env=clean_env({}),
@@ -169,6 +169,11 @@ def produce(host: Host, dsn: str, commits: Path, *args: str, timeout: float) -> 
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def produce(host: Host, dsn: str, commits: Path, *args: str, timeout: float) -> dict[str, float]:
+    """Run the producer in `host`'s namespace to its end (killed at `timeout`); its summary."""
+    done = run_to_end(_producer_command(host, dsn, commits, args), timeout)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise SetupError(f"the producer failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
