@@ -176,6 +176,11 @@ class Broker:
         return await self._rabbitmq_ids()
 
     def _kafka_ids(self) -> set[str]:
+        """Every record of the topic, read from the beginning: up to each partition's high
+        watermark, then on until a fetch comes back empty. tansu's watermark can lag the
+        records it serves (152 for a partition holding offsets 0-199, two producers writing),
+        so a reader that stopped there would miss the last records, the same ones at every
+        look, and a test waiting for them would wait in vain."""
         import confluent_kafka
 
         consumer = confluent_kafka.Consumer(
@@ -195,8 +200,11 @@ class Broker:
             ids: set[str] = set()
             read = dict.fromkeys(ends, 0)
             deadline = time.monotonic() + 30
-            while any(read[p] < ends[p] for p in ends) and time.monotonic() < deadline:
-                for msg in consumer.consume(num_messages=1000, timeout=0.5):
+            while time.monotonic() < deadline:
+                batch = consumer.consume(num_messages=1000, timeout=0.5)
+                if not batch and all(read[p] >= ends[p] for p in ends):
+                    break
+                for msg in batch:
                     if msg.error() is None:
                         ids.add(dict(msg.headers() or [])["message_id"].decode())
                         read[msg.partition()] = msg.offset() + 1

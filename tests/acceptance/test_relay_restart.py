@@ -19,7 +19,7 @@ import pytest
 
 from loadtests.common.restartable import Broker, Load, broker, publish, row_ids
 from tests.acceptance.test_farm import RunningFarm, farm_process, scalar
-from tests.steps import wait_for
+from tests.steps import poll, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_server]
 
@@ -70,7 +70,7 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
     with farm_process(
         tmp_path, dsn, procs=procs, app="loadtests.common.restartapp:farm", **env
     ) as farm:
-        arrive(private, first, farm, within=120)
+        arrive(dsn, private, first, farm, within=120)
         wait_for(lambda: up(farm), "relay_up 1 and /healthz 200", 60, farm)
 
         private.restart()
@@ -78,7 +78,7 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
         private.prepare()  # a memory-only broker forgot the topic: made again
         with Load(dsn) as load:
             after = set(publish(dsn, AFTER))
-        arrive(private, after | set(load.ids), farm, since=restarted)
+        arrive(dsn, private, after | set(load.ids), farm, since=restarted)
 
         with Load(dsn) as load:
             private.kill()
@@ -88,7 +88,7 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
             private.prepare()
             after = set(publish(dsn, AFTER))
         assert load.ids  # rows were published while the broker was down
-        arrive(private, after | set(load.ids), farm, since=restarted)
+        arrive(dsn, private, after | set(load.ids), farm, since=restarted)
 
         wait_for(lambda: up(farm), "relay_up 1 and /healthz 200 again", 60, farm)
         dead = scalar(conn, "SELECT count(*) FROM outbox_dlq")
@@ -99,7 +99,27 @@ def test_a_broker_killed_and_restarted_loses_and_dead_letters_nothing(
         assert code == 0
 
 
+def whereabouts(dsn: str, private: Broker, missing: set[int]) -> str:
+    """Where the rows that never arrived are: still in the outbox (the relay holds them),
+    dead-lettered (with why), or neither (acknowledged by the broker, yet not in its log); with
+    the broker's last words."""
+    with psycopg.connect(dsn) as conn:
+        held = scalar(conn, "SELECT count(*) FROM outbox WHERE id = ANY(%s)", [list(missing)])
+        dead = conn.execute(
+            "SELECT count(*), min(failure_reason), min(last_exception) FROM outbox_dlq"
+            " WHERE id = ANY(%s)",
+            [list(missing)],
+        ).fetchone()
+    log = private.work / f"{private.kind}.log"
+    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+    return (
+        f"{len(missing)} missing: {held} still in the outbox, {dead} dead-lettered, the rest "
+        f"acknowledged but not at the broker\nbroker's log:\n{tail}"
+    )
+
+
 def arrive(
+    dsn: str,
     private: Broker,
     ids: set[int],
     farm: RunningFarm,
@@ -111,6 +131,8 @@ def arrive(
     restart), though the wait goes on longer, to tell how long it took."""
     began = time.monotonic() if since is None else since
     missing = lambda: ids - row_ids(private.arrived())  # noqa: E731
-    wait_for(lambda: not missing(), "every row at the broker", 120, farm, every=0.5)
+    if not poll(lambda: not missing(), 120, every=0.5, process=farm):
+        where = whereabouts(dsn, private, missing())
+        pytest.fail(f"not every row at the broker within 120s: {where}\n{farm.log_tail()}")
     took = time.monotonic() - began
     assert took <= within, f"every row arrived {took:.1f}s after the restart, not {within:g}"
