@@ -61,14 +61,10 @@ FLEET = "default"
 SECOND_DB_OCTET = 4
 HOME = "fleet_home"
 NEW_DB = "late"
-# The catalog's DSNs set nothing of TCP: the farm's own defaults (keepalives, tcp_user_timeout)
-# are what a cut host meets. The producer, a plain psycopg client, sets its own, so that a cut
-# host holds up its thread for seconds rather than the kernel's minutes of retransmissions.
-DSN_OPTIONS = "connect_timeout=5"
-PRODUCER_OPTIONS = (
-    f"{DSN_OPTIONS} keepalives_idle=5 keepalives_interval=2 keepalives_count=3 "
-    "tcp_user_timeout=5000"
-)
+# What an operator puts in a catalog's DSNs so that a connection to a host cut off fails in
+# seconds rather than after the kernel's minutes of retransmissions.
+DSN_OPTIONS = "connect_timeout=5 keepalives_idle=5 keepalives_interval=2 keepalives_count=3"
+PRODUCER_OPTIONS = f"{DSN_OPTIONS} tcp_user_timeout=5000"
 BACKLOG_CHUNK = 5_000
 PRODUCER = Farm(table=tables.OUTBOX, dlq_table=tables.DLQ)
 

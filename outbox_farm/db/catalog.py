@@ -18,7 +18,7 @@ from psycopg.postgres import types
 from ..dsn import redact, scrub
 from ..errors import ConfigurationError, DatabaseError
 from .boundary import DRIVER_ERRORS, translate
-from .connect import CONNECT_TIMEOUT, liveness
+from .connect import CONNECT_TIMEOUT
 
 # The types a name or a DSN may come as: text, varchar, and `name` (what `pg_database.datname`
 # is, for a catalog built from the server's own list of databases).
@@ -54,7 +54,7 @@ async def read_catalog(dsn: str, query: str) -> list[Row]:
     """
     try:
         async with await psycopg.AsyncConnection.connect(
-            dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True, **liveness(dsn)
+            dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True
         ) as conn:
             await conn.set_read_only(True)
             async with conn.transaction():

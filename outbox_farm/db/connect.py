@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from ..dsn import redact, scrub
 from ..errors import ConnectionLost
@@ -21,33 +20,6 @@ Connection: TypeAlias = psycopg.Connection[Any]
 AsyncConnection: TypeAlias = psycopg.AsyncConnection[Any]
 
 CONNECT_TIMEOUT = 10  # seconds: an unreachable host fails the command, not hangs it
-
-# libpq's TCP settings for every connection the farm opens, unless the DSN sets its own. Without
-# them a connection to a host that went silent (a cut network, a server's host powered off)
-# waits out the kernel: an idle LISTEN session is never found dead, and a statement whose bytes
-# go unacknowledged blocks for the whole retransmission schedule, about 15 minutes, and after a
-# heal for the next retransmission, tens of seconds away. With them an idle session is probed
-# after 10 s and given up after three unanswered probes 5 s apart, and unacknowledged data
-# ends the connection after 20 s: the caller's retry connects anew, and its connect attempts,
-# bounded by CONNECT_TIMEOUT, find the host as soon as it answers. (Unix sockets ignore them.)
-TCP_LIVENESS = {
-    "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "20000",  # milliseconds
-}
-
-
-def liveness(dsn: str) -> dict[str, Any]:
-    """The `TCP_LIVENESS` settings `dsn` leaves unset, as connection keywords: an operator's own
-    values win. A DSN libpq cannot parse gets none, and fails in the connect that follows,
-    with the driver's message."""
-    try:
-        given = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return {}
-    return {key: value for key, value in TCP_LIVENESS.items() if key not in given}
 
 
 def connect(dsn: str, *, autocommit: bool = False, name: str | None = None) -> Connection:
@@ -59,9 +31,7 @@ def connect(dsn: str, *, autocommit: bool = False, name: str | None = None) -> C
     quotes what it failed to parse.
     """
     try:
-        return psycopg.connect(
-            dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=autocommit, **liveness(dsn)
-        )
+        return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=autocommit)
     except psycopg.Error as exc:
         message = (
             f"cannot connect to {name or redact(dsn)}: {str(exc).strip()}\n"
@@ -80,7 +50,6 @@ def bounded(dsn: str, timeout: float) -> Connection:
         autocommit=True,
         connect_timeout=max(int(timeout), 1),
         options=f"-c statement_timeout={int(timeout * 1000)}",
-        **liveness(dsn),
     )
 
 

@@ -12,7 +12,6 @@ from psycopg import sql
 
 from ..queries import load_blocks
 from .boundary import boundary
-from .connect import CONNECT_TIMEOUT, liveness
 
 
 @cache
@@ -38,12 +37,8 @@ class Listening:
 
 @asynccontextmanager
 async def listen(dsn: str, channel: str) -> AsyncIterator[Listening]:
-    """Connect to `dsn` (autocommit) and LISTEN on `channel` for the duration of the block.
-    The session is idle most of the time: TCP keepalives (`TCP_LIVENESS`) find it dead when
-    its host goes silent, where the check after each wait would otherwise block for minutes."""
+    """Connect to `dsn` (autocommit) and LISTEN on `channel` for the duration of the block."""
     with boundary():
-        async with await psycopg.AsyncConnection.connect(
-            dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **liveness(dsn)
-        ) as conn:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute(_listen_statement(channel))
             yield Listening(conn)

@@ -13,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..dsn import check_dsn, redact, scrub
 from ..errors import ConfigurationError
 from .boundary import boundary
-from .connect import CONNECT_TIMEOUT, liveness
+from .connect import CONNECT_TIMEOUT
 
 Pool: TypeAlias = AsyncConnectionPool[Any]
 """What every function of `outbox_farm.db` takes: any `psycopg_pool.AsyncConnectionPool` of
@@ -52,8 +52,7 @@ async def open_pool(dsn: str, max_size: int, *, utc: bool = False) -> Pool:
         max_size=max_size,
         # A connection attempt to a server that does not answer ends at the timeout rather
         # than the driver's default of minutes, so a stop never waits on one for long.
-        # And a connection to a host gone silent fails in seconds (see `TCP_LIVENESS`).
-        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT, **liveness(dsn)},
+        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
         configure=_configure_utc if utc else _configure,
         open=False,
         name="outbox-farm",

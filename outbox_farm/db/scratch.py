@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..queries import Queries, load_blocks
-from .connect import CONNECT_TIMEOUT, AsyncConnection, Connection, connect, liveness
+from .connect import AsyncConnection, Connection, connect
 
 
 def with_dbname(dsn: str, name: str) -> str:
@@ -81,9 +81,7 @@ class DrainState(NamedTuple):
 
 async def watch(dsn: str) -> AsyncConnection:
     """An autocommit connection for a drain's reads and clock moves; the caller closes it."""
-    return await psycopg.AsyncConnection.connect(
-        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **liveness(dsn)
-    )
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=10)
 
 
 async def drain_state(conn: AsyncConnection, queries: Queries, queues: Sequence[str]) -> DrainState:
