@@ -10,9 +10,8 @@ fails is reported by name and the others still run; the exit status is 1 when an
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -21,11 +20,9 @@ from ..admin.doctor import Check, Status, doctor
 from ..admin.stats import queue_stats
 from ..db import fleet as statements
 from ..db.connect import Connection, connect
-from ..errors import OutboxFarmError
 from ..ops.migrate import migrate
 from ..ops.readiness import schema_report
 from ..ops.server import located
-from ..problems import one_line
 from .options import (
     ALL_DATABASES,
     EPILOG,
@@ -36,46 +33,13 @@ from .options import (
     read_set,
 )
 from .output import echo_json, notice, text_table
-
-
-@dataclass
-class Outcome:
-    """What one command did over the set: per database, its line; the ones that failed."""
-
-    lines: dict[str, Any] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
+from .over_set import named, over
 
 
 @contextmanager
 def _home(dsn: str | None) -> Iterator[str]:
     with located(dsn, notice) as server:
         yield server.url
-
-
-def _over(
-    databases: dict[str, str],
-    work: Callable[[Connection], Any],
-    say: Callable[[str, Any], str],
-    autocommit: bool = False,
-) -> Outcome:
-    """`work` on each database, its line said as it is done; a failure is that database's."""
-    outcome = Outcome()
-    for name, dsn in databases.items():
-        try:
-            with connect(dsn, autocommit=autocommit, name=f"database {name}") as conn:
-                outcome.lines[name] = work(conn)
-        except OutboxFarmError as exc:
-            outcome.failed[name] = one_line(exc)
-            notice(f"  {name}: FAILED: {outcome.failed[name]}")
-            continue
-        notice(f"  {name}: {say(name, outcome.lines[name])}")
-    return outcome
-
-
-def _named(names: Iterable[str]) -> str:
-    """` (a, b)` for a summary's list of databases; nothing when there are none."""
-    listed = sorted(names)
-    return f" ({', '.join(listed)})" if listed else ""
 
 
 database_option = click.option(
@@ -187,7 +151,7 @@ def migrate_command(app: str, dsn: str | None, database: str, repair: bool, as_j
             notice(f"  home: {say('home', work(conn))}")
         databases = chosen(read_set(fleet_, home), database)
         notice(f"migrating {len(databases)} database(s) of fleet {fleet_.name}")
-        outcome = _over(databases, work, say)
+        outcome = over(databases, work, say)
     migrated = sorted(n for n, applied in outcome.lines.items() if applied)
     if as_json:
         echo_json({"applied": outcome.lines, "failed": outcome.failed})
@@ -195,7 +159,7 @@ def migrate_command(app: str, dsn: str | None, database: str, repair: bool, as_j
         click.echo(
             f"fleet migrate: {len(databases)} database(s): {len(migrated)} migrated, "
             f"{len(outcome.lines) - len(migrated)} up to date, {len(outcome.failed)} failed"
-            + _named(outcome.failed)
+            + named(outcome.failed)
         )
     if outcome.failed:
         sys.exit(1)
@@ -220,7 +184,7 @@ def check(app: str, dsn: str | None, database: str, as_json: bool) -> None:
 
     with _home(dsn) as home:
         databases = chosen(read_set(fleet_, home), database)
-        outcome = _over(databases, work, say)
+        outcome = over(databases, work, say)
     behind = sorted(n for n, problems in outcome.lines.items() if problems)
     if as_json:
         echo_json({"problems": outcome.lines, "failed": outcome.failed})
@@ -228,9 +192,9 @@ def check(app: str, dsn: str | None, database: str, as_json: bool) -> None:
         click.echo(
             f"fleet check: {len(databases)} database(s): {len(outcome.lines) - len(behind)} OK, "
             f"{len(behind)} with problems"
-            + _named(behind)
+            + named(behind)
             + f", {len(outcome.failed)} not checked"
-            + _named(outcome.failed)
+            + named(outcome.failed)
         )
     if behind or outcome.failed:
         sys.exit(1)
@@ -259,7 +223,7 @@ def stats(app: str, dsn: str | None, database: str, as_json: bool) -> None:
 
     with _home(dsn) as home:
         databases = chosen(read_set(fleet_, home), database)
-        outcome = _over(databases, work, say)
+        outcome = over(databases, work, say)
     if as_json:
         echo_json({"databases": outcome.lines, "failed": outcome.failed})
     else:
@@ -282,7 +246,7 @@ def stats(app: str, dsn: str | None, database: str, as_json: bool) -> None:
         headers = ["database", "table", "queue", "ready", "in flight", "retrying", "dlq"]
         click.echo(text_table([*headers, "oldest ready", "state"], rows))
         if outcome.failed:
-            click.echo(f"\nnot read:{_named(outcome.failed)}")
+            click.echo(f"\nnot read:{named(outcome.failed)}")
     if outcome.failed:
         sys.exit(1)
 
@@ -308,7 +272,7 @@ def doctor_command(app: str, dsn: str | None, database: str, as_json: bool) -> N
 
     with _home(dsn) as home:
         databases = chosen(read_set(fleet_, home), database)
-        outcome = _over(databases, work, say, autocommit=True)
+        outcome = over(databases, work, say, autocommit=True)
     failing = sorted(
         n for n, checks in outcome.lines.items() if any(c.status is Status.FAIL for c in checks)
     )
@@ -317,9 +281,9 @@ def doctor_command(app: str, dsn: str | None, database: str, as_json: bool) -> N
     else:
         click.echo(
             f"fleet doctor: {len(databases)} database(s): {len(failing)} failing"
-            + _named(failing)
+            + named(failing)
             + f", {len(outcome.failed)} unreachable"
-            + _named(outcome.failed)
+            + named(outcome.failed)
         )
     if failing or outcome.failed:
         sys.exit(1)
