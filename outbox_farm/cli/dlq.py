@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -22,9 +25,11 @@ from ..admin.dlq import (
     dlq_unfit,
 )
 from ..db.connect import Connection
+from ..db.dlq import DlqRow
 from ..names import TableNames
 from ..ops.server import connected
 from .bulk import Bulk, Progress
+from .bulk_set import run_over
 from .dlq_filters import filter_options, selected
 from .options import (
     EPILOG,
@@ -34,8 +39,10 @@ from .options import (
     json_option,
     table_options,
     tenant_dsn_options,
+    tenant_set_options,
 )
 from .output import echo_json, notice, text_table
+from .over_set import named, over
 
 
 def _bulk_options(doing: str, past: str, moved: str) -> Decorator:
@@ -66,7 +73,7 @@ def dlq() -> None:
 
 
 @dlq.command(name="list", epilog=EPILOG)
-@tenant_dsn_options
+@tenant_set_options
 @table_options
 @filter_options
 @click.option(
@@ -74,7 +81,8 @@ def dlq() -> None:
     type=click.IntRange(1),
     default=50,
     show_default=True,
-    help="Show at most this many rows, newest first (with --group: this many causes).",
+    help="Show at most this many rows, newest first (with --group: this many causes); with "
+    "--database all, this many of the whole set.",
 )
 @click.option(
     "--group",
@@ -84,9 +92,12 @@ def dlq() -> None:
     "addresses and long quoted values replaced, so rows that differ only in those count "
     "together. Give a cause back as --cause to list, replay or purge its rows.",
 )
-@json_option("an array of rows, newest first; with --group, of causes, most rows first")
+@json_option(
+    "an array of rows, newest first; with --group, of causes, most rows first; with "
+    '--database all, each with its "database", and the databases not read on stderr'
+)
 def list_(
-    dsn: str | None,
+    dsn: str | dict[str, str] | None,
     names: TableNames,
     where: DlqFilter,
     limit: int,
@@ -94,15 +105,72 @@ def list_(
     as_json: bool,
 ) -> None:
     """The newest DLQ rows matching the filters: id, when and why each failed, and the
-    first line of its exception. With --group, how many rows each cause has."""
+    first line of its exception. With --group, how many rows each cause has.
+
+    With --fleet APP --database all: the rows of every database of the set (the filters
+    applying in each), each with its database, newest first across the set and --limit
+    rows in all; a database that cannot be read is named, the others still listed, and the
+    exit status is then 1."""
+    if isinstance(dsn, dict):
+        _list_over(dsn, names, where, limit, by_cause, as_json)
+        return
     if by_cause:
         with connected(dsn, notice, autocommit=True) as conn:
-            _print_causes(dlq_causes(conn, names, where, limit), as_json)
+            _print_causes([(None, g) for g in dlq_causes(conn, names, where, limit)], as_json)
         return
     with connected(dsn, notice, autocommit=True) as conn:
         rows = dlq_list(conn, names, where, limit)
+    _print_rows([(None, r) for r in rows], as_json)
+
+
+def _list_over(
+    databases: dict[str, str],
+    names: TableNames,
+    where: DlqFilter,
+    limit: int,
+    by_cause: bool,
+    as_json: bool,
+) -> None:
+    """`list` over the set: each database's newest `limit` rows (or causes), merged and cut
+    to `limit` again."""
+    notice(f"reading the DLQ of {len(databases)} database(s)")
+    if by_cause:
+        causes = over(
+            databases,
+            lambda conn: dlq_causes(conn, names, where, limit),
+            lambda name, groups: f"{sum(g.rows for g in groups)} row(s)",
+            autocommit=True,
+        )
+        groups = [(n, g) for n, found in causes.lines.items() for g in found]
+        groups.sort(key=lambda pair: pair[1].rows, reverse=True)
+        _print_causes(groups[:limit], as_json)
+        failed = causes.failed
+    else:
+        listed = over(
+            databases,
+            lambda conn: dlq_list(conn, names, where, limit),
+            lambda name, rows: f"{len(rows)} row(s)",
+            autocommit=True,
+        )
+        rows = [(n, r) for n, found in listed.lines.items() for r in found]
+        rows.sort(key=lambda pair: pair[1].failed_at, reverse=True)
+        _print_rows(rows[:limit], as_json)
+        failed = listed.failed
+    if failed:
+        notice(f"not read: {len(failed)} database(s){named(failed)}")
+        sys.exit(1)
+
+
+def _labelled(database: str | None, item: Any) -> Any:
+    """A row or cause for --json: as it is, or with its database first."""
+    if database is None:
+        return item
+    return {"database": database, **dataclasses.asdict(item)}
+
+
+def _print_rows(rows: Sequence[tuple[str | None, DlqRow]], as_json: bool) -> None:
     if as_json:
-        echo_json(rows)
+        echo_json([_labelled(d, r) for d, r in rows])
         return
     if not rows:
         click.echo("no DLQ rows match")
@@ -117,15 +185,25 @@ def list_(
             r.payload_bytes,
             r.exception[:80],
         ]
-        for r in rows
+        for _, r in rows
     ]
     headers = ["id", "failed at", "queue", "reason", "deliveries", "bytes", "exception"]
-    click.echo(text_table(headers, lines))
+    click.echo(text_table(*_with_databases(rows, headers, lines)))
 
 
-def _print_causes(groups: list[CauseGroup], as_json: bool) -> None:
+def _with_databases(
+    labelled: Sequence[tuple[str | None, Any]], headers: list[str], lines: list[list[Any]]
+) -> tuple[list[str], list[list[Any]]]:
+    """The table as it is, or, over the set, with a first column naming each line's database."""
+    if all(database is None for database, _ in labelled):
+        return headers, lines
+    labels = [database for database, _ in labelled]
+    return ["database", *headers], [[d, *line] for d, line in zip(labels, lines, strict=True)]
+
+
+def _print_causes(groups: Sequence[tuple[str | None, CauseGroup]], as_json: bool) -> None:
     if as_json:
-        echo_json(groups)
+        echo_json([_labelled(d, g) for d, g in groups])
         return
     if not groups:
         click.echo("no DLQ rows match")
@@ -138,10 +216,11 @@ def _print_causes(groups: list[CauseGroup], as_json: bool) -> None:
             ", ".join(g.reasons),
             "-" if g.last_failed_at is None else f"{g.last_failed_at:%Y-%m-%d %H:%M:%S}",
         ]
-        for g in groups
+        for _, g in groups
     ]
-    click.echo(text_table(["rows", "cause", "queues", "reasons", "last failed"], lines))
-    click.echo(f'\nthe rows of one cause: outbox-farm dlq list --cause "{groups[0].cause}"')
+    headers = ["rows", "cause", "queues", "reasons", "last failed"]
+    click.echo(text_table(*_with_databases(groups, headers, lines)))
+    click.echo(f'\nthe rows of one cause: outbox-farm dlq list --cause "{groups[0][1].cause}"')
 
 
 @dlq.command(epilog=EPILOG)
@@ -178,7 +257,7 @@ def show(dsn: str | None, names: TableNames, row_id: int, as_json: bool) -> None
 
 
 @dlq.command(epilog=EPILOG)
-@tenant_dsn_options
+@tenant_set_options
 @table_options
 @ids_argument
 @filter_options
@@ -198,9 +277,12 @@ def show(dsn: str | None, names: TableNames, row_id: int, as_json: bool) -> None
     "replay or wait for a deploy.  [default: now]",
 )
 @_bulk_options("replaying", "replayed", "moved")
-@json_option("one object: the count, or what was replayed")
+@json_option(
+    "one object: the count, or what was replayed; with --database all, the total, each database's "
+    'under "databases" and the ones that failed under "failed"'
+)
 def replay(
-    dsn: str | None,
+    dsn: str | dict[str, str] | None,
     names: TableNames,
     ids: tuple[int, ...],
     where: DlqFilter,
@@ -224,6 +306,11 @@ def replay(
     left behind: created_at becomes the time of the replay, other headers are kept under
     `original_headers`, and the header `replay_normalised` says what changed. Such rows are
     named by id on stderr as the replay starts; to drop one instead, `dlq purge` it first.
+
+    With --fleet APP --database all: in every database of the set, with the same selection
+    (ids, if given, are each database's own). Every database is counted first and one
+    question asked for the whole; each then replays what it counted, a database that fails
+    is named in the summary while the others go on, and the exit status is then 1.
     """
     where = selected(where, ids, every, "replay")
     due = f"due in {delay:g}s" if delay else "due now, with a NOTIFY per queue and batch"
@@ -242,7 +329,7 @@ def replay(
             progress=step,
         )
 
-    Bulk(
+    bulk = Bulk(
         ask="Replay",
         doing="replaying",
         past="replayed",
@@ -252,7 +339,8 @@ def replay(
             f"({target}, {due}), in batches of {batch}"
         ),
         work=work,
-    ).run(dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)
+    )
+    _run(bulk, dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)
 
 
 def _report_unfit(conn: Connection, names: TableNames, where: DlqFilter, upto: int) -> None:
@@ -269,7 +357,7 @@ def _report_unfit(conn: Connection, names: TableNames, where: DlqFilter, upto: i
 
 
 @dlq.command(epilog=EPILOG)
-@tenant_dsn_options
+@tenant_set_options
 @table_options
 @ids_argument
 @filter_options
@@ -282,9 +370,12 @@ def _report_unfit(conn: Connection, names: TableNames, where: DlqFilter, upto: i
 )
 @click.option("--all", "every", is_flag=True, help="Purge every row of the DLQ.")
 @_bulk_options("purging", "purged", "deleted")
-@json_option("one object: the count, or what was purged")
+@json_option(
+    "one object: the count, or what was purged; with --database all, the total, each database's "
+    'under "databases" and the ones that failed under "failed"'
+)
 def purge(
-    dsn: str | None,
+    dsn: str | dict[str, str] | None,
     names: TableNames,
     ids: tuple[int, ...],
     where: DlqFilter,
@@ -295,13 +386,18 @@ def purge(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Delete DLQ rows for good: by ID, by filters, by age (--older-than), or --all."""
+    """Delete DLQ rows for good: by ID, by filters, by age (--older-than), or --all.
+
+    With --fleet APP --database all: in every database of the set, with the same selection
+    (ids, if given, are each database's own). Every database is counted first and one
+    question asked for the whole; each then purges what it counted, a database that fails is
+    named in the summary while the others go on, and the exit status is then 1."""
     if older_than is not None:
         if where.until is not None:
             raise click.UsageError("--older-than and --until say the same; give one")
         where = dataclasses.replace(where, until=When(ago=older_than))
     where = selected(where, ids, every, "purge")
-    Bulk(
+    bulk = Bulk(
         ask="Delete",
         doing="purging",
         past="purged",
@@ -310,4 +406,22 @@ def purge(
         work=lambda conn, upto, step: dlq_purge(
             conn, names, where, batch=batch, upto=upto, progress=step
         ),
-    ).run(dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)
+    )
+    _run(bulk, dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)
+
+
+def _run(
+    bulk: Bulk,
+    dsn: str | dict[str, str] | None,
+    names: TableNames,
+    where: DlqFilter,
+    *,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """`bulk` on one database, or on every database of the set when `dsn` names them all."""
+    if isinstance(dsn, dict):
+        run_over(bulk, dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)
+    else:
+        bulk.run(dsn, names, where, dry_run=dry_run, yes=yes, as_json=as_json)

@@ -12,7 +12,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -219,15 +219,16 @@ def chosen(listing: Listing, database: str) -> dict[str, str]:
     return {database: listing.databases[database]}
 
 
-def _tenant_dsn(
+def _picked(
     dsn: str | None,
     dsn_file: str | None,
     embedded: bool,
     fleet: str | None,
     database: str | None,
-) -> str | None:
-    """The DSN, or with --database that database's, from the set of the Fleet --fleet names,
-    the DSN then being the fleet's home (where its catalog is)."""
+) -> str | dict[str, str] | None:
+    """The DSN; or with --database, from the set of the Fleet --fleet names (the DSN then
+    being the fleet's home, where its catalog is), that database's DSN, or with `all` every
+    database of the set by name."""
     home = _dsn_or_embedded(dsn, dsn_file, embedded)
     if database is None:
         return home
@@ -238,12 +239,24 @@ def _tenant_dsn(
         )
     if home is None:
         raise click.UsageError("--database needs the fleet's home database as its DSN")
+    databases = chosen(read_set(load_fleet(fleet), home), database)
+    return databases if database == ALL_DATABASES else next(iter(databases.values()))
+
+
+def _tenant_dsn(
+    dsn: str | None,
+    dsn_file: str | None,
+    embedded: bool,
+    fleet: str | None,
+    database: str | None,
+) -> str | None:
+    """`_picked`, for a command that works on one database."""
     if database == ALL_DATABASES:
         raise click.UsageError(
-            "--database all is for `outbox-farm fleet migrate|check|stats`; here, name one"
+            "--database all is for `outbox-farm fleet migrate|check|stats`, `fleet doctor` "
+            "and `dlq list|replay|purge`; this command works on one database: name it"
         )
-    [picked] = chosen(read_set(load_fleet(fleet), home), database).values()
-    return picked
+    return cast("str | None", _picked(dsn, dsn_file, embedded, fleet, database))
 
 
 # --dsn, --dsn-file and --embedded as the command's one `dsn` argument: the connection string,
@@ -345,28 +358,51 @@ def log_format_option(lines: str = "One line per event") -> Decorator:
     )
 
 
+_fleet_option = click.option(
+    "--fleet",
+    envvar="OUTBOX_FARM_FLEET",
+    default=None,
+    metavar="APP",
+    help="The Fleet (`package.module:fleet`, as `start` takes it) whose set --database "
+    "names a database of. [env OUTBOX_FARM_FLEET]",
+)
+
+
+def _database_option(which: str) -> Decorator:
+    return click.option(
+        "--database",
+        envvar="OUTBOX_FARM_DATABASE",
+        default=None,
+        metavar="NAME",
+        help=f"Work on {which} of --fleet's set, found through the fleet's home database (the "
+        "DSN). [env OUTBOX_FARM_DATABASE]",
+    )
+
+
+_home_dsn_option = _dsn_option(
+    "Without any, --embedded is required. With --database, the fleet's home."
+)
+
 # `dsn_options`, and a database of a fleet's set by its name: --fleet APP --database NAME, the
 # DSN then being the fleet's home. For the commands that work on one database's tables.
 tenant_dsn_options = merged(
     "dsn",
     _tenant_dsn,
-    _dsn_option("Without any, --embedded is required. With --database, the fleet's home."),
+    _home_dsn_option,
     _dsn_file_option,
     _embedded_option,
-    click.option(
-        "--fleet",
-        envvar="OUTBOX_FARM_FLEET",
-        default=None,
-        metavar="APP",
-        help="The Fleet (`package.module:fleet`, as `start` takes it) whose set --database "
-        "names a database of. [env OUTBOX_FARM_FLEET]",
-    ),
-    click.option(
-        "--database",
-        envvar="OUTBOX_FARM_DATABASE",
-        default=None,
-        metavar="NAME",
-        help="Work on this database of --fleet's set, found through the fleet's home "
-        "database (the DSN). [env OUTBOX_FARM_DATABASE]",
-    ),
+    _fleet_option,
+    _database_option("this database"),
+)
+
+# The same, where --database all may name the whole set: `dsn` is then a dict of every
+# database's DSN by its name, for the command to go over (see `over_set`).
+tenant_set_options = merged(
+    "dsn",
+    _picked,
+    _home_dsn_option,
+    _dsn_file_option,
+    _embedded_option,
+    _fleet_option,
+    _database_option(f"this database (or `{ALL_DATABASES}`: every database)"),
 )
