@@ -62,7 +62,7 @@ class Bulk:
                 return
             if summary.rows > 1 and not yes:
                 click.confirm(f"{self.ask} {summary.rows} rows?", abort=True, err=True)
-            done = self._batches(summary, lambda step: self.work(conn, summary.upto, step))
+            done = self.batches(summary, lambda step: self.work(conn, summary.upto, step))
         if as_json:
             echo_json(
                 {
@@ -75,7 +75,7 @@ class Bulk:
         else:
             click.echo(f"{self.past} {done.rows} row(s) {self.target} in {done.batches} batch(es)")
 
-    def _batches(self, summary: Summary, work: Callable[[Progress], Done]) -> Done:
+    def batches(self, summary: Summary, work: Callable[[Progress], Done]) -> Done:
         """`work` under a progress bar; Ctrl-C says how far it got and how to finish."""
         done = 0
         with click.progressbar(length=summary.rows, label=self.doing, file=sys.stderr) as bar:

@@ -81,7 +81,7 @@ def _one(bulk: Bulk, name: str, dsn: str, summary: Summary) -> Outcome:
     labelled = dataclasses.replace(bulk, doing=f"{bulk.doing} {name}")
 
     def work(conn: Connection) -> Done:
-        return labelled._batches(summary, lambda step: bulk.work(conn, summary.upto, step))
+        return labelled.batches(summary, lambda step: bulk.work(conn, summary.upto, step))
 
     return over(
         {name: dsn},
