@@ -20,8 +20,9 @@ class Fleet:
     "dsn"`), and/or the rows `(name, dsn)` of the `catalog` query, run on the home database
     (the one `--dsn` names, which also keeps the fleet's leases: migration 0015). Both are read
     again every `recheck` seconds by every process, so a database added to or removed from
-    them is served or let go without restarting anything else. With neither, the fleet serves
-    the home database alone, under the name `default`: several outboxes of one database.
+    them is served or let go without restarting anything else; `kill -HUP` to the arbiter has
+    every process read them at once. With neither, the fleet serves the home database alone,
+    under the name `default`: several outboxes of one database.
 
     Sharing out: each database is served by one process at a time, whichever holds its lease:
     it claims the database's rows, holds its connections and runs its chores. Every process

@@ -10,11 +10,17 @@ lease has lapsed (never a loss: every row's own lease token still guards its wri
 
 While the home database cannot be reached, the process keeps serving what it holds (no
 other process can take it through an unreachable database either) and says so.
+
+The set is read every `recheck` seconds, and at once when asked (`recheck()`: a HUP to the
+arbiter, passed on to every worker): the next round starts then, without waiting for its
+turn, and reads the set whatever the time since the last reading. Nothing else changes: the
+databases that stay are served by the same objects, uninterrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -41,6 +47,7 @@ ALL_DOWN = "every database this process serves is down"  # a problem of the farm
 # every process of it says so (see `prefork.liveness.health`): one database down, or one host's,
 # is the problem of those databases, which /healthz lists as degraded
 MAX_WARNINGS = 20  # lines of warnings /healthz gets from one process; the rest are counted
+SHOWN = 5  # databases named per kind of change when the set is read again on request
 
 
 def member_name(pid: int | None = None) -> str:
@@ -84,6 +91,8 @@ class FleetMember:
         self._pool: Pool | None = None
         self._loop: asyncio.Task[None] | None = None
         self._read_at = -float("inf")
+        self._reread = False  # asked to read the set in the next round, whatever its age
+        self._wake = asyncio.Event()  # ends the wait for the next round early
 
     # -- the process's life -------------------------------------------------------------
 
@@ -143,9 +152,19 @@ class FleetMember:
 
     # -- rounds ---------------------------------------------------------------------------
 
+    def recheck(self) -> None:
+        """Read the set again now, not at its next `recheck`: the next round starts at once
+        (after the one under way, if any). Safe to call at any time, from the event loop's
+        thread (a signal handler of the loop): before `start`, the start's own reading is
+        the fresh one, and the next round reads it once more."""
+        self._reread = True
+        self._wake.set()
+
     async def _rounds(self) -> None:
         while True:
-            await asyncio.sleep(self.fleet.round_every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.fleet.round_every)
+            self._wake.clear()
             try:
                 await self.play()
             except DatabaseError as exc:
@@ -164,10 +183,18 @@ class FleetMember:
         """One round: read the set when due, then renew, take, give up, as the module says."""
         assert self._pool is not None
         now = time.monotonic()
-        if now - self._read_at >= self.fleet.recheck:
-            self.listing = await self.sources.read()
+        asked, self._reread = self._reread, False
+        if asked or now - self._read_at >= self.fleet.recheck:
+            before = self.listing.databases
+            try:
+                self.listing = await self.sources.read()
+            except BaseException:
+                self._reread = self._reread or asked  # the request outlives a failed reading
+                raise
             self._read_at = now
             metrics.fleet_size(len(self.listing.databases))
+            if asked:
+                self._say_reread(before)
         databases = self.listing.databases
         wanted = self._preferred(list(databases))
         fleet = self.fleet
@@ -203,6 +230,30 @@ class FleetMember:
         for name in keep[:share]:
             if name not in self.served:
                 self._serve(name, databases[name])
+
+    def _say_reread(self, before: dict[str, str]) -> None:
+        """One line for a reading asked for: what the set became, and what changed in it."""
+        now = self.listing.databases
+        added = sorted(set(now) - set(before))
+        removed = sorted(set(before) - set(now))
+        changed = sorted(n for n in set(now) & set(before) if now[n] != before[n])
+        what = [
+            f"{label} {', '.join(names[:SHOWN])}{' ...' if len(names) > SHOWN else ''}"
+            for label, names in (("added", added), ("removed", removed), ("changed", changed))
+            if names
+        ]
+        log.info(
+            "fleet %s: set read again on request: %d databases (%s)",
+            self.fleet.name,
+            len(now),
+            "; ".join(what) or "unchanged",
+            extra={
+                "event": "fleet_set_read",
+                "added": len(added),
+                "removed": len(removed),
+                "changed": len(changed),
+            },
+        )
 
     def _preferred(self, names: list[str]) -> list[str]:
         """`names` in this process's order of preference: what it serves first (moving a
