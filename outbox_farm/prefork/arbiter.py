@@ -18,6 +18,12 @@ and reports itself unready.
 Signals: TERM/INT graceful drain (children get TERM, then KILL at the deadline); QUIT immediate;
 HUP rolling restart, one child at a time, each replacement booted before its predecessor is
 told to drain; TTIN / TTOU one child more / less.
+
+A fleet's HUP is first a request to read its set of databases again: every worker is sent
+`RECHECK` and reads it at once, keeping the databases that stay where they are. Only when the
+app's files changed since the workers were forked (or the last roll failed) does it roll the
+workers out as well; with `--preload` it never does, as the workers could only be restarted on
+the code they already run, moving every database for nothing.
 """
 
 from __future__ import annotations
@@ -38,10 +44,11 @@ from ..worker.runtime import PAST_DEADLINE
 from . import liveness
 from .app import App, AppLoader
 from .beats import Child
-from .child import ARBITER_SIGNALS, BOOT_ERROR, describe_exit, run_child
+from .child import ARBITER_SIGNALS, BOOT_ERROR, FORK_BLOCKED, describe_exit, run_child
 from .deaths import describe_death
 from .exposition import Exposition
 from .handback import HandBacks
+from .rechecks import RECHECK
 from .reloader import Rollout, SourceWatcher
 from .restarts import GIVING_UP, RestartBackoff
 from .wakeup import Wakeup
@@ -75,7 +82,7 @@ class Arbiter:
     children: dict[int, Child] = field(init=False, default_factory=dict)
     _backoff: RestartBackoff = field(init=False, default_factory=RestartBackoff)
     _rollout: Rollout = field(init=False)  # HUP, --reload
-    _watcher: SourceWatcher | None = field(init=False, default=None)  # --reload
+    _watcher: SourceWatcher | None = field(init=False, default=None)  # --reload, a fleet's HUP
     _stopping: bool | None = field(init=False, default=None)  # True graceful, False immediate
     _exposition: Exposition | None = field(init=False, default=None)
     _handbacks: HandBacks = field(init=False, default_factory=HandBacks)
@@ -98,14 +105,14 @@ class Arbiter:
         bind = self.settings.metrics_bind
         self._exposition = Exposition(bind, self.state_dir) if bind else None
         self._wakeup = Wakeup(ARBITER_SIGNALS)
-        if self.settings.reload and self.loader is not None:
+        if self.loader is not None and (self.settings.reload or self._fleet_code_may_change):
             self._watcher = SourceWatcher(self.loader)
         bound = self._exposition.address if self._exposition is not None else "(off)"
         log.info(
             "arbiter started: %d processes, metrics on %s%s",
             self.procs,
             bound,
-            ", reloading on code changes" if self._watcher else "",
+            ", reloading on code changes" if self.settings.reload else "",
             extra={"event": "arbiter_started", "metrics_bind": bound},
         )
         try:
@@ -173,12 +180,56 @@ class Arbiter:
         self._stopping = False
 
     def handle_hup(self) -> None:
+        if isinstance(self.farm, Fleet):
+            self._fleet_hup()
+            return
         log.info(
             "HUP: rolling restart of %d children",
             len(self._active()),
             extra={"event": "rolling_restart"},
         )
         self._rollout.begin(c.pid for c in self._active())
+
+    @property
+    def _fleet_code_may_change(self) -> bool:
+        """Whether a fleet's workers import its code afresh, so a HUP may bring them new code."""
+        return isinstance(self.farm, Fleet) and not self.settings.preload
+
+    def _fleet_hup(self) -> None:
+        """Every worker reads the set now (one booting reads it once it serves, one forked
+        later as it boots); and if the app's files changed since the workers were forked (or
+        the last roll failed: the running code is not the code on disk), they are rolled out
+        too. The one line logged says which."""
+        children = self._active()
+        for child in children:
+            self._kill(child.pid, RECHECK)
+        changed = None
+        if self._fleet_code_may_change and self._watcher is not None:
+            changed = self._watcher.changes()
+            if self._rollout.failed is not None:
+                changed = changed or "the last roll failed"
+        if changed is None:
+            if self.settings.preload:
+                why = "--preload: the code is never imported again"
+            else:
+                why = "no code changed"
+            rolling = " (the rolling restart under way goes on)" if self._rollout.pending else ""
+            log.info(
+                "HUP: every worker of the fleet reads its set of databases again; %s, no "
+                "worker restarted%s",
+                why,
+                rolling,
+                extra={"event": "fleet_reread", "procs": len(children)},
+            )
+            return
+        log.info(
+            "HUP: every worker of the fleet reads its set of databases again, and the code "
+            "changed (%s): rolling restart of %d children",
+            changed,
+            len(children),
+            extra={"event": "rolling_restart", "procs": len(children)},
+        )
+        self._rollout.begin(c.pid for c in children)
 
     def handle_ttin(self) -> None:
         self.procs += 1
@@ -199,14 +250,14 @@ class Arbiter:
     def _fork(self) -> int:
         """`os.fork`, with the arbiter's signals blocked across it; in the new process (0 is
         returned there) the arbiter's descriptors are closed and `forked` must follow."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, ARBITER_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORK_BLOCKED)
         pid = os.fork()
         if pid == 0:
             if self._exposition is not None:
                 self._exposition.close_in_worker()
             self._wakeup.close()
             return 0
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORK_BLOCKED)
         return pid
 
     def _spawn(self, slot: int) -> None:
@@ -317,7 +368,7 @@ class Arbiter:
             self._kill(pid, sig)
 
     def _watch_sources(self) -> None:
-        if self._watcher is None or self._rollout.pending:
+        if self._watcher is None or not self.settings.reload or self._rollout.pending:
             return
         changed = self._watcher.changes()
         if changed is not None:

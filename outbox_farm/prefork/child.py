@@ -34,6 +34,7 @@ from ..worker.runtime import Runtime
 from ..worker.supervised import started_unless_stopped
 from .beats import Pulse, Serving, problem_path, reload_failure
 from .heap import freeze_boot_heap
+from .rechecks import RECHECK, Rechecks
 
 if TYPE_CHECKING:
     from .app import AppLoader
@@ -54,6 +55,9 @@ ARBITER_SIGNALS = (
 # worker's Python stacks go to stderr, so the log shows where its event loop was stuck.
 # (faulthandler may not take SIGABRT, which gunicorn uses: that one is faulthandler's own.)
 STACK_DUMP = signal.SIGUSR2
+# Blocked across the arbiter's fork: its own signals, and what it sends its workers (until a
+# fresh process has its own handling of them, see `forked`).
+FORK_BLOCKED = (*ARBITER_SIGNALS, RECHECK)
 WORKER_NAME = "outbox-worker"  # what ps and top show for a worker (the arbiter keeps its own)
 RETRY_FIRST = 0.5  # seconds before the second attempt to reach the database at boot
 RETRY_CAP = 5.0  # the longest wait between two attempts
@@ -108,14 +112,18 @@ def forked(name: str) -> None:
     """In a process the arbiter just forked: named `name` for ps and top, the arbiter's signals
     back to their default handling, then unblocked. The arbiter forks with them blocked: one
     delivered before the reset would run the arbiter's handler, in this copy of the arbiter,
-    and be lost."""
+    and be lost. `RECHECK` (a fleet's HUP, sent to the workers) is ignored until the worker's
+    event loop handles it."""
     # Linux keeps 15 bytes of it; elsewhere there is no such file, and the name stays.
     with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text(name[:15])
     for sig in ARBITER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    # Until a worker's event loop handles it (`rechecks`): a fleet's HUP must not end a worker
+    # that is still importing its app, and the worker reads the set when it boots anyway.
+    signal.signal(RECHECK, signal.SIG_IGN)
     signal.set_wakeup_fd(-1)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, ARBITER_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORK_BLOCKED)
 
 
 def run_child(
@@ -172,6 +180,8 @@ async def _main(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     # Immediate stop: no drain; claimed rows come back when their leases expire.
     loop.add_signal_handler(signal.SIGQUIT, os._exit, 0)
+    rechecks = Rechecks()
+    loop.add_signal_handler(RECHECK, rechecks.ask)  # a fleet's HUP; kept until booted
     pulse = Pulse(heartbeat, arbiter, stop)
     beat = asyncio.create_task(pulse.run())
     try:
@@ -179,6 +189,8 @@ async def _main(
         if runtime is None:
             return 0
         pulse.booted(runtime)
+        if isinstance(runtime, FleetMember):
+            rechecks.attach(runtime.recheck)
         frozen = freeze_boot_heap()  # see `heap`: no full collection walks the boot's objects
         log.debug("froze %d objects of the boot", frozen, extra={"event": "heap_frozen"})
         return await _serve(runtime, stop)
