@@ -186,3 +186,31 @@ def test_hup_rereads_the_set_without_restarting_what_stays_and_rolls_out_new_cod
         assert code == 0, farm.log_tail()
     duplicates = scalar(conn, "SELECT count(*) - count(DISTINCT (tenant, n)) FROM ledger")
     print(f"duplicates: {duplicates} (rows of a drained database, redelivered)")
+
+
+def test_with_preload_a_hup_rereads_the_set_and_never_restarts_a_worker(
+    tmp_path: Path, dsn: str, conn: Conn, tenants: dict[str, str]
+) -> None:
+    """Preloaded workers run the code the arbiter imported: a roll would restart them on that
+    same code and move every database for nothing, so a fleet's HUP only reads the set."""
+    conn.execute("CREATE TABLE ledger (tenant text, n int, pid int, version text)")
+    write_app(tmp_path, "v1")
+    set_file = tmp_path / "databases.toml"
+    write_set(set_file, {"tenant_0": tenants["tenant_0"]})
+    args = ["--preload"]
+    with farm_process(tmp_path, dsn, *args, app="hupapp:fleet", HUPAPP_SET=str(set_file)) as farm:
+        wait_for(lambda: farm.healthy(2), "both workers up", timeout=60, process=farm)
+        wait_for(lambda: set(holders(conn)) == {"tenant_0"}, "the database leased", 30, farm)
+        pids = farm.children()
+        write_app(tmp_path, "v2")
+        write_set(set_file, tenants)
+        farm.proc.send_signal(signal.SIGHUP)
+        sent: Counter[str] = Counter()
+        publish_wave(tenants, 0, sent)
+        all_handled(farm, conn, sent, timeout=PICKED_UP)
+        assert farm.children() == pids
+        assert "--preload" in farm.log()
+        assert "rolling_restart" not in farm.log()
+        assert {v for (v,) in conn.execute("SELECT DISTINCT version FROM ledger")} == {"v1"}
+        code, _ = farm.stop()
+        assert code == 0, farm.log_tail()
