@@ -9,6 +9,8 @@ see `outbox_farm.console.security`.
 from __future__ import annotations
 
 import ssl
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,15 +20,71 @@ from ..names import TableNames
 from ..ops.server import located
 from ..settings import parse_bind
 from .log_setup import configure
-from .options import EPILOG, log_format_option, table_options, tenant_dsn_options
+from .options import (
+    ALL_DATABASES,
+    EPILOG,
+    _database_option,
+    _dsn_file_option,
+    _dsn_or_embedded,
+    _embedded_option,
+    _fleet_option,
+    _home_dsn_option,
+    _tenant_dsn,
+    load_fleet,
+    log_format_option,
+    merged,
+    read_set,
+    table_options,
+)
 from .output import notice
+
+if TYPE_CHECKING:
+    from ..fleet import Fleet
 
 DEFAULT_BIND = "127.0.0.1:9465"
 EXTRA = "pip install 'outbox-farm[console]'"
 
 
+@dataclass(frozen=True)
+class WholeSet:
+    """Serve every database of `fleet`'s set, its catalog (if any) on the home database."""
+
+    fleet: Fleet
+    home: str | None  # None: the embedded server is the home
+
+
+def _target(
+    dsn: str | None,
+    dsn_file: str | None,
+    embedded: bool,
+    fleet: str | None,
+    database: str | None,
+) -> str | WholeSet | None:
+    """What the console serves: with --fleet and no --database (or `--database all`), the
+    fleet's whole set; else one database, as every command takes it."""
+    if fleet is not None and database in (None, ALL_DATABASES):
+        return WholeSet(load_fleet(fleet), _dsn_or_embedded(dsn, dsn_file, embedded))
+    return _tenant_dsn(dsn, dsn_file, embedded, fleet, database)
+
+
+# The DSN options of the one-database commands, but --fleet alone (or --database all) means
+# the whole set: the console picks a database per page.
+console_dsn_options = merged(
+    "target",
+    _target,
+    _home_dsn_option,
+    _dsn_file_option,
+    _embedded_option,
+    _fleet_option,
+    _database_option(
+        f"this database (without it, or with `{ALL_DATABASES}`, every database of the set: "
+        "a picker on every page)"
+    ),
+)
+
+
 @click.command(epilog=EPILOG)
-@tenant_dsn_options
+@console_dsn_options
 @table_options
 @click.option(
     "--bind",
@@ -108,7 +166,7 @@ EXTRA = "pip install 'outbox-farm[console]'"
     help="[env OUTBOX_FARM_LOG_LEVEL]",
 )
 def console(
-    dsn: str | None,
+    target: str | WholeSet | None,
     names: TableNames,
     bind: str,
     token_file: str | None,
@@ -130,12 +188,17 @@ def console(
     confirmation, then acts on exactly the rows shown (or refuses), and is logged with who
     did it, the selection and the rows moved.
     With --read-only nothing can be changed.
+
+    With --fleet APP (and no --database, or --database all) it serves every database of the
+    fleet's set, read again every `recheck` seconds of the Fleet: an overview of them all at
+    /, each database's pages under /db/NAME/, a picker on every page.
     """
     try:
         from ..console.app import ConsoleSettings
         from ..console.database import Database
         from ..console.security import Tokens, check_bind, check_transport
         from ..console.serve import Tls, serve
+        from ..console.sets import DatabaseSet
     except ImportError as exc:
         raise click.ClickException(
             f"the console needs packages that are not installed ({exc.name}): {EXTRA}"
@@ -164,12 +227,11 @@ def console(
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
     configure(log_format, log_level)
-    with located(dsn, notice) as server:
-        database = Database(server.url, server.name)
-        with database.connection():
-            pass  # an unreachable server fails here, as for every command, not on a page
-        settings = ConsoleSettings(
+
+    def settings(database: Database | None, sets: DatabaseSet | None = None) -> ConsoleSettings:
+        return ConsoleSettings(
             database=database,
+            sets=sets,
             names=names,
             tokens=tokens,
             read_only=read_only,
@@ -177,4 +239,22 @@ def console(
             sample_every=sample_every,
             secure_cookie=tls is not None or behind_tls_proxy,
         )
-        serve(settings, host, port, tls)
+
+    if isinstance(target, WholeSet):
+        from ..fleet.databases import Sources
+
+        with located(target.home, notice) as home:
+            listing = read_set(target.fleet, home.url)  # its problems on stderr, once
+            notice(
+                f"console over the fleet's set: {len(listing.databases)} database(s), read "
+                f"again every {target.fleet.recheck:g}s"
+            )
+            fleet = target.fleet
+            databases = DatabaseSet(Sources(fleet.file, fleet.catalog, home.url), fleet.recheck)
+            serve(settings(None, databases), host, port, tls)
+        return
+    with located(target, notice) as server:
+        database = Database(server.url, server.name)
+        with database.connection():
+            pass  # an unreachable server fails here, as for every command, not on a page
+        serve(settings(database), host, port, tls)

@@ -48,6 +48,7 @@ from . import plans
 from .limits import MAX_IDS, too_many_ids
 from .login import checked_form, client_address, who
 from .pages import page
+from .picked import picked, plan_key, root
 from .security import Signer
 from .views import Filter, parse_filter
 
@@ -153,7 +154,7 @@ async def preview(request: Request) -> Response:
     settings = request.app.state.settings
 
     def count() -> tuple[DlqFilter, Preview, Unfit | None, dict[str, Any]]:
-        with settings.database.connection() as conn:
+        with picked(request).database.connection() as conn:
             where = dlq_resolved(conn, settings.names, chosen.selection.where)
             found = dlq_preview(conn, settings.names, where)
             upto = found.summary.upto
@@ -173,7 +174,7 @@ async def preview(request: Request) -> Response:
     except ConfigurationError as exc:
         return _refused(request, str(exc))
     signer: Signer = request.app.state.signer
-    plan = signer.sign_plan(request.state.session, made | {"made": time.time()})
+    plan = signer.sign_plan(plan_key(request), made | {"made": time.time()})
     return page(
         request,
         "confirm.html",
@@ -214,6 +215,7 @@ def _log_start(
         extra={
             "event": "console_action_start",
             "who": actor,
+            "database": picked(request).name,
             "client": address,
             "action": action,
             "selection": selection,
@@ -226,7 +228,7 @@ def _log_start(
 async def run(request: Request) -> Response:
     form = await checked_form(request)
     signer: Signer = request.app.state.signer
-    plan = signer.read_plan(request.state.session, str(form.get("plan") or ""))
+    plan = signer.read_plan(plan_key(request), str(form.get("plan") or ""))
     if (
         plan is None
         or plan.get("action") not in ACTIONS  # a plan of another page (a queue's pause)
@@ -250,13 +252,15 @@ async def run(request: Request) -> Response:
     except ConfigurationError as exc:
         return _refused(request, str(exc))
     selection = describe(plans.where_of(plan))
+    if picked(request).name is not None:  # a fleet's console: the log names the database
+        selection = f"database {picked(request).name}: {selection}"
     settings = request.app.state.settings
     actor = who(request)
     tally = _Tally()
 
     def act() -> Done | None:
         """What was done; None when the set of a digest plan changed (nothing was done)."""
-        with settings.database.connection(statement_timeout=settings.action_timeout) as conn:
+        with picked(request).database.connection(statement_timeout=settings.action_timeout) as conn:
             ids = plans.planned_ids(conn, settings.names, plan)
             if ids is None:
                 return None
@@ -287,6 +291,7 @@ async def run(request: Request) -> Response:
             extra={
                 "event": "console_action",
                 "who": actor,
+                "database": picked(request).name,
                 "client": address,
                 "action": action,
                 "selection": selection,
@@ -312,7 +317,7 @@ async def run(request: Request) -> Response:
         delay_text=delay_text,
         done=done,
         shown=shown,
-        back=_back(plans.where_of(plan)),
+        back=root(request) + _back(plans.where_of(plan)),
     )
 
 

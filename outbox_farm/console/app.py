@@ -17,18 +17,20 @@ from dataclasses import dataclass, field
 import jinja2
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route, Router
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..errors import OutboxFarmError
 from ..names import TableNames
-from . import actions, login, queue_actions, queues, render, views
+from . import actions, login, queue_actions, queues, render, sets, views
 from .database import Database
 from .limits import BodyLimit
 from .pages import database_error
+from .picked import Picked
 from .security import COOKIE, Signer, Tokens
 from .session import SessionMiddleware
+from .sets import LINE_TIMEOUT, DatabaseSet, PickedDatabase
 from .telemetry import TIMEOUT, Sampler
 
 SAMPLE_EVERY = 5.0  # seconds between two readings of the farm's /metrics
@@ -42,8 +44,9 @@ ACTION_TIMEOUT = 300.0  # seconds one batch of a replay or purge may run
 class ConsoleSettings:
     """Everything a console serves from; made by the CLI (or a test)."""
 
-    database: Database
+    database: Database | None  # None: a fleet's console, its databases in `sets`
     names: TableNames
+    sets: DatabaseSet | None = None  # a fleet's set: every database of it, under /db/NAME/
     tokens: Tokens = field(default_factory=lambda: Tokens({}))
     read_only: bool = False
     metrics_url: str | None = None
@@ -56,6 +59,7 @@ class ConsoleSettings:
     statement_timeout: float = STATEMENT_TIMEOUT
     action_timeout: float = ACTION_TIMEOUT
     farm_timeout: float = TIMEOUT  # seconds one whole read of /metrics or /healthz may take
+    database_timeout: float = LINE_TIMEOUT  # seconds for one database on a fleet's overview
 
 
 def _templates() -> Jinja2Templates:
@@ -70,25 +74,10 @@ def _templates() -> Jinja2Templates:
     return Jinja2Templates(env=env)
 
 
-def create_app(settings: ConsoleSettings) -> Starlette:
-    """The console serving `settings`: its routes behind `SessionMiddleware`, the farm's
-    sampler run for as long as the application (its lifespan), the database's connections
-    closed at the end. Errors of the database become pages (`pages.database_error`)."""
-    settings.database.statement_timeout = settings.statement_timeout
-    sampler = Sampler(settings.metrics_url, settings.sample_every, settings.farm_timeout)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(sampler.run(), name="console-sampler")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            settings.database.close()
-
-    routes = [
+def _database_routes() -> list[BaseRoute]:
+    """The pages of one database: at the root of a one-database console, under /db/NAME/ of
+    a fleet's."""
+    return [
         Route("/", views.overview, name="overview"),
         Route("/overview/live", views.overview_live, name="overview_live"),
         Route("/dlq", views.dlq_list_page, name="dlq"),
@@ -102,6 +91,58 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/queues/{queue:path}", queues.queue_page, name="queue"),
         Route("/farm", views.farm, name="farm"),
         Route("/farm/live", views.farm_live, name="farm_live"),
+    ]
+
+
+def _fleet_routes() -> list[BaseRoute]:
+    """A fleet's console: the overview of every database, the picker, and each database's
+    pages under /db/NAME/ (the name checked by `PickedDatabase` before any of them runs)."""
+    return [
+        Route("/", sets.overview, name="fleet"),
+        Route("/all/live", sets.overview_live, name="fleet_live"),
+        Route("/pick", sets.pick, name="pick"),
+        Mount("/db/{database}", app=PickedDatabase(Router(_database_routes()))),
+    ]
+
+
+def create_app(settings: ConsoleSettings) -> Starlette:
+    """The console serving `settings`: its routes behind `SessionMiddleware`, the farm's
+    sampler run for as long as the application (its lifespan), the database's connections
+    closed at the end. Errors of the database become pages (`pages.database_error`).
+
+    With `settings.sets`, a fleet's set: its overview at `/`, each database's pages under
+    `/db/NAME/`, the set read at start and every `recheck` seconds after (`sets`)."""
+    fleet = settings.sets
+    if fleet is None and settings.database is None:
+        raise ValueError("ConsoleSettings needs a database, or a fleet's set")
+    if settings.database is not None:
+        settings.database.statement_timeout = settings.statement_timeout
+    if fleet is not None:
+        fleet.statement_timeout = settings.statement_timeout
+    sampler = Sampler(settings.metrics_url, settings.sample_every, settings.farm_timeout)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(sampler.run(), name="console-sampler")
+        try:
+            if fleet is None:
+                yield
+            else:
+                if fleet.read_at is None:
+                    await fleet.refresh()
+                async with sets.reading(fleet):
+                    yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if settings.database is not None:
+                settings.database.close()
+            if fleet is not None:
+                fleet.close()
+
+    routes = _database_routes() if fleet is None else _fleet_routes()
+    routes += [
         Route("/login", login.login_form, name="login"),
         Route("/login", login.login, methods=["POST"], name="login_post"),
         Route("/logout", login.logout, methods=["POST"], name="logout"),
@@ -120,5 +161,6 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     app.state.signer = Signer()
     app.state.sampler = sampler
     app.state.templates = _templates()
-    app.state.recent = views.Recent()
+    app.state.sets = fleet
+    app.state.single = None if settings.database is None else Picked(settings.database)
     return app

@@ -51,6 +51,11 @@ def page(request: Request, name: str, status: int = 200, **context: Any) -> Resp
         tokens_required=settings.tokens.required,
         live_every_ms=int(settings.live_every * 1000),
     )
+    found = getattr(request.state, "picked", None)
+    sets = request.app.state.sets
+    context.setdefault("root", found.root if found is not None else "")
+    context.setdefault("database", found.name if found is not None else None)
+    context.setdefault("databases", sets.names() if sets is not None else None)
     templates = request.app.state.templates
     return templates.TemplateResponse(request, name, context, status_code=status)  # type: ignore[no-any-return]
 

@@ -58,6 +58,7 @@ from ..names import TableNames
 from . import queue_changes as changes
 from .login import checked_form, client_address, who
 from .pages import page
+from .picked import picked, plan_key, root
 from .queue_changes import Change
 from .queues import NOT_MIGRATED, QueuePage, queue_path, render_queue
 from .security import Signer
@@ -77,7 +78,7 @@ async def preview(request: Request) -> Response:
 
     def read() -> tuple[Change | None, QueueState | None, str | None]:
         """(the change, the state it is shown against, None) or (None, state, why not)."""
-        with settings.database.connection() as conn:
+        with picked(request).database.connection() as conn:
             try:
                 state = queue_state(conn, settings.names, queue)
             except SchemaError:
@@ -102,9 +103,7 @@ async def preview(request: Request) -> Response:
         shown = QueuePage(queue, state, refused=refused, form=typed)
         return render_queue(request, shown, status=400)
     signer: Signer = request.app.state.signer
-    plan = signer.sign_plan(
-        request.state.session, changes.plan(change, state) | {"made": time.time()}
-    )
+    plan = signer.sign_plan(plan_key(request), changes.plan(change, state) | {"made": time.time()})
     return page(
         request,
         "queue_confirm.html",
@@ -112,11 +111,15 @@ async def preview(request: Request) -> Response:
         state=state,
         unchanged=changes.unchanged(change, state),
         plan=plan,
-        back=queue_path(queue),
+        back=root(request) + queue_path(queue),
     )
 
 
-def _refused(request: Request, message: str, status: int = 400, back: str = "/queues") -> Response:
+def _refused(
+    request: Request, message: str, status: int = 400, back: str | None = None
+) -> Response:
+    """An error page whose Back link goes to `back`, or to the database's queues."""
+    back = back if back is not None else root(request) + "/queues"
     return page(request, "error.html", status=status, title="Not done", message=message, back=back)
 
 
@@ -196,16 +199,18 @@ def _log(request: Request, actor: str, change: Change, event: str, error: str | 
     if error:
         ending = f"failed: {error}"
     log.info(
-        "console %s by %s from %s of queue %r (%s): %s",
+        "console %s by %s from %s of queue %r%s (%s): %s",
         change.action,
         actor,
         address,
         change.queue,
+        "" if picked(request).name is None else f" of database {picked(request).name}",
         change.describe(),
         ending,
         extra={
             "event": event,
             "who": actor,
+            "database": picked(request).name,
             "client": address,
             "action": change.action,
             "selection": f"queue {change.queue!r}",
@@ -219,7 +224,7 @@ def _log(request: Request, actor: str, change: Change, event: str, error: str | 
 async def run(request: Request) -> Response:
     form = await checked_form(request)
     signer: Signer = request.app.state.signer
-    plan = signer.read_plan(request.state.session, str(form.get("plan") or ""))
+    plan = signer.read_plan(plan_key(request), str(form.get("plan") or ""))
     if (
         plan is None
         or plan.get("kind") != changes.KIND
@@ -231,14 +236,14 @@ async def run(request: Request) -> Response:
             "old); nothing was changed: start again from the queue's page",
         )
     change = changes.change_of(plan)
-    back = queue_path(change.queue)
+    back = root(request) + queue_path(change.queue)
     if form.get("confirm") != "yes":
         return _refused(request, "the change was not confirmed; nothing was changed", back=back)
     settings = request.app.state.settings
     actor = who(request)
 
     def act() -> tuple[QueueState, str | None]:
-        with settings.database.connection() as conn:
+        with picked(request).database.connection() as conn:
             now = queue_state(conn, settings.names, change.queue)
             # Another operator's change since the page was shown: what the page promised is
             # no longer what this would do. (A change in the instant between this read and

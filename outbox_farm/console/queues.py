@@ -23,6 +23,7 @@ from ..db.connect import Connection
 from ..errors import ConfigurationError, SchemaError
 from ..names import TableNames
 from .pages import page
+from .picked import picked, root
 
 NOT_MIGRATED = (
     "this database has no table of queue controls yet (or an older one): run "
@@ -88,7 +89,7 @@ class QueuePage:
 def read_queue(request: Request, queue: str) -> tuple[QueueState | None, str | None]:
     """(the state of `queue`, None) or (None, why it cannot be read)."""
     settings = request.app.state.settings
-    with settings.database.connection() as conn:
+    with picked(request).database.connection() as conn:
         try:
             return queue_state(conn, settings.names, queue), None
         except SchemaError:
@@ -114,13 +115,15 @@ async def queue_list(request: Request) -> Response:
     wanted = str(request.query_params.get("queue") or "").strip()
     if wanted:
         try:
-            return RedirectResponse(queue_path(check_queue(wanted)), status_code=303)
+            return RedirectResponse(
+                root(request) + queue_path(check_queue(wanted)), status_code=303
+            )
         except ConfigurationError as exc:
             return page(request, "error.html", status=400, title="No such queue", message=str(exc))
     settings = request.app.state.settings
 
     def read() -> Controls:
-        with settings.database.connection() as conn:
+        with picked(request).database.connection() as conn:
             return read_controls(conn, settings.names)
 
     controls = await run_in_threadpool(read)

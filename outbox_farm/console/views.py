@@ -9,7 +9,6 @@ fetched by htmx every few seconds.
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -29,6 +28,10 @@ from ..errors import ConfigurationError, ConnectionLost, OutboxFarmError, Schema
 from ..names import TableNames
 from .limits import MAX_IDS
 from .pages import error_page, log, page
+from .picked import SEEN_FOR as SEEN_FOR  # where the tests and other modules find them
+from .picked import SEEN_MAX as SEEN_MAX
+from .picked import Recent as Recent
+from .picked import picked
 from .queues import Controls, read_controls
 from .render import Chart, StoredException, correlation
 from .telemetry import FarmView
@@ -37,8 +40,6 @@ FILTER_FIELDS = ("queue", "reason", "since", "until", "text", "cause")
 XMIN_LIMIT = 300.0  # seconds, as `doctor --max-xmin-age` by default
 PAYLOAD_SHOWN = 65536  # bytes of a payload a row's page shows; the rest is a download
 IDLE_SHOWN = 20  # queues without rows the overview lists at most
-SEEN_FOR = 15 * 60.0  # seconds a queue that drained stays on the overview
-SEEN_MAX = 1000  # queues remembered as having had rows
 CAUSES_SHOWN = 10  # groups of dead letters by cause a page shows
 MAX_CAUSE = 1000  # characters of a cause filter: a group's cause is at most 200
 
@@ -76,32 +77,11 @@ def _causes(conn: Connection, names: TableNames, where: DlqFilter) -> Causes | N
         return Causes([], "run `outbox-farm migrate` to group dead letters by cause")
 
 
-class Recent:
-    """The queues that had rows lately, and when: a queue that drains stays on the overview
-    for `SEEN_FOR` seconds, then is forgotten; at most `SEEN_MAX` are kept. Shared by the
-    overview's requests, which run in the thread pool: hence the lock."""
-
-    def __init__(self) -> None:
-        self._at: dict[str, float] = {}  # oldest first
-        self._lock = threading.Lock()
-
-    def note(self, queues: set[str], now: float) -> set[str]:
-        """Note `queues` as having rows at `now`; the queues remembered."""
-        with self._lock:
-            for queue in queues:
-                self._at.pop(queue, None)
-                self._at[queue] = now
-            for queue in [q for q, at in self._at.items() if now - at > SEEN_FOR]:
-                del self._at[queue]
-            while len(self._at) > SEEN_MAX:
-                del self._at[next(iter(self._at))]
-            return set(self._at)
-
-
 def _overview(request: Request, farm: FarmView) -> Overview:
     settings = request.app.state.settings
-    recent: Recent = request.app.state.recent
-    with settings.database.connection() as conn:
+    chosen = picked(request)
+    recent = chosen.recent
+    with chosen.database.connection() as conn:
         stats = queue_stats(conn, settings.names)
         controls = read_controls(conn, settings.names)
         found = {q.queue for q in stats}
@@ -201,7 +181,7 @@ def _int(value: str | None, what: str) -> int | None:
 
 def _dlq_page(request: Request, flt: Filter, before: int | None, number: int) -> dict[str, Any]:
     settings = request.app.state.settings
-    with settings.database.connection() as conn:
+    with picked(request).database.connection() as conn:
         queues = StatsReader(conn, settings.names).queues()
         if flt.error:
             return {
@@ -276,7 +256,7 @@ async def dlq_row(request: Request) -> Response:
     row_id = _int(str(request.path_params["row_id"]), "a row id") or 0
 
     def read() -> Any:
-        with settings.database.connection() as conn:
+        with picked(request).database.connection() as conn:
             return dlq_show(conn, settings.names, row_id, payload_cap=PAYLOAD_SHOWN)
 
     entry = await run_in_threadpool(read)
@@ -300,7 +280,7 @@ async def dlq_row_payload(request: Request) -> Response:
     row_id = _int(str(request.path_params["row_id"]), "a row id") or 0
 
     def read() -> bytes | None:
-        with settings.database.connection() as conn:
+        with picked(request).database.connection() as conn:
             return dlq_payload(conn, settings.names, row_id)
 
     body = await run_in_threadpool(read)
@@ -331,7 +311,7 @@ def _farm(request: Request, farm: FarmView) -> FarmPage:
     settings = request.app.state.settings
     xmin = xmin_error = None
     try:
-        with settings.database.connection() as conn:
+        with picked(request).database.connection() as conn:
             xmin = DoctorProbes(conn, settings.names).xmin_holder()
     except ConnectionLost:
         xmin_error = "the database cannot be reached (the console's log says why)"
