@@ -6,7 +6,9 @@ database added to the catalog appearing at the next reading of the set."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,13 +18,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from outbox_farm import Farm, Message
+from outbox_farm.admin.queues import queue_state
 from outbox_farm.console import ConsoleSettings, create_app
-from outbox_farm.console.database import KEEP
+from outbox_farm.console.database import KEEP, Budget, Database
 from outbox_farm.console.sets import DatabaseSet
 from outbox_farm.fleet import Fleet
 from outbox_farm.fleet.databases import Sources
 from outbox_farm.testing.databases import Templates
-from tests.console.console_kit import BASE, NAMES, csrf_of, dlq_ids, fail
+from tests.console.console_kit import BASE, NAMES, TOKEN, csrf_of, dlq_ids, fail, tokens
 from tests.steps import publish, wait_for
 
 BROKEN = "host=127.0.0.1 port=1 dbname=nowhere user=nobody password=hunter2-secret"
@@ -222,3 +225,64 @@ def test_a_database_added_to_the_catalog_shows_up_and_connections_stay_bounded(
         assert sets.budget.idle <= KEEP
         conn.execute("DELETE FROM console_tenants WHERE name = 'alpha'")
         wait_for(lambda: client.get("/db/alpha/").status_code == 404, "alpha to leave the set")
+
+
+def test_a_pause_on_one_database_pauses_its_queue_only_and_is_logged_with_it(
+    tmp_path: Path, tenants: dict[str, str], dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_set(tmp_path, tenants)
+    with (
+        fleet_client(_fleet(databases=path), dsn) as client,
+        caplog.at_level(logging.INFO, logger="outbox_farm.console"),
+    ):
+        csrf = csrf_of(client.get("/db/beta/queues/orders").text)
+        form = {"csrf": csrf, "queue": "orders", "action": "pause", "reason": "beta only"}
+        asked = client.post("/db/beta/queues/preview", data=form)
+        assert asked.status_code == 200, asked.text
+        assert 'action="/db/beta/queues/run"' in asked.text
+        plan = re.search(r'name="plan" value="([^"]+)"', asked.text)
+        assert plan
+        run = {"csrf": csrf, "plan": plan.group(1), "confirm": "yes"}
+        assert client.post("/db/alpha/queues/run", data=run).status_code == 400
+        done = client.post("/db/beta/queues/run", data=run)
+        assert done.status_code == 200, done.text
+        assert 'href="/db/beta/queues/orders"' in done.text
+    for name, paused in (("alpha", False), ("beta", True)):
+        with psycopg.connect(tenants[name], autocommit=True) as conn:
+            assert queue_state(conn, NAMES, "orders").paused is paused, name
+    [logged] = [r for r in caplog.records if getattr(r, "event", "") == "console_action"]
+    assert logged.database == "beta"  # type: ignore[attr-defined]
+    assert "of database beta" in logged.getMessage()
+
+
+def test_with_tokens_no_database_or_name_is_shown_before_login(
+    tmp_path: Path, tenants: dict[str, str], dsn: str
+) -> None:
+    path = write_set(tmp_path, tenants)
+    with fleet_client(_fleet(databases=path), dsn, tokens=tokens()) as client:
+        for url in ("/", "/db/alpha/dlq", "/db/gamma/", "/pick?database=beta"):
+            answer = client.get(url, headers={"Accept": "text/html"}, follow_redirects=False)
+            assert answer.status_code == 303, url
+            assert answer.headers["location"].startswith("/login?next=")
+            assert "alpha" not in answer.text
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert client.get("/db/alpha/dlq", headers=bearer).status_code == 200
+        assert client.get("/db/gamma/", headers=bearer).status_code == 404
+        login = client.post("/login", data={"token": TOKEN, "next": "/db/beta/dlq"})
+        assert login.status_code == 200
+        assert str(login.url).endswith("/db/beta/dlq")
+
+
+def test_idle_connections_are_kept_few_across_the_set_and_closed_when_idle_too_long(
+    tenants: dict[str, str],
+) -> None:
+    budget = Budget(open=2, keep=1, idle_for=60.0)
+    databases = [Database(url, name, budget=budget) for name, url in tenants.items()]
+    for database in databases:
+        with database.connection() as conn:
+            conn.execute("SELECT 1")
+    assert budget.idle == 1  # the first database's connection closed for the second's
+    with databases[1].connection() as conn:  # taken back, not opened again
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert budget.sweep(now=time.monotonic() + 61.0) == 1
+    assert budget.idle == 0
