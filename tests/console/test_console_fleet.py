@@ -92,7 +92,7 @@ def test_the_overview_shows_every_database_and_an_unreachable_one_by_name(
         assert 'class="dlq" data-value="2"' in alpha
         broken = row_of(html, "broken")
         assert 'class="unreachable"' in broken
-        assert "unreachable: cannot be reached" in broken
+        assert "not read: cannot be reached" in broken
         assert "1 not read: broken" in html
         assert "hunter2" not in html
         assert "port=1" not in html
