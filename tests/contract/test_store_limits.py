@@ -4,6 +4,9 @@ every other claimer, and gets back the part of it a lease held once that lease e
 
 from __future__ import annotations
 
+import math
+import time
+
 from outbox_farm.limits import ROOM_POLL, Limits, Rate
 from outbox_farm.storage import QueueControl, ack
 from tests.contract.conftest import LEASE, Outbox, claim_of
@@ -97,13 +100,16 @@ async def test_both_limits_at_once_allow_the_smaller(outbox: Outbox) -> None:
     for n in range(30):
         await outbox.publish({"n": n}, queue="q")
     await outbox.limit("q", Limits(Rate(6000, 60.0), max_running=4))
+    began = time.monotonic()
     assert (await limited(outbox, limit=25))[:2] == (4, 4)
     # The bucket gave 4 of its 10: a limit raised keeps what is left of it (a rate changed
-    # would start it full again).
+    # would start it full again), plus what 100 rows/s refilled meanwhile: on a busy machine
+    # the time between the two claims, measured, not assumed short.
     await outbox.limit("q", Limits(Rate(6000, 60.0), max_running=40))
     taken, allowed, _ = await limited(outbox, limit=25)
+    refilled = math.ceil((time.monotonic() - began) * 100)
     assert taken == allowed
-    assert 6 <= allowed < 9
+    assert 6 <= allowed <= min(10, 6 + refilled)
 
 
 async def test_a_queue_whose_limits_were_cleared_is_claimed_whole(outbox: Outbox) -> None:
