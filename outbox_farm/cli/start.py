@@ -178,9 +178,10 @@ def start(
     The arbiter imports APP and checks the database once, then forks --procs workers (each
     imports APP again from disk unless --preload), restarts any that die, and serves /metrics
     and /healthz. SIGTERM/SIGINT drain gracefully, SIGQUIT stops at once, SIGHUP replaces every
-    worker one at a time with one running the code now on disk, SIGTTIN/SIGTTOU add or remove
-    one. --embedded runs it on the embedded PostgreSQL server instead of a DSN, migrated first:
-    for a try.
+    worker one at a time with one running the code now on disk (for a Fleet: every worker reads
+    the set again, and workers are replaced only when the code changed on disk), SIGTTIN/SIGTTOU
+    add or remove one. --embedded runs it on the embedded PostgreSQL server instead of a DSN,
+    migrated first: for a try.
 
     APP may also be an `outbox_farm.fleet.Fleet`: several outbox tables, in every database of
     a set (a TOML file, a catalog query), shared out among the workers of every host by leases
