@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -135,30 +135,42 @@ def _list_over(
     to `limit` again."""
     notice(f"reading the DLQ of {len(databases)} database(s)")
     if by_cause:
-        causes = over(
+        failed = _merged(
             databases,
             lambda conn: dlq_causes(conn, names, where, limit),
-            lambda name, groups: f"{sum(g.rows for g in groups)} row(s)",
-            autocommit=True,
+            lambda group: group.rows,
+            lambda groups: _print_causes(groups[:limit], as_json),
+            "cause(s)",
         )
-        groups = [(n, g) for n, found in causes.lines.items() for g in found]
-        groups.sort(key=lambda pair: pair[1].rows, reverse=True)
-        _print_causes(groups[:limit], as_json)
-        failed = causes.failed
     else:
-        listed = over(
+        failed = _merged(
             databases,
             lambda conn: dlq_list(conn, names, where, limit),
-            lambda name, rows: f"{len(rows)} row(s)",
-            autocommit=True,
+            lambda row: row.failed_at,
+            lambda rows: _print_rows(rows[:limit], as_json),
+            "row(s)",
         )
-        rows = [(n, r) for n, found in listed.lines.items() for r in found]
-        rows.sort(key=lambda pair: pair[1].failed_at, reverse=True)
-        _print_rows(rows[:limit], as_json)
-        failed = listed.failed
     if failed:
         notice(f"not read: {len(failed)} database(s){named(failed)}")
         sys.exit(1)
+
+
+def _merged(
+    databases: dict[str, str],
+    read: Callable[[Connection], list[Any]],
+    rank: Callable[[Any], Any],
+    show: Callable[[list[tuple[str | None, Any]]], None],
+    noun: str,
+) -> dict[str, str]:
+    """`read` in every database, its items labelled with their database and shown by `rank`,
+    highest first; the databases not read."""
+    outcome = over(databases, read, lambda _, found: f"{len(found)} {noun}", autocommit=True)
+    items: list[tuple[str | None, Any]] = [
+        (name, item) for name, found in outcome.lines.items() for item in found
+    ]
+    items.sort(key=lambda pair: rank(pair[1]), reverse=True)
+    show(items)
+    return outcome.failed
 
 
 def _labelled(database: str | None, item: Any) -> Any:
