@@ -23,18 +23,13 @@ from .log_setup import configure
 from .options import (
     ALL_DATABASES,
     EPILOG,
-    _database_option,
-    _dsn_file_option,
-    _dsn_or_embedded,
-    _embedded_option,
-    _fleet_option,
-    _home_dsn_option,
-    _tenant_dsn,
+    dsn_or_embedded,
     load_fleet,
     log_format_option,
-    merged,
     read_set,
     table_options,
+    tenant_dsn,
+    tenant_options,
 )
 from .output import notice
 
@@ -63,23 +58,17 @@ def _target(
     """What the console serves: with --fleet and no --database (or `--database all`), the
     fleet's whole set; else one database, as every command takes it."""
     if fleet is not None and database in (None, ALL_DATABASES):
-        return WholeSet(load_fleet(fleet), _dsn_or_embedded(dsn, dsn_file, embedded))
-    return _tenant_dsn(dsn, dsn_file, embedded, fleet, database)
+        return WholeSet(load_fleet(fleet), dsn_or_embedded(dsn, dsn_file, embedded))
+    return tenant_dsn(dsn, dsn_file, embedded, fleet, database)
 
 
 # The DSN options of the one-database commands, but --fleet alone (or --database all) means
 # the whole set: the console picks a database per page.
-console_dsn_options = merged(
+console_dsn_options = tenant_options(
     "target",
     _target,
-    _home_dsn_option,
-    _dsn_file_option,
-    _embedded_option,
-    _fleet_option,
-    _database_option(
-        f"this database (without it, or with `{ALL_DATABASES}`, every database of the set: "
-        "a picker on every page)"
-    ),
+    f"this database (without it, or with `{ALL_DATABASES}`, every database of the set: "
+    "a picker on every page)",
 )
 
 

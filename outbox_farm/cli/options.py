@@ -138,7 +138,7 @@ def _dsn(dsn: str | None, dsn_file: str | None) -> str | None:
         return read_dsn_file(dsn_file)
 
 
-def _dsn_or_embedded(dsn: str | None, dsn_file: str | None, embedded: bool) -> str | None:
+def dsn_or_embedded(dsn: str | None, dsn_file: str | None, embedded: bool) -> str | None:
     """The DSN, or None when --embedded asks for the embedded server: a command never starts
     that server unasked, since one created quietly in the working directory looks healthy
     while the real database waits (and `migrate` run after it migrates the wrong one)."""
@@ -229,7 +229,7 @@ def _picked(
     """The DSN; or with --database, from the set of the Fleet --fleet names (the DSN then
     being the fleet's home, where its catalog is), that database's DSN, or with `all` every
     database of the set by name."""
-    home = _dsn_or_embedded(dsn, dsn_file, embedded)
+    home = dsn_or_embedded(dsn, dsn_file, embedded)
     if database is None:
         return home
     if fleet is None:
@@ -243,7 +243,7 @@ def _picked(
     return databases if database == ALL_DATABASES else next(iter(databases.values()))
 
 
-def _tenant_dsn(
+def tenant_dsn(
     dsn: str | None,
     dsn_file: str | None,
     embedded: bool,
@@ -273,7 +273,7 @@ _embedded_option = click.option(
 )
 dsn_options = merged(
     "dsn",
-    _dsn_or_embedded,
+    dsn_or_embedded,
     _dsn_option("Without any, --embedded is required."),
     _dsn_file_option,
     _embedded_option,
@@ -383,26 +383,27 @@ _home_dsn_option = _dsn_option(
     "Without any, --embedded is required. With --database, the fleet's home."
 )
 
+
+def tenant_options(into: str, build: Callable[..., Any], which: str) -> Decorator:
+    """--dsn/--dsn-file/--embedded, --fleet and --database, given to `build` as the command's
+    one `into` argument; `which`: what --database names, for its help."""
+    return merged(
+        into,
+        build,
+        _home_dsn_option,
+        _dsn_file_option,
+        _embedded_option,
+        _fleet_option,
+        _database_option(which),
+    )
+
+
 # `dsn_options`, and a database of a fleet's set by its name: --fleet APP --database NAME, the
 # DSN then being the fleet's home. For the commands that work on one database's tables.
-tenant_dsn_options = merged(
-    "dsn",
-    _tenant_dsn,
-    _home_dsn_option,
-    _dsn_file_option,
-    _embedded_option,
-    _fleet_option,
-    _database_option("this database"),
-)
+tenant_dsn_options = tenant_options("dsn", tenant_dsn, "this database")
 
 # The same, where --database all may name the whole set: `dsn` is then a dict of every
 # database's DSN by its name, for the command to go over (see `over_set`).
-tenant_set_options = merged(
-    "dsn",
-    _picked,
-    _home_dsn_option,
-    _dsn_file_option,
-    _embedded_option,
-    _fleet_option,
-    _database_option(f"this database (or `{ALL_DATABASES}`: every database)"),
+tenant_set_options = tenant_options(
+    "dsn", _picked, f"this database (or `{ALL_DATABASES}`: every database)"
 )
