@@ -56,7 +56,7 @@ async def until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> 
         await asyncio.sleep(0.05)
 
 
-def fleet_with(path: Path, seen: Counter[tuple[str, int]]) -> Fleet:
+def fleet_with(path: Path, seen: Counter[tuple[str, int]], recheck: float = 0.5) -> Fleet:
     farm = Farm()
 
     @farm.handler("work")
@@ -64,7 +64,7 @@ def fleet_with(path: Path, seen: Counter[tuple[str, int]]) -> Fleet:
         body = msg.json()
         seen[(body["tenant"], body["n"])] += 1
 
-    return Fleet(farm, databases=path, lease=3.0, recheck=0.5)
+    return Fleet(farm, databases=path, lease=3.0, recheck=recheck)
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:

@@ -6,44 +6,29 @@ objects throughout."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from outbox_farm import Farm, Message
-from outbox_farm.fleet.fleet import Fleet
 from outbox_farm.fleet.member import FleetMember
-from outbox_farm.testing.databases import Templates
-from tests.integration.test_fleet_member import SETTINGS, publish, run, served, until, write_set
+from tests.integration.test_fleet_member import (
+    SETTINGS,
+    TENANTS,
+    fleet_with,
+    publish,
+    run,
+    served,
+    tenants,
+    until,
+    write_set,
+)
 
-TENANTS = 3
+__all__ = ["tenants"]  # the fixture, used by name
+
 PER_TENANT = 20
 PICKED_UP = 10.0  # seconds a request may take: a round, well under the hour of `recheck`
-
-
-@pytest.fixture
-def tenants(outbox_templates: Templates) -> Iterator[dict[str, str]]:
-    farm = Farm()
-    with contextlib.ExitStack() as stack:
-        yield {
-            f"tenant_{i}": stack.enter_context(outbox_templates.database(farm.names))
-            for i in range(TENANTS)
-        }
-
-
-def slow_fleet(path: Path, seen: Counter[tuple[str, int]]) -> Fleet:
-    farm = Farm()
-
-    @farm.handler("work")
-    async def work(msg: Message) -> None:
-        body = msg.json()
-        seen[(body["tenant"], body["n"])] += 1
-
-    return Fleet(farm, databases=path, lease=3.0, recheck=3600.0)
 
 
 def test_recheck_takes_up_and_lets_go_at_once_keeping_the_rest(
@@ -54,7 +39,7 @@ def test_recheck_takes_up_and_lets_go_at_once_keeping_the_rest(
     first = {name: tenants[name] for name in names[:2]}
     write_set(path, first)
     seen: Counter[tuple[str, int]] = Counter()
-    fleet = slow_fleet(path, seen)
+    fleet = fleet_with(path, seen, recheck=3600.0)
     farm = fleet.farms[0]
     caplog.set_level("INFO", logger="outbox_farm.fleet")
 
@@ -115,7 +100,7 @@ def test_a_request_before_start_is_served_by_the_first_rounds(
     """A worker asked while still booting: the start's own reading is fresh, nothing fails."""
     path = tmp_path / "databases.toml"
     write_set(path, tenants)
-    fleet = slow_fleet(path, Counter())
+    fleet = fleet_with(path, Counter(), recheck=3600.0)
 
     async def body() -> None:
         member = FleetMember(fleet, dsn, SETTINGS, name="early")
