@@ -21,6 +21,7 @@ from outbox_farm.names import TableNames
 from tests.acceptance.test_cli import CLI
 from tests.acceptance.test_farm import clean_env, free_port
 from tests.steps import wait_for
+from tests.tools import missing_tool
 
 Conn = psycopg.Connection[Any]
 NAMES = TableNames.build("outbox", "outbox_dlq")
@@ -89,6 +90,25 @@ def csrf_of(html: str) -> str:
     return html[start : html.index('"', start)]
 
 
+CHROMIUM = "/usr/bin/chromium"
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's Chromium driven by Playwright, for the block; the test is skipped (failed in
+    CI) when either is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing_tool("Playwright is not installed: pip install playwright")
+    if not os.access(CHROMIUM, os.X_OK):
+        missing_tool(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
 class RunningConsole:
     """One `outbox-farm console` subprocess."""
 
@@ -104,9 +124,15 @@ class RunningConsole:
 
 @contextlib.contextmanager
 def console_process(
-    tmp_path: Path, dsn: str, *args: str, name: str = "console"
+    tmp_path: Path,
+    dsn: str,
+    *args: str,
+    name: str = "console",
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[RunningConsole]:
-    """`outbox-farm console` on a free loopback port, answering before this returns."""
+    """`outbox-farm console` on a free loopback port, answering before this returns; run from
+    `cwd` (where an app it is given lives), with `env` added to a clean environment."""
     import urllib.request
 
     port = free_port()
@@ -114,7 +140,12 @@ def console_process(
     command = [CLI, "console", "--dsn", dsn, "--bind", f"127.0.0.1:{port}", *args]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=clean_env(), start_new_session=True
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(**(env or {})),
+            cwd=cwd,
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     running = RunningConsole(proc, url, log_path)

@@ -18,11 +18,9 @@ import pytest
 
 from outbox_farm.admin.queues import pause_queue, queue_state
 from tests.acceptance.test_farm import FARMAPP, farm_process, free_port
-from tests.console.console_kit import NAMES, Conn, console_process, dlq_ids, fail
+from tests.console.console_kit import NAMES, Conn, chromium, console_process, dlq_ids, fail
 from tests.steps import wait_for
-from tests.tools import missing_tool
 
-CHROMIUM = "/usr/bin/chromium"
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "console-dlq.png"
 
 pytestmark = pytest.mark.slow
@@ -30,16 +28,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing_tool("Playwright is not installed: pip install playwright")
-    if not os.access(CHROMIUM, os.X_OK):
-        missing_tool(f"no Chromium at {CHROMIUM}: apt-get install chromium")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

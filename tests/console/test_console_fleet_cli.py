@@ -6,9 +6,6 @@ before; and in a browser, the picker on every page goes to the same page of anot
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,13 +16,8 @@ import psycopg
 import pytest
 
 from outbox_farm.testing.databases import Templates
-from tests.acceptance.test_cli import CLI
-from tests.acceptance.test_farm import clean_env, free_port
-from tests.console.console_kit import NAMES, RunningConsole, fail
-from tests.steps import wait_for
-from tests.tools import missing_tool
+from tests.console.console_kit import NAMES, RunningConsole, chromium, console_process, fail
 
-CHROMIUM = "/usr/bin/chromium"
 APP = """\
 import os
 
@@ -59,32 +51,19 @@ def fleet_dir(tmp_path: Path, outbox_templates: Templates) -> Iterator[tuple[Pat
 @contextlib.contextmanager
 def fleet_console(folder: Path, home: str, *args: str) -> Iterator[RunningConsole]:
     """`outbox-farm console --fleet consolefleet:fleet` run from `folder` (where its app is)."""
-    port = free_port()
-    log_path = folder / f"console-{port}.log"
-    command = [CLI, "console", "--fleet", "consolefleet:fleet", "--dsn", home]
-    command += ["--bind", f"127.0.0.1:{port}", "--metrics-url", "", *args]
-    env = clean_env(CONSOLEFLEET_SET=str(folder / "databases.toml"))
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(folder),
-            start_new_session=True,
-        )
-    running = RunningConsole(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        wait_for(lambda: status(running.url + "/static/console.css") == 200, "the console", 60)
+    with console_process(
+        folder,
+        home,
+        "--fleet",
+        "consolefleet:fleet",
+        "--metrics-url",
+        "",
+        *args,
+        name=f"console-{len(list(folder.glob('console-*.log')))}",
+        cwd=folder,
+        env={"CONSOLEFLEET_SET": str(folder / "databases.toml")},
+    ) as running:
         yield running
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
 
 
 def status(url: str) -> int:
@@ -116,16 +95,8 @@ def test_without_database_the_console_serves_the_set_and_with_one_that_database(
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing_tool("Playwright is not installed: pip install playwright")
-    if not os.access(CHROMIUM, os.X_OK):
-        missing_tool(f"no Chromium at {CHROMIUM}: apt-get install chromium")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.mark.slow
