@@ -49,11 +49,21 @@ class Vacuumed(NamedTuple):
     warnings: list[str]
 
 
+async def scanning(pool: Pool, statement: str) -> list[Any]:
+    """The rows of `statement`, which counts a whole table, on a pooled connection in a
+    transaction of its own that allows the sequential scan the farm's sessions refuse
+    (`pool._configure_farm`): a count of every row reads them all, and the table is the
+    cheapest way to."""
+    with boundary():
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = on")
+            rows: list[Any] = await (await conn.execute(statement)).fetchall()
+    return rows
+
+
 async def backlog(pool: Pool, queries: Queries) -> list[QueueBacklog]:
     """One entry per queue that has rows; queues without rows are missing."""
-    with boundary():
-        async with pool.connection() as conn:
-            rows = await (await conn.execute(queries["gauges"])).fetchall()
+    rows = await scanning(pool, queries["gauges"])
     return [QueueBacklog(queue, int(count), float(age)) for queue, count, age in rows]
 
 
@@ -68,9 +78,7 @@ async def xmin_holders(pool: Pool, queries: Queries) -> list[XminHolder]:
 
 async def dlq_counts(pool: Pool, queries: Queries) -> list[DlqCount]:
     """One entry per queue and failure reason that have DLQ rows (needs a DLQ table)."""
-    with boundary():
-        async with pool.connection() as conn:
-            rows = await (await conn.execute(queries["dlq_gauges"])).fetchall()
+    rows = await scanning(pool, queries["dlq_gauges"])
     return [DlqCount(queue, reason, int(count)) for queue, reason, count in rows]
 
 

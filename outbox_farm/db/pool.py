@@ -27,20 +27,32 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(orjson.loads, conn)
 
 
-async def _configure_utc(conn: psycopg.AsyncConnection[Any]) -> None:
-    """`_configure`, and the session in UTC: the driver then loads a timestamp as a datetime
-    in `datetime.UTC` rather than in a `ZoneInfo` of the server's TimeZone, a third of the
-    cost (every claimed row has three). Only for the farm's own statements, whose only use of
-    the zone is the text of a timestamp a client cannot load (the claim's `unloadable`, which
-    the DLQ keeps): in UTC too. A user's transaction keeps the server's zone."""
+async def _configure_farm(conn: psycopg.AsyncConnection[Any]) -> None:
+    """`_configure`, for a pool only the farm's own statements use:
+
+    - The session in UTC: the driver then loads a timestamp as a datetime in `datetime.UTC`
+      rather than in a `ZoneInfo` of the server's TimeZone, a third of the cost (every claimed
+      row has three). The statements' only use of the zone is the text of a timestamp a client
+      cannot load (the claim's `unloadable`, which the DLQ keeps): in UTC too. A user's
+      transaction keeps the server's zone.
+    - No sequential scan where an index can answer (`enable_seqscan` off). Every statement of
+      the farm's hot path finds its rows by an index (ids by the primary key, due rows by the
+      pending index), and each is prepared once and run on its cached plan. A plan made while
+      the table was small (a new table; one autovacuum truncated, then analyzed) read the whole
+      table for the ids a claim or an ack names, and went on reading it as dead rows grew it
+      until the next VACUUM or ANALYZE: on an idle farm's churning table, up to half of a
+      claim's time. The statements that do count whole tables (the gauges) turn it back on for their
+      own transaction (`housekeeping.scanning`)."""
     await _configure(conn)
     await conn.execute("SET TimeZone = 'UTC'")
+    await conn.execute("SET enable_seqscan = off")
 
 
-async def open_pool(dsn: str, max_size: int, *, utc: bool = False) -> Pool:
+async def open_pool(dsn: str, max_size: int, *, farm: bool = False) -> Pool:
     """Open the runtime's pool of at most `max_size` autocommit connections, once its first
-    connection works (ConnectionLost after 30 s otherwise). The caller closes it. `utc`: the
-    sessions in UTC (see `_configure_utc`), for a pool only the farm's statements use.
+    connection works (ConnectionLost after 30 s otherwise). The caller closes it. `farm`: the
+    sessions set for the farm's own statements (see `_configure_farm`), for a pool only they
+    use.
 
     No check on checkout: it would cost a round trip per statement, and a pool `check=` made
     psycopg_pool sleep seconds per dead connection after a restart. Every user of the pool
@@ -53,7 +65,7 @@ async def open_pool(dsn: str, max_size: int, *, utc: bool = False) -> Pool:
         # A connection attempt to a server that does not answer ends at the timeout rather
         # than the driver's default of minutes, so a stop never waits on one for long.
         kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
-        configure=_configure_utc if utc else _configure,
+        configure=_configure_farm if farm else _configure,
         open=False,
         name="outbox-farm",
     )

@@ -104,7 +104,7 @@ class FleetMember:
         first of them divides the set by all of them, instead of taking everything and then
         draining most of it again."""
         await probe(self.home_dsn)
-        self._pool = await open_pool(self.home_dsn, max_size=2, utc=True)
+        self._pool = await open_pool(self.home_dsn, max_size=2, farm=True)
         try:
             await statements.play_round(
                 self._pool, self.member, self.fleet.expiry, [], lambda members: 0

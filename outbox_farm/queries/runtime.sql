@@ -162,8 +162,9 @@ SELECT EXISTS (SELECT FROM {outbox} AS c
 -- name: take
 -- A fragment, the end of the claiming statements (`claim`, `ack_next`): lease the `picked`
 -- rows under one fresh token and count a delivery on each (see `claim`). The ids are looked
--- up by primary key as an array, whatever the statistics say: a table the planner believes
--- empty (new, not yet analyzed) would otherwise be scanned whole, once per row picked.
+-- up by primary key as an array, not joined: a table the planner believes empty (new, not yet
+-- analyzed) could be scanned whole once per row picked. The farm's sessions refuse the one
+-- whole scan this form could still get (`enable_seqscan`, see `db.pool`).
 UPDATE {outbox} AS o
 SET acquired_token = %(token)s, acquired_at = now(),
     lease_expires_at = now() + make_interval(secs => %(lease_ttl)s::float8),

@@ -215,7 +215,7 @@ class Runtime:
             + bool(self.dlq_retention)
         )
         self.pool = await open_pool(
-            self.dsn, max_size=len(self.specs) + 1 + max(chores, 1), utc=True
+            self.dsn, max_size=len(self.specs) + 1 + max(chores, 1), farm=True
         )
         self._pools.append(self.pool)
         complete = await self._transactions_pool()

@@ -218,7 +218,7 @@ class OnPostgres(Outbox):
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            pool = await open_pool(self.dsn, 2, utc=True)
+            pool = await open_pool(self.dsn, 2, farm=True)
             stack.push_async_callback(pool.close)
             self.store = PostgresStore(pool, Queries(self.NAMES))
             self.conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)

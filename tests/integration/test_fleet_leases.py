@@ -48,7 +48,7 @@ async def rounds(
 
 def run(body: Callable[[Pool], Awaitable[None]], dsn: str) -> None:
     async def main() -> None:
-        pool = await open_pool(dsn, max_size=4, utc=True)
+        pool = await open_pool(dsn, max_size=4, farm=True)
         try:
             await body(pool)
         finally:

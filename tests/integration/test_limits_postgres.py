@@ -73,7 +73,7 @@ def test_a_database_before_0012_still_pauses_and_limits_nothing(dsn: str) -> Non
         )
 
     async def controls() -> dict[str, QueueControl]:
-        pool = await open_pool(dsn, 1, utc=True)
+        pool = await open_pool(dsn, 1, farm=True)
         try:
             return await PostgresStore(pool, Queries(NAMES)).controls()
         finally:

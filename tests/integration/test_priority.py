@@ -136,7 +136,7 @@ def test_a_farm_started_before_the_migration_claims_and_ranks_once_it_ran(
         farm = Farm()
         with psycopg.connect(empty_dsn, autocommit=True) as conn:
             before = farm.publish_batch(conn, [b"old"] * 3, queue="q")
-        pool = await open_pool(empty_dsn, 2, utc=True)
+        pool = await open_pool(empty_dsn, 2, farm=True)
         try:
             store = PostgresStore(pool, Queries(NAMES))
             assert sorted(m.id for m in await store.claim(claim_of())) == before
@@ -161,7 +161,7 @@ def test_a_queue_is_claimed_the_cheaper_way_until_it_has_rows_above_0(
     farm = Farm()
 
     async def claims() -> set[int]:
-        pool = await open_pool(dsn, 2, utc=True)
+        pool = await open_pool(dsn, 2, farm=True)
         try:
             store = PostgresStore(pool, Queries(NAMES))
             assert await store.claim(claim_of()) == []  # the probe: no row above 0
