@@ -48,6 +48,7 @@ from .supervised import Supervisor
 
 log = logging.getLogger("outbox_farm.fetcher")
 DUE_SLACK = 0.001  # wake a hair late rather than early: an early claim finds nothing
+LOOK_AGAIN = 0.02  # seconds a claim that took rows waits for a NOTIFY before next-due
 STALL_FAILURES = 5  # claims failed in a row that make the queue stalled ...
 STALL_FAILING_FOR = 30.0  # ... or seconds of failing claims
 STALL_OVERDUE = 60.0  # seconds a ready row may wait while the farm is idle
@@ -106,6 +107,7 @@ class Fetcher:
         self.batch = max(1, self.capacity // 2)
         self._wake = asyncio.Event()
         self._due_at: float | None = None  # monotonic time of the earliest known due row
+        self._db_due_at: float | None = None  # ... as the last next-due query found it
         self.stall = Stall(
             spec.queue,
             failures=STALL_FAILURES,
@@ -210,6 +212,9 @@ class Fetcher:
                     # farm's rows wait for it (a fifth of a millisecond, a quarter of its
                     # commit-to-handler time).
                     await asyncio.sleep(0)
+                    if await self._woken_soon():
+                        backoff.reset()
+                        continue
                 wait = await self._next_wait(idle=not len(ledger))
                 backoff.reset()
             except DatabaseError as exc:
@@ -227,6 +232,24 @@ class Fetcher:
                         },
                     )
             await self._rest(wait)
+
+    async def _woken_soon(self) -> bool:
+        """After a claim that took rows: whether a NOTIFY (or a retry, a release) woke the
+        fetcher within `LOOK_AGAIN` seconds, before any row known to be due then. Only then
+        is the next-due query sent: in a stream of messages a NOTIFY usually comes first, and
+        its claim would otherwise wait behind that query's round trip."""
+        window = LOOK_AGAIN
+        now = time.monotonic()
+        for due in (self._due_at, self._db_due_at):
+            if due is not None:
+                window = min(window, due - now)
+        if window <= 0 or self._stopping or now >= self._stranded_at:
+            return False  # a look for stranded rows is due: it goes with the next-due query
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(window):
+                await self._wake.wait()
+                return True
+        return False
 
     async def _rest(self, wait: float) -> None:
         """Sleep `wait` seconds, or until woken (not at all once stopping)."""
@@ -438,6 +461,7 @@ class Fetcher:
         if await self._free_stranded():
             return 0.0
         due = await self.store.next_due(self.spec.queue)
+        self._db_due_at = time.monotonic() + due if due is not None else None
         if idle and self.stall.idle(-due if due is not None else 0.0):
             self.observer.stalled(self.spec.queue, self.stall.reason)
         if due is not None:
