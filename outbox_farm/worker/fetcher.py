@@ -3,7 +3,10 @@
 It never holds more rows than the queue's capacity (executors plus prefetch), claims again at
 once when a claim came back full, and otherwise sleeps until the first of: a NOTIFY for its
 queue, the next due time it knows of (delayed rows, retries, expiring leases, so those fire on
-time), or a jittered poll interval that keeps processes from running in step.
+time), or a jittered poll interval that keeps processes from running in step. It asks the
+database for that due time after a claim that came back short, but after one that took rows
+only once no NOTIFY came within `LOOK_AGAIN`: in a stream of messages the next NOTIFY usually
+comes first, and its claim would otherwise wait behind the query's round trip.
 
 A stall is never silent: the fetcher counts its failed claims (`Observer.claim_failed`), and
 reports the queue stalled (`Observer.stalled`, and `stall.reason` for the runtime's `problem`)
