@@ -41,8 +41,8 @@ async def _configure_farm(conn: psycopg.AsyncConnection[Any]) -> None:
       the table was small (a new table; one autovacuum truncated, then analyzed) read the whole
       table for the ids a claim or an ack names, and went on reading it as dead rows grew it
       until the next VACUUM or ANALYZE: on an idle farm's churning table, up to half of a
-      claim's time. The statements that do count whole tables (the gauges) turn it back on for their
-      own transaction (`housekeeping.scanning`)."""
+      claim's time. The statements that do count whole tables (the gauges) turn it back on
+      for their own transaction (`housekeeping.scanning`)."""
     await _configure(conn)
     await conn.execute("SET TimeZone = 'UTC'")
     await conn.execute("SET enable_seqscan = off")

@@ -247,7 +247,7 @@ class Fetcher:
             if due is not None:
                 window = min(window, due - now)
         if window <= 0 or self._stopping or now >= self._stranded_at:
-            return False  # a look for stranded rows is due: it goes with the next-due query
+            return False  # a due row, the stop or a look for stranded rows comes first
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(window):
                 await self._wake.wait()
