@@ -246,20 +246,19 @@ class Fetcher:
         for due in (self._due_at, self._db_due_at):
             if due is not None:
                 window = min(window, due - now)
-        if window <= 0 or self._stopping or now >= self._stranded_at:
-            return False  # a due row, the stop or a look for stranded rows comes first
+        if window <= 0 or now >= self._stranded_at:
+            return False  # a due row or a look for stranded rows comes first
+        return await self._rest(window)
+
+    async def _rest(self, wait: float) -> bool:
+        """Sleep `wait` seconds, or until woken (not at all once stopping); whether woken."""
+        if self._stopping:
+            return False
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(window):
+            async with asyncio.timeout(wait):
                 await self._wake.wait()
                 return True
         return False
-
-    async def _rest(self, wait: float) -> None:
-        """Sleep `wait` seconds, or until woken (not at all once stopping)."""
-        if not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._wake.wait()
 
     async def _held(self, wait: float) -> None:
         """Sleep `wait` seconds, the time the limits asked for, or until woken; under a
