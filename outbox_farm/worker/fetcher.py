@@ -201,6 +201,7 @@ class Fetcher:
             try:
                 if await self.pause.held():
                     continue
+                claimed_at = time.monotonic()
                 got = await self._claimed(want)
                 if got == want:
                     backoff.reset()
@@ -215,7 +216,7 @@ class Fetcher:
                     # farm's rows wait for it (a fifth of a millisecond, a quarter of its
                     # commit-to-handler time).
                     await asyncio.sleep(0)
-                    if await self._woken_soon():
+                    if await self._woken_soon(claimed_at):
                         backoff.reset()
                         continue
                 wait = await self._next_wait(idle=not len(ledger))
@@ -236,15 +237,18 @@ class Fetcher:
                     )
             await self._rest(wait)
 
-    async def _woken_soon(self) -> bool:
-        """After a claim that took rows: whether a NOTIFY (or a retry, a release) woke the
-        fetcher within `LOOK_AGAIN` seconds, before any row known to be due then. Only then
-        is the next-due query sent: in a stream of messages a NOTIFY usually comes first, and
-        its claim would otherwise wait behind that query's round trip."""
+    async def _woken_soon(self, claimed_at: float) -> bool:
+        """After a claim, sent at `claimed_at`, that took rows: whether a NOTIFY (or a retry,
+        a release) woke the fetcher within `LOOK_AGAIN` seconds, before any row known to be
+        due then. Only then is the next-due query sent: in a stream of messages a NOTIFY
+        usually comes first, and its claim would otherwise wait behind that query's round
+        trip. A row that was due before the claim was sent was the claim's to take, so its
+        due time no longer cuts the look short (else one such time, never asked again,
+        would send the query after every claim)."""
         window = LOOK_AGAIN
         now = time.monotonic()
         for due in (self._due_at, self._db_due_at):
-            if due is not None:
+            if due is not None and due > claimed_at:
                 window = min(window, due - now)
         if window <= 0 or now >= self._stranded_at:
             return False  # a due row or a look for stranded rows comes first
