@@ -32,7 +32,7 @@ from .supervised import Supervisor
 from .writes import Statement, statements, write_for
 
 log = logging.getLogger("outbox_farm.completer")
-KEYED_AT_ONCE = 4  # rows held, at most, for a keyed batch to be written without waiting
+AT_ONCE = 4  # rows held, at most, for a batch to be written without waiting
 # Past the stop deadline, a final flush whose database sent nothing for this long is given up.
 STALL = 1.0
 
@@ -223,20 +223,19 @@ class Completer:
 
     def awaited(self, waiting: int) -> bool:
         """Whether the batch goes now rather than `flush_interval` after its first outcome: the
-        process holds only a handful of rows (`KEYED_AT_ONCE`), all of them with their outcome
-        here, so no more are coming; and one of their queues runs keyed rows, whose next row of
-        the key no process can claim until this batch deletes the one before it. A hot key
-        then moves a row per round trip instead of one per interval. A busy process keeps its
-        batches: flushing each claim's worth at once there measured slower (more, smaller
-        writes, each waking every fetcher of the queue)."""
+        process holds only a handful of rows (`AT_ONCE`), all of them with their outcome here,
+        so no more are coming this interval. Nothing is gained by waiting then, and much lost:
+        - a keyed queue's next row of the key no process can claim until this batch deletes
+          the one before it, so a hot key would move a row per interval, not per round trip;
+        - on a farm taking a message every few milliseconds, the write would land on the
+          claim and the hand-off of a message that came after it (at 200 msg/s and a 10 ms
+          interval, of the one two messages on, every time), and add to its latency.
+        A busy process keeps its batches: flushing each claim's worth at once there measured
+        slower (more, smaller writes, each waking every fetcher of the queue)."""
         held = 0
-        keyed = False
         for fetcher in self.fetchers.values():
-            ledger = fetcher.ledger
-            if ledger.rows:
-                held += len(ledger.rows)
-                keyed = keyed or ledger.keyed
-        return keyed and held <= min(waiting, KEYED_AT_ONCE)
+            held += len(fetcher.ledger.rows)
+        return held <= min(waiting, AT_ONCE)
 
     def _failed(self, outcomes: list[Outcome]) -> None:
         """Count outcomes given up on without a write (each one is logged by its caller)."""

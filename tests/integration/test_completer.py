@@ -20,7 +20,7 @@ from outbox_farm.observe import observers
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.queries import Queries
 from outbox_farm.storage import Claim
-from outbox_farm.worker.completer import KEYED_AT_ONCE, Completer
+from outbox_farm.worker.completer import AT_ONCE, Completer
 from outbox_farm.worker.inflight import Ledger
 
 metrics()  # register the collectors before the first sample is read
@@ -177,12 +177,14 @@ def test_put_and_put_all_wait_while_the_completer_is_high_water_behind(dsn: str)
     asyncio.run(scenario())
 
 
-def test_a_keyed_outcome_goes_at_once_when_the_process_holds_only_a_handful(
+def test_an_outcome_goes_at_once_when_the_process_holds_only_a_handful(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    """The next row of a key cannot be claimed before this one's ack: with nothing else held,
-    the batch is written now, not `flush_interval` (an hour here) after its first outcome. Held
-    rows without a key, or more than a handful, keep the interval."""
+    """With nothing else held, no more outcomes are coming: the batch is written now, not
+    `flush_interval` (an hour here) after its first outcome, keyed or not (the next row of a
+    key cannot be claimed before this one's ack; the write would otherwise land on a later
+    message's claim). More than a handful held, or a held row whose outcome is still to come,
+    keep the interval."""
     token = uuid.uuid4()
     row = conn.execute(
         "INSERT INTO outbox (queue, payload, ordering_key, acquired_token, acquired_at)"
@@ -204,15 +206,17 @@ def test_a_keyed_outcome_goes_at_once_when_the_process_holds_only_a_handful(
             batch = await asyncio.wait_for(completer._collect(), 30)
             await completer.write(batch)
             assert len(ledger) == 0
-            ledger.hold(range(1000, 1000 + KEYED_AT_ONCE + 1), token)
+            ledger.hold(range(1000, 1000 + AT_ONCE + 1), token)
             completer._pending = [Outcome(Kind.ACK, i, token, "q", 1) for i in ledger.rows]
             assert not completer.awaited(
                 len(completer._pending)
             )  # a busy process keeps its batches
             ledger.keyed = False
             completer._pending = completer._pending[:1]
+            ledger.settle_all([(i, token) for i in list(ledger.rows)[2:]])
+            assert not completer.awaited(1)  # the other held row's outcome is still to come
             ledger.settle_all([(i, token) for i in list(ledger.rows)[1:]])
-            assert not completer.awaited(1)  # nobody waits on an unkeyed row's ack
+            assert completer.awaited(1)  # an unkeyed row's, alone, goes at once too
 
     asyncio.run(scenario())
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
