@@ -220,6 +220,15 @@ def add_dsn(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_turns(parser: argparse.ArgumentParser) -> None:
+    """The options of a latency benchmark whose contenders take turns at each offered rate."""
+    parser.add_argument("--rates", default="200,2000", help="comma-separated msg/s")
+    parser.add_argument("--runs", type=int, default=5, help="runs per rate, the order rotated")
+    parser.add_argument(
+        "--seconds", type=float, default=8.0, help="of messages per run (at least 1,000)"
+    )
+
+
 def add_json_path(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",

@@ -38,7 +38,7 @@ from loadtests.common.harness import note
 from outbox_farm import Farm, Message
 from outbox_farm.storage import Claim
 
-from .common import QUEUE, add_dsn, percentiles, scratch, server, time_limit, write_json
+from .common import QUEUE, add_dsn, add_turns, percentiles, scratch, server, time_limit, write_json
 from .latency import Latency, frozen_boot, latency, measure, raw_latency
 from .report import print_measures, verdict
 
@@ -234,11 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m loadtests.bench.tail", description=__doc__.split("\n\n")[0]
     )
     add_dsn(parser)
-    parser.add_argument("--rates", default="200,2000", help="comma-separated msg/s")
-    parser.add_argument("--runs", type=int, default=5, help="alternating runs per rate")
-    parser.add_argument(
-        "--seconds", type=float, default=8.0, help="of messages per run (at least 1,000)"
-    )
+    add_turns(parser)
     parser.add_argument("--no-stages", action="store_true", help="skip the traced run")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
