@@ -33,18 +33,38 @@ from outbox_farm.prefork.heap import freeze_boot_heap
 from . import floor
 from .common import QUEUE, percentiles, raise_errors, reap
 
+Publish = Callable[[dict[str, int]], object]
+"""Publishes one message's body in the producer's open transaction."""
+
+Publisher = Callable[[psycopg.Connection[Any]], Publish]
+"""Given the producer's connection before its first transaction, how it publishes. It travels
+to the spawned producer, so it must be a module-level function."""
+
+
+def farm_publisher(conn: psycopg.Connection[Any]) -> Publish:
+    """The farm's own `publish`: what every latency here measures unless told otherwise."""
+    return partial(Farm().publish, conn, queue=QUEUE)
+
 
 def latency_producer(
-    dsn: str, n: int, warmup: int, rate: float, ready: Any, go: Any, results: Any
+    dsn: str,
+    n: int,
+    warmup: int,
+    rate: float,
+    ready: Any,
+    go: Any,
+    results: Any,
+    publisher: Publisher = farm_publisher,
 ) -> None:
     """Spawned: publish `warmup` then `n` messages, one per transaction, at `rate` per second.
 
-    Sends back {id: time.time() right after the commit returned}.
+    Sends back {id: time.time() right after the commit returned}. `publisher` lets a peer's
+    enqueue ride the very same pacing, transaction and clock as the farm's publish.
     """
-    farm = Farm()
     commits: dict[int, float] = {}
     try:
         with psycopg.connect(dsn) as conn:
+            publish = publisher(conn)
             ready.set()
             if not go.wait(timeout=60):
                 raise TimeoutError("never told to start")
@@ -56,7 +76,7 @@ def latency_producer(
                     time.sleep(wait)
                 i = k - warmup  # warm-up messages have negative ids
                 with conn.transaction():
-                    farm.publish(conn, {"i": i}, queue=QUEUE)
+                    publish({"i": i})
                 commits[i] = time.time()
         results.put({"commits": commits})
     except Exception as exc:
@@ -166,9 +186,11 @@ async def measure(
     receiver: Receiver,
     *,
     commits: dict[int, float] | None = None,
+    publisher: Publisher = farm_publisher,
 ) -> Latency:
     """`n` messages at `rate` from a spawned producer to `receiver`, their latencies cut;
-    `commits`, if given, gets each message's commit time (for a caller that splits them up)."""
+    `commits`, if given, gets each message's commit time (for a caller that splits them up);
+    `publisher`, how the producer publishes (a peer's receiver needs its own enqueue)."""
     result = Latency(n, rate, concurrency)
     warmup = 50
     starts: dict[int, float] = {}
@@ -183,7 +205,7 @@ async def measure(
     ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
     proc = ctx.Process(
         target=latency_producer,
-        args=(dsn, n, warmup, rate, ready, go, results),
+        args=(dsn, n, warmup, rate, ready, go, results, publisher),
         name="bench-latency-producer",
         daemon=True,
     )
