@@ -80,6 +80,11 @@ bench-report: ## The standard performance report (< 5 min) against LOCAL_DSN
 bench-tail: ## Commit->handler latency beside the raw LISTEN + claim loop, alternating, and its stages
 	$(PY) -m loadtests.bench.tail --dsn "$(LOCAL_DSN)"
 
+.PHONY: bench-peers
+bench-peers: .venv ## Commit->handler latency of pgqueuer beside the farm and the raw loop, alternating
+	$(PY) -m pip install -q -e '.[peers]'
+	$(PY) -m loadtests.bench.peers --dsn "$(LOCAL_DSN)"
+
 .PHONY: bench-instructions
 bench-instructions: ## The cost gate CI runs: instructions per message/row/call against the baseline
 	$(PY) -m loadtests.bench.instructions --dsn "$(LOCAL_DSN)"

@@ -14,17 +14,17 @@ through pgqueuer's own synchronous `SyncQueries.enqueue` (its statement, its NOT
 on an autocommit connection, as pgqueuer requires, inside `conn.transaction()`: the same BEGIN,
 one statement and COMMIT as the farm's publish. Each handler notes `time.time()` first thing.
 
-pgqueuer runs as its docs advise for a worker: one `QueueManager` on one direct psycopg
-connection (its `PsycopgDriver`, which both LISTENs and queries), batch size 10 ("1 x batch
+pgqueuer runs as its docs advise for a worker: one `QueueManager` on one direct asyncpg
+connection (its `AsyncpgDriver`, which both LISTENs and queries), batch size 10 ("1 x batch
 10"), no concurrency caps, its schema installed by `Queries.install()` in the scratch
 database with the autovacuum settings of its checklist (`pgq autovac`), default durability
 (every table logged, as the farm's outbox). Its `SchedulerManager` is not started: there are
 no schedules to run. The farm runs 64 executors, as in `tail.py`.
 
-The psycopg driver waits for NOTIFYs inside psycopg's `notifies()`, which holds its one
-connection (up to 1 s at a time), so each of pgqueuer's queries waits for the next
-notification before it is sent: these are pgqueuer's numbers on psycopg, not on asyncpg,
-which its docs name for a worker. A run's last job can wait out that second: see its max.
+Not its psycopg driver: that one waits for NOTIFYs inside psycopg's `notifies()`, holding its
+one connection up to a second at a time, so each of pgqueuer's queries waited for the next
+notification (about 5 ms at 200 msg/s, a second for a run's last job). asyncpg delivers
+notifications by callback, beside the queries.
 
 pgqueuer leaves its dead rows to autovacuum (its docs tune it); the farm VACUUMs its own
 outbox. So each pgqueuer run starts with its queue table VACUUMed, as autovacuum would keep
@@ -58,6 +58,7 @@ import orjson
 import psycopg
 import uvloop
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from loadtests.common import tables
 from loadtests.common.harness import note
@@ -69,7 +70,8 @@ from .report import print_code, verdict
 from .tail import CONCURRENCY
 
 try:
-    from pgqueuer import Job, PsycopgDriver, Queries, QueueManager
+    import asyncpg  # type: ignore[import-untyped]
+    from pgqueuer import AsyncpgDriver, Job, PsycopgDriver, Queries, QueueManager
     from pgqueuer.db import SyncPsycopgDriver
     from pgqueuer.ports.driver import NotifyCallback
     from pgqueuer.queries import SyncQueries
@@ -95,11 +97,11 @@ def pgqueuer_publisher(conn: psycopg.Connection[Any]) -> Publish:
     return lambda body: queries.enqueue(QUEUE, orjson.dumps(body))
 
 
-class _ListeningDriver(PsycopgDriver):
-    """pgqueuer's psycopg driver, saying when its LISTEN is in place: a run starts only once
+class _ListeningDriver(AsyncpgDriver):
+    """pgqueuer's asyncpg driver, saying when its LISTEN is in place: a run starts only once
     pgqueuer is listening, as `latency._farm` starts once the runtime's listener connected."""
 
-    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, connection: asyncpg.Connection) -> None:
         super().__init__(connection)
         self.listening = asyncio.Event()
 
@@ -113,12 +115,13 @@ async def _pgqueuer(dsn: str, note_start: Callable[[int, float], None]) -> Async
     """A receiver for `latency.measure`, shaped as `latency._raw`: one pgqueuer QueueManager,
     batch `BATCH`, its entrypoint noting each job's message number first thing; its queue table
     VACUUMed first, as autovacuum, which pgqueuer leaves its dead rows to, would keep it."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+    conn = await _asyncpg_connect(dsn)
+    try:
         driver = _ListeningDriver(conn)
         queries = Queries(driver)
         settings = queries.qbe.settings
         table = sql.Identifier(*filter(None, (settings.db_schema, settings.queue_table)))
-        await conn.execute(sql.SQL("VACUUM {}").format(table))
+        await conn.execute(sql.SQL("VACUUM {}").format(table).as_string(None))
         manager = QueueManager(queries)
 
         @manager.entrypoint(QUEUE)
@@ -139,6 +142,15 @@ async def _pgqueuer(dsn: str, note_start: Callable[[int, float], None]) -> Async
         finally:
             manager.shutdown.set()
             await running
+    finally:
+        await conn.close()
+
+
+async def _asyncpg_connect(dsn: str) -> asyncpg.Connection:
+    """`dsn`, a libpq conninfo, as asyncpg takes it (keywords; `dbname` is its `database`)."""
+    params: dict[str, Any] = conninfo_to_dict(dsn)
+    params["database"] = params.pop("dbname", None)
+    return await asyncpg.connect(**params)
 
 
 async def pgqueuer_latency(dsn: str, n: int, rate: float, budget: float) -> Latency:
@@ -279,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print_code(info)
             print(
-                f"pgqueuer {PGQUEUER}: one QueueManager, psycopg driver, batch {BATCH}, its "
+                f"pgqueuer {PGQUEUER}: one QueueManager, asyncpg driver, batch {BATCH}, its "
                 f"table VACUUMed before each run; farm: {CONCURRENCY} executors; "
                 f"{len(rates)} rates x {args.runs} runs; server autovacuum {info['autovacuum']}"
             )
