@@ -220,13 +220,23 @@ def add_dsn(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_turns(parser: argparse.ArgumentParser) -> None:
-    """The options of a latency benchmark whose contenders take turns at each offered rate."""
-    parser.add_argument("--rates", default="200,2000", help="comma-separated msg/s")
+def _rates(text: str) -> list[float]:
+    return [float(rate) for rate in text.split(",")]
+
+
+def turns_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of a latency benchmark whose contenders take turns at each offered
+    rate (`args.rates` is a list of msg/s); the module's docstring's first paragraph is its
+    description."""
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n\n")[0])
+    add_dsn(parser)
+    parser.add_argument("--rates", type=_rates, default="200,2000", help="comma-separated msg/s")
     parser.add_argument("--runs", type=int, default=5, help="runs per rate, the order rotated")
     parser.add_argument(
         "--seconds", type=float, default=8.0, help="of messages per run (at least 1,000)"
     )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    return parser
 
 
 def add_json_path(parser: argparse.ArgumentParser) -> None:

@@ -42,7 +42,6 @@ the farm's p95 and p99 (medians over the runs) are at or below pgqueuer's at eac
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -64,7 +63,7 @@ from loadtests.common import tables
 from loadtests.common.harness import note
 from outbox_farm import Farm
 
-from .common import QUEUE, add_dsn, add_turns, scratch, server, server_info, time_limit, write_json
+from .common import QUEUE, scratch, server, server_info, time_limit, turns_parser, write_json
 from .latency import Latency, Publish, latency, measure, raw_latency
 from .report import print_code, verdict
 from .tail import CONCURRENCY
@@ -270,14 +269,9 @@ def print_verdict(by_rate: dict[float, list[Run]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests.bench.peers", description=__doc__.split("\n\n")[0]
-    )
-    add_dsn(parser)
-    add_turns(parser)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser = turns_parser("python -m loadtests.bench.peers", __doc__)
     args = parser.parse_args(argv)
-    rates = [float(r) for r in args.rates.split(",")]
+    rates: list[float] = args.rates
     by_rate: dict[float, list[Run]] = {}
     results: dict[str, Any] = {"pgqueuer": PGQUEUER, "batch": BATCH}
     with (

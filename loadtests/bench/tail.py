@@ -20,7 +20,6 @@ way took it) has no notify stages.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import statistics
 import sys
@@ -38,7 +37,7 @@ from loadtests.common.harness import note
 from outbox_farm import Farm, Message
 from outbox_farm.storage import Claim
 
-from .common import QUEUE, add_dsn, add_turns, percentiles, scratch, server, time_limit, write_json
+from .common import QUEUE, percentiles, scratch, server, time_limit, turns_parser, write_json
 from .latency import Latency, frozen_boot, latency, measure, raw_latency
 from .report import print_measures, verdict
 
@@ -230,15 +229,10 @@ def print_rate(rate: float, pairs: list[Pair], stages: Stages | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests.bench.tail", description=__doc__.split("\n\n")[0]
-    )
-    add_dsn(parser)
-    add_turns(parser)
+    parser = turns_parser("python -m loadtests.bench.tail", __doc__)
     parser.add_argument("--no-stages", action="store_true", help="skip the traced run")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    rates = [float(r) for r in args.rates.split(",")]
+    rates: list[float] = args.rates
     results: dict[str, Any] = {}
     with (
         time_limit(120 + len(rates) * (2 * args.runs + 1) * (args.seconds + 15)),
