@@ -62,6 +62,8 @@ class Metrics:
     xmin_horizon_age: Gauge
     dlq_rows: Gauge
     vacuum_seconds: Histogram
+    shrinks: Counter
+    shrunk_bytes: Counter
     dlq_purged: Counter
     claim_errors: Counter
     queue_stalled: Gauge
@@ -153,6 +155,14 @@ def metrics() -> Metrics:
         ),
         vacuum_seconds=histogram(
             "vacuum_seconds", "VACUUMs of the outbox table run by the farm.", (), LATENCY_BUCKETS
+        ),
+        shrinks=counter(
+            "shrinks",
+            "Times the farm gave an outbox table's space back after a backlog (or dropped what "
+            "a rebuild cut short left).",
+        ),
+        shrunk_bytes=counter(
+            "shrunk_bytes", "Bytes of the outbox table and its indexes those shrinks gave back."
         ),
         dlq_purged=counter(
             "dlq_purged", "DLQ rows deleted by the farm's retention (--dlq-retention).", "queue"

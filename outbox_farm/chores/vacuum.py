@@ -11,6 +11,8 @@ took about 30 ms.
 
 One process of a farm runs this loop (as with the gauges). It asks the statistics first, so an
 idle or lightly used table is left alone, and never queues behind autovacuum (SKIP_LOCKED).
+Each pass then gives the table's space back if a backlog left it big and nearly empty
+(`shrink`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..db.pool import Pool
 from ..errors import DatabaseError
 from ..metrics import metrics
 from ..queries import Queries
+from .shrink import Shrinker
 
 log = logging.getLogger("outbox_farm.vacuum")
 
@@ -73,10 +76,13 @@ async def vacuum_once(pool: Pool, queries: Queries, interval: float) -> Pass:
 
 async def run(pool: Pool, queries: Queries, interval: float) -> None:
     """Every `interval` seconds (jittered, so restarted processes drift apart) until cancelled,
-    or until the role turns out not to be allowed to vacuum."""
+    or until the role turns out not to be allowed to vacuum (nor, then, to shrink)."""
+    shrinker = Shrinker(pool, queries, interval)
     while True:
         try:
-            if await vacuum_once(pool, queries, interval) is Pass.NOT_ALLOWED:
+            if await vacuum_once(pool, queries, interval) is not Pass.NOT_ALLOWED:
+                await shrinker.once()
+            else:
                 log.warning(
                     "not vacuuming %s: this role neither owns it nor has MAINTAIN on it; "
                     "autovacuum alone will keep it (slower under load). Grant ownership or "

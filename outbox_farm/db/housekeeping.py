@@ -1,14 +1,15 @@
 """Table-wide reads and chores one process of a farm runs: the database-derived gauges, the
-VACUUM of the outbox table, the DLQ retention."""
+VACUUM of the outbox table and its shrink after a backlog, the DLQ retention."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 import psycopg
+from psycopg import sql
 
 from ..errors import SchemaError
-from ..queries import Queries
+from ..queries import Queries, load_blocks
 from .boundary import boundary
 from .operator import XminHolder
 from .pool import Pool
@@ -125,6 +126,111 @@ async def vacuum(pool: Pool, queries: Queries) -> Vacuumed:
                 conn.remove_notice_handler(collect)
     skipped = any(state == LOCK_NOT_AVAILABLE for state, _ in notices)
     return Vacuumed(skipped, [str(message) for state, message in notices if message is not None])
+
+
+class Relation(NamedTuple):
+    """The outbox table or one of its indexes, as `shrink_state` found it. `kind`: `table`,
+    `index`, or `leftover` (an invalid copy a rebuild cut short left behind)."""
+
+    schema: str
+    name: str
+    kind: str
+    size: int  # bytes
+    pages: int
+
+
+class Shrunk(NamedTuple):
+    """What a shrink did. `locked`: another session shrinks the table (nothing was done).
+    `vacuum_skipped`: someone held the table, so its tail was not given back. `rebuilt` and
+    `dropped`: the indexes rebuilt, and the leftovers dropped. `failed`: each rebuild or drop
+    that could not be done (its index, and why), left for the next shrink."""
+
+    locked: bool
+    vacuum_skipped: bool
+    rebuilt: list[str]
+    dropped: list[str]
+    failed: list[tuple[str, str]]
+
+
+async def shrink_state(pool: Pool, queries: Queries) -> list[Relation]:
+    """The outbox table (first) and its indexes; SchemaError when there is no table."""
+    table = queries.names.outbox.identifier().as_string(None)
+    with boundary():
+        async with pool.connection() as conn:
+            rows = await (await conn.execute(queries["shrink_state"], {"table": table})).fetchall()
+    if not rows:
+        raise SchemaError(f"table {table} does not exist")
+    return [Relation(*row) for row in rows]
+
+
+async def live_rows(pool: Pool, queries: Queries, limit: int) -> int:
+    """The outbox table's live rows, counted up to `limit`."""
+    with boundary():
+        async with pool.connection() as conn:
+            row = await (await conn.execute(queries["shrink_live"], {"limit": limit})).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _on_index(block: str, index: Relation) -> str:
+    """The statement `block` for `index`, its name composed by `psycopg.sql`."""
+    target = sql.Identifier(index.schema, index.name)
+    return sql.SQL(load_blocks()[block]).format(index=target).as_string(None)
+
+
+async def shrink(
+    pool: Pool,
+    queries: Queries,
+    rebuild: list[Relation],
+    drop: list[Relation],
+    lock_timeout: float,
+) -> Shrunk:
+    """Drop the leftovers `drop`, give the table's empty tail back (a truncating VACUUM), then
+    rebuild the indexes `rebuild` concurrently, one after the other on one pooled connection,
+    while no other session shrinks the table. Each statement waits at most `lock_timeout`
+    seconds for a lock; a drop or rebuild the database refuses is reported in `failed` and the
+    rest go on. A lost connection propagates (ConnectionLost)."""
+    named = {"table": queries.names.outbox.identifier().as_string(None)}
+    states: list[str | None] = []
+    failed: list[tuple[str, str]] = []
+
+    def collect(diag: psycopg.errors.Diagnostic) -> None:
+        states.append(diag.sqlstate)
+
+    async def each(
+        conn: psycopg.AsyncConnection[Any], block: str, indexes: list[Relation]
+    ) -> list[str]:
+        done = []
+        for index in indexes:
+            try:
+                await conn.execute(_on_index(block, index))
+            except psycopg.DatabaseError as exc:
+                if conn.broken:
+                    raise
+                failed.append((index.name, str(exc).strip()))
+            else:
+                done.append(index.name)
+        return done
+
+    with boundary():
+        async with pool.connection() as conn:
+            row = await (await conn.execute(queries["shrink_lock"], named)).fetchone()
+            if not (row and row[0]):
+                return Shrunk(True, False, [], [], [])
+            timeout = {"timeout": f"{max(int(lock_timeout * 1000), 1)}ms"}
+            try:
+                await conn.execute(queries["shrink_lock_timeout"], timeout)
+                dropped = await each(conn, "shrink_drop", drop)
+                conn.add_notice_handler(collect)
+                try:
+                    await conn.execute(queries["shrink_vacuum"])
+                finally:
+                    conn.remove_notice_handler(collect)
+                rebuilt = await each(conn, "shrink_reindex", rebuild)
+            finally:
+                if not conn.broken:
+                    await conn.execute(queries["shrink_lock_timeout_reset"])
+                    await conn.execute(queries["shrink_unlock"], named)
+    return Shrunk(False, LOCK_NOT_AVAILABLE in states, rebuilt, dropped, failed)
 
 
 async def dlq_queues(pool: Pool, queries: Queries) -> list[str]:

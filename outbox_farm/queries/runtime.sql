@@ -439,6 +439,78 @@ WHERE c.oid = to_regclass(%(table)s)
 -- grows back into that space within seconds anyway.
 VACUUM (SKIP_LOCKED, TRUNCATE false) {outbox}
 
+-- name: shrink_state
+-- For the shrink after a backlog (`chores.shrink`): the outbox table, then each of its indexes,
+-- with their size in bytes and in pages. An index is `leftover` when it is invalid and named as
+-- REINDEX CONCURRENTLY names its copies (`<name>_ccnew`, `<name>_ccold`, a digit after either
+-- when the name was taken): the remains of a rebuild cut short, which writes still maintain and
+-- nothing reads. Any other invalid index is a user's, and not listed. No row: no such table.
+-- The live rows are counted apart (`shrink_live`): the catalog's and the statistics' estimates
+-- both come from the last VACUUM, which scales the density it saw while the table was full to
+-- the pages it skips, and after a drain they stayed in the tens of thousands for minutes.
+SELECT n.nspname::text, c.relname::text, 'table',
+       pg_relation_size(c.oid)::bigint,
+       (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass(%(table)s)
+UNION ALL
+(SELECT n.nspname::text, ic.relname::text,
+        CASE WHEN i.indisvalid THEN 'index' ELSE 'leftover' END,
+        pg_relation_size(ic.oid)::bigint,
+        (pg_relation_size(ic.oid) / current_setting('block_size')::int)::bigint
+ FROM pg_index AS i
+ JOIN pg_class AS ic ON ic.oid = i.indexrelid
+ JOIN pg_namespace AS n ON n.oid = ic.relnamespace
+ WHERE i.indrelid = to_regclass(%(table)s)
+   AND (i.indisvalid OR ic.relname ~ '_cc(new|old)[0-9]*$')
+ ORDER BY 2)
+
+-- name: shrink_live
+-- The live rows of the outbox table, counted up to %(limit)s along the primary key (an
+-- index-only scan where the visibility map allows): its cost is bounded by the limit, whatever
+-- the table holds, and a table just filled by a backlog is never taken for an empty one.
+SELECT count(*)::bigint FROM (SELECT 1 FROM {outbox} ORDER BY id LIMIT %(limit)s) AS live
+
+-- name: shrink_lock
+-- One shrink of a table at a time across every farm (a session lock, released by
+-- `shrink_unlock` or with the session): two rebuilds of one index at once would wait on each
+-- other's locks.
+SELECT pg_try_advisory_lock(hashtextextended('outbox_farm shrink ' || %(table)s, 0))
+
+-- name: shrink_unlock
+SELECT pg_advisory_unlock(hashtextextended('outbox_farm shrink ' || %(table)s, 0))
+
+-- name: shrink_lock_timeout
+-- How long each statement of a shrink waits for a lock (a session setting on the shrink's
+-- pooled connection, put back by `shrink_lock_timeout_reset`): a rebuild that would wait on a
+-- migration, a user's REINDEX or a long transaction gives up and is tried at the next shrink.
+SELECT set_config('lock_timeout', %(timeout)s, false)
+
+-- name: shrink_lock_timeout_reset
+RESET lock_timeout
+
+-- name: shrink_vacuum
+-- The shrink's VACUUM: as `vacuum`, but giving the empty tail of the table back to the OS. The
+-- ACCESS EXCLUSIVE lock that takes is never waited for (the server tries it for up to five
+-- seconds and gives up), and once held it is let go within about 20 ms of anyone asking for the
+-- table (the server checks while it counts the empty pages, truncates what it counted and tries
+-- again): claims and publishes wait at most that long, a few times, once per backlog.
+-- INDEX_CLEANUP ON: with only a few dead rows left, VACUUM would otherwise skip the indexes and
+-- leave each row's line pointer in its page, which then counts as in use: the last row deleted
+-- would keep the whole file.
+VACUUM (SKIP_LOCKED, TRUNCATE true, INDEX_CLEANUP ON) {outbox}
+
+-- name: shrink_reindex
+-- An index rebuilt beside the old one, which is dropped once the new one is valid: claims,
+-- acks and publishes go on throughout. Cut short, it leaves its copy invalid (`shrink_state`
+-- lists it as `leftover`). {index} is composed by `db.housekeeping`.
+REINDEX INDEX CONCURRENTLY {index}
+
+-- name: shrink_drop
+-- A leftover of a rebuild cut short. {index} is composed by `db.housekeeping`.
+DROP INDEX CONCURRENTLY IF EXISTS {index}
+
 -- name: set_aside
 -- A claimed row the farm cannot load, with nowhere to dead-letter it (no DLQ table): parked
 -- under the set-aside token (the nil uuid, which no runner ever takes and a dead worker's release
