@@ -271,7 +271,7 @@ COUNTERS = ("acked", "claimed", "fetch_sum", "fetch_count", "vacuum_sum", "vacuu
 
 def readings(url: str) -> dict[str, float] | None:
     """The farm's counters the depth and sustained reports read (acks, claims, claim time,
-    VACUUM time), or None while its /metrics does not answer."""
+    VACUUM time, shrinks), or None while its /metrics does not answer."""
     metrics = Metrics.scrape(url)
     if metrics is None:
         return None
@@ -282,4 +282,5 @@ def readings(url: str) -> dict[str, float] | None:
         "fetch_count": metrics.total("outbox_farm_fetch_seconds_count", queue=QUEUE),
         "vacuum_sum": metrics.total("outbox_farm_vacuum_seconds_sum"),
         "vacuum_count": metrics.total("outbox_farm_vacuum_seconds_count"),
+        "shrinks": metrics.total("outbox_farm_shrinks_total"),
     }

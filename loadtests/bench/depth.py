@@ -17,8 +17,8 @@ In one scratch database (dropped at the end), loopback only, within --budget sec
 3. the drain, the same producer publishing throughout: per --step rows drained, the rate and
    the claim time per row claimed (the farm's /metrics), the dead tuples, size and VACUUMs
    (the server's statistics);
-4. the farm's own VACUUM cycle after the drain, then the sizes beside empty; then --reuse-rows
-   more rows published, drained and vacuumed: a table that does not grow reuses what it freed.
+4. the farm's own VACUUM cycle and shrink after the drain, then the sizes beside empty; then
+   --reuse-rows more rows published, drained and vacuumed.
 
 A budget or a disk that runs out stops the run where it is, and the report says where.
 """
@@ -41,6 +41,7 @@ from loadtests.common import tables
 from loadtests.common.harness import free_port, note
 from loadtests.common.waits import wait_until
 from outbox_farm import Farm
+from outbox_farm.chores.shrink import SHRINK_AT
 from outbox_farm.chores.vacuum import MIN_DEAD_TUPLES
 from outbox_farm.prefork.arbiter import GAUGES_INTERVAL
 from outbox_farm.queries import Queries
@@ -444,8 +445,18 @@ def after(
     args: argparse.Namespace,
     result: dict[str, Any],
 ) -> None:
-    """The VACUUM cycle after the drain and the sizes; then the reuse check."""
-    result["phase"] = "waiting for the farm's VACUUM cycle after the drain"
+    """The VACUUM cycle and the shrink after the drain, and the sizes; then the reuse check."""
+    result["phase"] = "waiting for the farm's VACUUM cycle and shrink after the drain"
+    shrinks = farm.reading()["shrinks"]
+    began = time.monotonic()
+    # A table below the farm's threshold is not shrunk: it may have been before this began.
+    shrunk = wait_until(
+        lambda: farm.reading()["shrinks"] > shrinks or sum(sizes(conn).values()) < SHRINK_AT,
+        args.vacuum_wait,
+        every=1.0,
+        watch=farm.proc,
+    )
+    result["shrink_wait_s"] = time.monotonic() - began if shrunk else None
     result["after"] = settle(conn, since, args)
     result["sizes"]["after"] = result["after"]["sizes"]
     result["free_space"] = free_space(conn, list(result["after"]["sizes"]))
@@ -492,7 +503,7 @@ def run(admin: str, args: argparse.Namespace, result: dict[str, Any]) -> None:
             with RunningFarm(dsn, args.procs, appdir, "depth", ready=False) as farm:
                 ended = drain(conn, farm, pub, first, args, result)
                 note(f"  drained: {result['drain']['rate']:,.0f} msg/s")
-                progress.step("after the drain: the farm's VACUUM cycle, sizes, reuse")
+                progress.step("after the drain: the farm's VACUUM cycle and shrink, sizes, reuse")
                 after(conn, farm, ended, args, result)
         progress.show("done")
         result["phase"] = "done"
@@ -544,8 +555,9 @@ def why_not_back(result: dict[str, Any]) -> list[str]:
     """Why the sizes after the drain are not back near empty, and whether the space is reused."""
     lines = [
         "not back within 10 %: VACUUM frees the dead rows' space for reuse (the free space map)"
-        " and leaves it in the files; only an empty tail could be given back, and the farm's"
-        " VACUUM (TRUNCATE false) keeps even that, as the lock it takes stalls claims and publishes"
+        " and leaves it in the files; the farm's shrink gives back the table's empty tail and"
+        " rebuilds its loose indexes (its log says what it did: event=table_shrunk, or"
+        " shrink_failed and why)"
     ]
     free = result.get("free_space")
     if free:
@@ -595,8 +607,8 @@ def measures(result: dict[str, Any]) -> list[Row]:
             held("  after / empty", ratio(after_, empty), TARGET_SIZE),
         ]
         if "reused" in found:
-            reused = ratio(sum(found["reused"].values()), after_)
-            rows.append(line("  after the reuse check / after", fmt(reused, ".3f")))
+            reused = sum(found["reused"].values())
+            rows.append(line("  after the reuse check", f"{reused / MIB:,.1f} MiB"))
     idle, during = result.get("publish_idle"), result.get("publish_drain")
     for label, publish in (("farm idle", idle), ("during the drain", during)):
         if publish:
@@ -646,6 +658,13 @@ def print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
             if waited is not None
             else f"after: no VACUUM cycle within {args.vacuum_wait:g} s of the drain"
         )
+        shrink = result.get("shrink_wait_s")
+        print(
+            f"after: the farm's shrink done (or the files below {SHRINK_AT / MIB:g} MiB) "
+            f"{shrink:,.0f} s after the drain"
+            if shrink is not None
+            else f"after: no shrink within {args.vacuum_wait:g} s of the drain"
+        )
         after_, empty = (sum(result["sizes"][s].values()) for s in ("after", "empty"))
         if after_ > TARGET_SIZE * empty:
             print("\n".join(why_not_back(result)))
@@ -668,7 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--publish-rate", type=float, default=200, help="producer's msg/s")
     parser.add_argument("--idle-seconds", type=float, default=10, help="publish against idle")
-    parser.add_argument("--vacuum-wait", type=float, default=600, help="for the VACUUM cycle, s")
+    parser.add_argument(
+        "--vacuum-wait", type=float, default=600, help="for the VACUUM cycle and the shrink, s"
+    )
     parser.add_argument("--reuse-rows", type=int, default=100_000, help="0: no reuse check")
     parser.add_argument("--budget", type=float, default=3600, help="the whole run, seconds")
     add_json_path(parser)
