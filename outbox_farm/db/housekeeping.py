@@ -152,15 +152,26 @@ class Shrunk(NamedTuple):
     failed: list[tuple[str, str]]
 
 
-async def shrink_state(pool: Pool, queries: Queries) -> list[Relation]:
-    """The outbox table (first) and its indexes; SchemaError when there is no table."""
+class ShrinkState(NamedTuple):
+    """The table (first) and its indexes, and the rows ever inserted into the table by the
+    statistics (None: the server keeps none)."""
+
+    relations: list[Relation]
+    inserted: int | None
+
+
+async def shrink_state(pool: Pool, queries: Queries) -> ShrinkState:
+    """The outbox table's relations and inserts; SchemaError when there is no table."""
     table = queries.names.outbox.identifier().as_string(None)
     with boundary():
         async with pool.connection() as conn:
             rows = await (await conn.execute(queries["shrink_state"], {"table": table})).fetchall()
     if not rows:
         raise SchemaError(f"table {table} does not exist")
-    return [Relation(*row) for row in rows]
+    inserted = rows[0][5]
+    return ShrinkState(
+        [Relation(*row[:5]) for row in rows], None if inserted is None else int(inserted)
+    )
 
 
 async def live_rows(pool: Pool, queries: Queries, limit: int) -> int:

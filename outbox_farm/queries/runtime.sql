@@ -441,24 +441,30 @@ VACUUM (SKIP_LOCKED, TRUNCATE false) {outbox}
 
 -- name: shrink_state
 -- For the shrink after a backlog (`chores.shrink`): the outbox table, then each of its indexes,
--- with their size in bytes and in pages. An index is `leftover` when it is invalid and named as
--- REINDEX CONCURRENTLY names its copies (`<name>_ccnew`, `<name>_ccold`, a digit after either
--- when the name was taken): the remains of a rebuild cut short, which writes still maintain and
--- nothing reads. Any other invalid index is a user's, and not listed. No row: no such table.
--- The live rows are counted apart (`shrink_live`): the catalog's and the statistics' estimates
--- both come from the last VACUUM, which scales the density it saw while the table was full to
--- the pages it skips, and after a drain they stayed in the tens of thousands for minutes.
+-- with their size in bytes and in pages, and on the table's row the rows ever inserted into it
+-- by the statistics (NULL when the server keeps none: track_counts off), whose growth from one
+-- pass to the next says how busy the table is. An index is `leftover` when it is invalid and
+-- named as REINDEX CONCURRENTLY names its copies (`<name>_ccnew`, `<name>_ccold`, a digit after
+-- either when the name was taken): the remains of a rebuild cut short, which writes still
+-- maintain and nothing reads. Any other invalid index is a user's, and not listed. No row: no
+-- such table. The live rows are counted apart (`shrink_live`): the catalog's and the
+-- statistics' estimates both come from the last VACUUM, which scales the density it saw while
+-- the table was full to the pages it skips, and after a drain they stayed in the tens of
+-- thousands for minutes.
 SELECT n.nspname::text, c.relname::text, 'table',
        pg_relation_size(c.oid)::bigint,
-       (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint
+       (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,
+       CASE WHEN current_setting('track_counts')::bool THEN s.n_tup_ins END::bigint
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%(table)s)
 UNION ALL
 (SELECT n.nspname::text, ic.relname::text,
         CASE WHEN i.indisvalid THEN 'index' ELSE 'leftover' END,
         pg_relation_size(ic.oid)::bigint,
-        (pg_relation_size(ic.oid) / current_setting('block_size')::int)::bigint
+        (pg_relation_size(ic.oid) / current_setting('block_size')::int)::bigint,
+        NULL::bigint
  FROM pg_index AS i
  JOIN pg_class AS ic ON ic.oid = i.indexrelid
  JOIN pg_namespace AS n ON n.oid = ic.relnamespace

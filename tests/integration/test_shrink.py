@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm import Farm, Message
@@ -68,6 +69,7 @@ def backlog(conn: psycopg.Connection[Any], rows: int = BACKLOG) -> None:
         [rows],
     )
     conn.execute("UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now()")
+    conn.execute("SELECT pg_stat_force_next_flush()")  # the inserts counted at once
 
 
 def shrinks() -> float:
@@ -75,8 +77,9 @@ def shrinks() -> float:
 
 
 async def with_pool(dsn: str, *steps: str, interval: float = 10.0) -> list[Shrunk | None]:
-    """On one pool: for each of `steps`, a vacuum pass (`vacuum`) or a shrink pass (`shrink`)
-    of one `Shrinker`; what each shrink pass returned."""
+    """On one pool: for each of `steps`, a vacuum pass (`vacuum`) or a shrink pass of one
+    `Shrinker` (`shrink`; `look`: one whose result is not kept, the first of a new shrinker,
+    which only notes the table's inserts so far); what each `shrink` returned."""
     async with AsyncConnectionPool(
         dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
     ) as pool:
@@ -85,6 +88,8 @@ async def with_pool(dsn: str, *steps: str, interval: float = 10.0) -> list[Shrun
         for step in steps:
             if step == "vacuum":
                 await vacuum_once(pool, QUERIES, interval)
+            elif step == "look":
+                await shrinker.once()
             else:
                 done.append(await shrinker.once())
         return done
@@ -100,7 +105,7 @@ def test_a_drained_backlog_gives_all_its_space_back(
     assert sum(full.values()) > 2**20  # big enough to be worth it
     before = shrinks()
     with caplog.at_level(logging.INFO, logger="outbox_farm"):
-        (done,) = asyncio.run(with_pool(dsn, "vacuum", "shrink"))
+        (done,) = asyncio.run(with_pool(dsn, "vacuum", "look", "shrink"))
     assert done is not None
     assert not done.locked
     assert not done.vacuum_skipped
@@ -123,8 +128,44 @@ def test_a_drained_backlog_gives_all_its_space_back(
 def test_a_table_in_use_is_left_alone(dsn: str, conn: psycopg.Connection[Any]) -> None:
     backlog(conn)  # every row still there: big, but not sparse
     full = sizes(conn)
-    assert asyncio.run(with_pool(dsn, "vacuum", "shrink")) == [None]
+    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink")) == [None]
     assert sizes(conn) == full
+
+
+def test_a_busy_table_is_left_alone_however_empty(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """A table that takes as many rows an interval as it has pages refills its space before
+    the next pass: shrinking it would fight every claim and publish for nothing. Empty at the
+    look or not, it is left alone."""
+    backlog(conn)
+    conn.execute("DELETE FROM outbox")
+    full = sizes(conn)
+
+    async def passes() -> list[Shrunk | None]:
+        async with AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+        ) as pool:
+            shrinker = Shrinker(pool, QUERIES, 10.0)
+            first = await shrinker.once()
+            await asyncio.to_thread(backlog, conn)  # an interval's traffic: claimed, deleted
+            conn.execute("DELETE FROM outbox")
+            await vacuum_once(pool, QUERIES, 0.0)
+            return [first, await shrinker.once()]
+
+    assert asyncio.run(passes()) == [None, None]
+    assert sum(sizes(conn).values()) >= sum(full.values()) - 8192
+
+
+def test_without_statistics_the_table_is_never_shrunk(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """track_counts off: nothing says how busy the table is."""
+    backlog(conn)
+    conn.execute("DELETE FROM outbox")
+    dbname = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+    conn.execute(sql.SQL("ALTER DATABASE {} SET track_counts = off").format(dbname))
+    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink", interval=0)) == [None]
+    conn.execute(sql.SQL("ALTER DATABASE {} RESET track_counts").format(dbname))
+    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink", interval=0))[0] is not None
 
 
 def test_a_small_table_is_left_alone(
@@ -133,7 +174,7 @@ def test_a_small_table_is_left_alone(
     monkeypatch.setattr(shrink_chore, "SHRINK_AT", 2**30)
     backlog(conn)
     conn.execute("DELETE FROM outbox")
-    assert asyncio.run(with_pool(dsn, "vacuum", "shrink")) == [None]
+    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink")) == [None]
     assert sum(sizes(conn).values()) > 2**20
 
 
@@ -145,13 +186,15 @@ def test_a_table_that_stays_sparse_is_shrunk_again_only_after_a_wait(
     backlog(conn)
     conn.execute("DELETE FROM outbox WHERE id < (SELECT max(id) FROM outbox)")
     table = sizes(conn)["outbox"]
-    first, second = asyncio.run(with_pool(dsn, "vacuum", "shrink", "shrink"))
+    first, second = asyncio.run(with_pool(dsn, "vacuum", "look", "shrink", "shrink"))
     assert first is not None
     assert first.rebuilt
     assert sizes(conn)["outbox"] == table  # the live last row holds the tail
     assert second is None  # sparse still, but the wait is not over
     # With a short interval the wait passes: shrunk again, then the wait is two intervals.
-    third, fourth, fifth = asyncio.run(with_pool(dsn, "shrink", "shrink", "shrink", interval=0))
+    third, fourth, fifth = asyncio.run(
+        with_pool(dsn, "look", "shrink", "shrink", "shrink", interval=0)
+    )
     assert third is not None
     assert fourth is not None
     assert fifth is not None
@@ -167,6 +210,8 @@ def test_the_wait_doubles_up_to_its_bound(dsn: str, conn: psycopg.Connection[Any
             dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
         ) as pool:
             shrinker = Shrinker(pool, QUERIES, 0.0)
+            assert await shrinker.once() is None  # the first pass notes the inserts so far
+            assert shrinker.gap == 1
             seen = []
             for _ in range(8):
                 assert await shrinker.once() is not None
@@ -226,11 +271,11 @@ def test_another_session_shrinking_the_table_is_left_to_it(
     table = {"table": QUERIES.names.outbox.identifier().as_string(None)}
     with psycopg.connect(dsn, autocommit=True) as other:
         assert other.execute(QUERIES["shrink_lock"], table).fetchone() == (True,)
-        (done,) = asyncio.run(with_pool(dsn, "shrink"))
+        (done,) = asyncio.run(with_pool(dsn, "look", "shrink"))
         assert done is not None
         assert done.locked
         assert sizes(conn) == full
-    (done,) = asyncio.run(with_pool(dsn, "vacuum", "shrink"))  # the other session ended
+    (done,) = asyncio.run(with_pool(dsn, "vacuum", "look", "shrink"))  # the other one ended
     assert done is not None
     assert not done.locked
     assert sum(sizes(conn).values()) < sum(full.values())
@@ -249,7 +294,7 @@ def test_a_rebuild_that_cannot_have_its_lock_is_reported_and_the_rest_done(
     with psycopg.connect(dsn) as holder:
         holder.execute("LOCK TABLE outbox IN SHARE UPDATE EXCLUSIVE MODE")
         with caplog.at_level(logging.WARNING, logger="outbox_farm"):
-            (done,) = asyncio.run(asyncio.wait_for(with_pool(dsn, "shrink"), timeout=30))
+            (done,) = asyncio.run(asyncio.wait_for(with_pool(dsn, "look", "shrink"), timeout=30))
         holder.rollback()
     assert done is not None
     assert done.vacuum_skipped
