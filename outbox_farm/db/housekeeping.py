@@ -130,7 +130,8 @@ async def vacuum(pool: Pool, queries: Queries) -> Vacuumed:
 
 class Relation(NamedTuple):
     """The outbox table or one of its indexes, as `shrink_state` found it. `kind`: `table`,
-    `index`, or `leftover` (an invalid copy a rebuild cut short left behind)."""
+    `index`, `unique` (a unique index other than the primary key: never rebuilt), or `leftover`
+    (an invalid copy a rebuild cut short left behind, this role's to drop)."""
 
     schema: str
     name: str
@@ -141,9 +142,9 @@ class Relation(NamedTuple):
 
 class Shrunk(NamedTuple):
     """What a shrink did. `locked`: another session shrinks the table (nothing was done).
-    `vacuum_skipped`: someone held the table, so its tail was not given back. `rebuilt` and
-    `dropped`: the indexes rebuilt, and the leftovers dropped. `failed`: each rebuild or drop
-    that could not be done (its index, and why), left for the next shrink."""
+    `vacuum_skipped`: the VACUUM was asked for and did not run, someone holding the table.
+    `rebuilt` and `dropped`: the indexes rebuilt, and the leftovers dropped. `failed`: each
+    rebuild or drop that could not be done (its index, and why), left for the next shrink."""
 
     locked: bool
     vacuum_skipped: bool
@@ -193,14 +194,20 @@ async def shrink(
     queries: Queries,
     rebuild: list[Relation],
     drop: list[Relation],
+    *,
+    vacuum: bool,
     lock_timeout: float,
+    rebuild_timeout: float,
 ) -> Shrunk:
-    """Drop the leftovers `drop`, give the table's empty tail back (a truncating VACUUM), then
-    rebuild the indexes `rebuild` concurrently, one after the other on one pooled connection,
-    while no other session shrinks the table. Each statement waits at most `lock_timeout`
-    seconds for a lock; a drop or rebuild the database refuses is reported in `failed` and the
-    rest go on. A lost connection propagates (ConnectionLost)."""
+    """Drop the leftovers `drop`; when `vacuum`, give the table's empty tail back (a truncating
+    VACUUM); then rebuild the indexes `rebuild` concurrently: one after the other on one pooled
+    connection, while no other session shrinks the table. The drops and the VACUUM wait at most
+    `lock_timeout` seconds for a lock, each rebuild at most `rebuild_timeout` seconds in all;
+    a drop or rebuild the database refuses is reported in `failed` and the rest go on. A lost
+    connection propagates (ConnectionLost). The connection goes back to the pool as it came (no
+    lock, its settings put back), or closed."""
     named = {"table": queries.names.outbox.identifier().as_string(None)}
+    limits = {"lock_timeout": _ms(lock_timeout), "statement_timeout": _ms(rebuild_timeout)}
     states: list[str | None] = []
     failed: list[tuple[str, str]] = []
 
@@ -224,24 +231,33 @@ async def shrink(
 
     with boundary():
         async with pool.connection() as conn:
-            row = await (await conn.execute(queries["shrink_lock"], named)).fetchone()
-            if not (row and row[0]):
-                return Shrunk(True, False, [], [], [])
-            timeout = {"timeout": f"{max(int(lock_timeout * 1000), 1)}ms"}
             try:
-                await conn.execute(queries["shrink_lock_timeout"], timeout)
+                begun = await (
+                    await conn.execute(queries["shrink_begin"], named | limits)
+                ).fetchone()
+                if not (begun and begun[0]):
+                    return Shrunk(True, False, [], [], [])
                 dropped = await each(conn, "shrink_drop", drop)
-                conn.add_notice_handler(collect)
-                try:
-                    await conn.execute(queries["shrink_vacuum"])
-                finally:
-                    conn.remove_notice_handler(collect)
-                rebuilt = await each(conn, "shrink_reindex", rebuild)
-            finally:
-                if not conn.broken:
-                    await conn.execute(queries["shrink_lock_timeout_reset"])
-                    await conn.execute(queries["shrink_unlock"], named)
+                if vacuum:
+                    conn.add_notice_handler(collect)
+                    try:
+                        await conn.execute(queries["shrink_vacuum"])
+                    finally:
+                        conn.remove_notice_handler(collect)
+                rebuilt: list[str] = []
+                if rebuild:
+                    await conn.execute(queries["shrink_rebuilding"])
+                    rebuilt = await each(conn, "shrink_reindex", rebuild)
+                await conn.execute(queries["shrink_end"], named)
+            except BaseException:
+                await conn.close()  # its lock and settings end with the session
+                raise
     return Shrunk(False, LOCK_NOT_AVAILABLE in states, rebuilt, dropped, failed)
+
+
+def _ms(seconds: float) -> str:
+    """A duration setting's value, at least a millisecond (0 would mean none)."""
+    return f"{max(int(seconds * 1000), 1)}ms"
 
 
 async def dlq_queues(pool: Pool, queries: Queries) -> list[str]:

@@ -443,14 +443,20 @@ VACUUM (SKIP_LOCKED, TRUNCATE false) {outbox}
 -- For the shrink after a backlog (`chores.shrink`): the outbox table, then each of its indexes,
 -- with their size in bytes and in pages, and on the table's row the rows ever inserted into it
 -- by the statistics (NULL when the server keeps none: track_counts off), whose growth from one
--- pass to the next says how busy the table is. An index is `leftover` when it is invalid and
--- named as REINDEX CONCURRENTLY names its copies (`<name>_ccnew`, `<name>_ccold`, a digit after
--- either when the name was taken): the remains of a rebuild cut short, which writes still
--- maintain and nothing reads. Any other invalid index is a user's, and not listed. No row: no
--- such table. The live rows are counted apart (`shrink_live`): the catalog's and the
--- statistics' estimates both come from the last VACUUM, which scales the density it saw while
--- the table was full to the pages it skips, and after a drain they stayed in the tens of
--- thousands for minutes.
+-- pass to the next says how busy the table is. The live rows are counted apart
+-- (`shrink_live`): the catalog's and the statistics' estimates both come from the last VACUUM,
+-- which scales the density it saw while the table was full to the pages it skips, and after a
+-- drain they stayed in the tens of thousands for minutes. No row: no such table.
+-- Each index's kind:
+-- - `unique`: a unique index other than the primary key, never rebuilt: a publish's ON CONFLICT
+--   takes it as its arbiter, and a rebuild beside such INSERTs is where the server has had bugs;
+-- - `leftover`: invalid, named as REINDEX CONCURRENTLY names its copies (`<name>_ccnew`,
+--   `<name>_ccold`, a digit after either when the name was taken), no index build under way on
+--   the table (a user's REINDEX CONCURRENTLY has such copies while it runs), and this role may
+--   drop it (owns it: MAINTAIN allows a rebuild, not a drop). The remains of a rebuild cut
+--   short, which writes still maintain and nothing reads. Any other invalid index is a
+--   user's, and not listed;
+-- - `index`: any other.
 SELECT n.nspname::text, c.relname::text, 'table',
        pg_relation_size(c.oid)::bigint,
        (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,
@@ -461,7 +467,9 @@ LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%(table)s)
 UNION ALL
 (SELECT n.nspname::text, ic.relname::text,
-        CASE WHEN i.indisvalid THEN 'index' ELSE 'leftover' END,
+        CASE WHEN NOT i.indisvalid THEN 'leftover'
+             WHEN i.indisunique AND NOT i.indisprimary THEN 'unique'
+             ELSE 'index' END,
         pg_relation_size(ic.oid)::bigint,
         (pg_relation_size(ic.oid) / current_setting('block_size')::int)::bigint,
         NULL::bigint
@@ -469,7 +477,11 @@ UNION ALL
  JOIN pg_class AS ic ON ic.oid = i.indexrelid
  JOIN pg_namespace AS n ON n.oid = ic.relnamespace
  WHERE i.indrelid = to_regclass(%(table)s)
-   AND (i.indisvalid OR ic.relname ~ '_cc(new|old)[0-9]*$')
+   AND (i.indisvalid
+        OR ic.relname ~ '_cc(new|old)[0-9]*$'
+           AND pg_has_role(ic.relowner, 'USAGE')
+           AND NOT EXISTS (SELECT FROM pg_stat_progress_create_index AS p
+                           WHERE p.relid = i.indrelid))
  ORDER BY 2)
 
 -- name: shrink_live
@@ -478,39 +490,49 @@ UNION ALL
 -- the table holds, and a table just filled by a backlog is never taken for an empty one.
 SELECT count(*)::bigint FROM (SELECT 1 FROM {outbox} ORDER BY id LIMIT %(limit)s) AS live
 
--- name: shrink_lock
--- One shrink of a table at a time across every farm (a session lock, released by
--- `shrink_unlock` or with the session): two rebuilds of one index at once would wait on each
--- other's locks.
-SELECT pg_try_advisory_lock(hashtextextended('outbox_farm shrink ' || %(table)s, 0))
+-- name: shrink_begin
+-- One shrink of a table at a time across every farm (a session lock, let go by `shrink_end`
+-- or with the session), and the limits of its statements (session settings of the shrink's
+-- pooled connection, put back by `shrink_end`): `lock_timeout` for the drops and the VACUUM, so
+-- none queues behind a migration; `statement_timeout` for the rebuilds, which run without a
+-- lock timeout (see `shrink_reindex`). False, and nothing set: another session shrinks it.
+SELECT CASE WHEN pg_try_advisory_lock(hashtextextended('outbox_farm shrink ' || %(table)s, 0))
+            THEN set_config('lock_timeout', %(lock_timeout)s, false) IS NOT NULL
+                 AND set_config('statement_timeout', %(statement_timeout)s, false) IS NOT NULL
+            ELSE false END
 
--- name: shrink_unlock
-SELECT pg_advisory_unlock(hashtextextended('outbox_farm shrink ' || %(table)s, 0))
+-- name: shrink_rebuilding
+-- Before the rebuilds: no lock timeout (see `shrink_reindex`).
+SELECT set_config('lock_timeout', '0', false)
 
--- name: shrink_lock_timeout
--- How long each statement of a shrink waits for a lock (a session setting on the shrink's
--- pooled connection, put back by `shrink_lock_timeout_reset`): a rebuild that would wait on a
--- migration, a user's REINDEX or a long transaction gives up and is tried at the next shrink.
-SELECT set_config('lock_timeout', %(timeout)s, false)
-
--- name: shrink_lock_timeout_reset
-RESET lock_timeout
+-- name: shrink_end
+-- The lock let go and the settings `shrink_begin` changed put back, in one round trip; a
+-- connection on which this fails is closed rather than handed back to the pool.
+SELECT pg_advisory_unlock(hashtextextended('outbox_farm shrink ' || %(table)s, 0)),
+       (SELECT count(set_config(name, reset_val, false)) FROM pg_settings
+        WHERE name IN ('lock_timeout', 'statement_timeout'))
 
 -- name: shrink_vacuum
 -- The shrink's VACUUM: as `vacuum`, but giving the empty tail of the table back to the OS. The
--- ACCESS EXCLUSIVE lock that takes is never waited for (the server tries it for up to five
--- seconds and gives up), and once held it is let go within about 20 ms of anyone asking for the
--- table (the server checks while it counts the empty pages, truncates what it counted and tries
--- again): claims and publishes wait at most that long, a few times, once per backlog.
+-- ACCESS EXCLUSIVE lock that takes is never waited for: the server tries it for up to five
+-- seconds and gives up. Once it holds it, it checks every 32 pages it reads back from the end
+-- whether anyone waits for the table, and if so truncates what it has read and tries again
+-- later; the truncation itself (its WAL record flushed, the table's pages dropped from shared
+-- buffers) happens under the lock too, and a standby replays it under the same lock. On a quiet
+-- table (the only kind a shrink touches) that is a few such waits, once per backlog. Giving up
+-- is logged only at DEBUG2, so what it gave back is read from the table's size.
 -- INDEX_CLEANUP ON: with only a few dead rows left, VACUUM would otherwise skip the indexes and
 -- leave each row's line pointer in its page, which then counts as in use: the last row deleted
 -- would keep the whole file.
 VACUUM (SKIP_LOCKED, TRUNCATE true, INDEX_CLEANUP ON) {outbox}
 
 -- name: shrink_reindex
--- An index rebuilt beside the old one, which is dropped once the new one is valid: claims,
--- acks and publishes go on throughout. Cut short, it leaves its copy invalid (`shrink_state`
--- lists it as `leftover`). {index} is composed by `db.housekeeping`.
+-- An index rebuilt beside the old one, which is dropped once the new one is valid. Its locks
+-- (SHARE UPDATE EXCLUSIVE on the table, then on the indexes) never block a claim, an ack or a
+-- publish. Its waits (for the transactions older than the new index, then for those still
+-- using the old one) are lock waits a lock timeout would cut, after the build, leaving its copy
+-- invalid: so it runs without one, bounded by `statement_timeout` instead. Cut short, its copy
+-- is a `leftover` of `shrink_state`. {index} is composed by `db.housekeeping`.
 REINDEX INDEX CONCURRENTLY {index}
 
 -- name: shrink_drop

@@ -40,6 +40,10 @@ WHERE c.oid = 'outbox'::regclass
    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'outbox'::regclass)
 ORDER BY 1
 """
+CONNECTION_STATE = """
+SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+       (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())
+"""
 VALID = """
 SELECT c.relname::text, i.indisvalid
 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
@@ -72,14 +76,24 @@ def backlog(conn: psycopg.Connection[Any], rows: int = BACKLOG) -> None:
     conn.execute("SELECT pg_stat_force_next_flush()")  # the inserts counted at once
 
 
+def vacuum_count(conn: psycopg.Connection[Any]) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def shrinks() -> float:
     return REGISTRY.get_sample_value("outbox_farm_shrinks_total") or 0.0
 
 
 async def with_pool(dsn: str, *steps: str, interval: float = 10.0) -> list[Shrunk | None]:
-    """On one pool: for each of `steps`, a vacuum pass (`vacuum`) or a shrink pass of one
-    `Shrinker` (`shrink`; `look`: one whose result is not kept, the first of a new shrinker,
-    which only notes the table's inserts so far); what each `shrink` returned."""
+    """On one pool of one connection: for each of `steps`, a vacuum pass (`vacuum`) or a shrink
+    pass of one `Shrinker` (`shrink`; `look`: one whose result is not kept, as the first two of
+    a new shrinker, which only learn how busy the table is); what each `shrink` returned. The
+    connection must come back from every pass as it went: no lock held, no setting changed."""
     async with AsyncConnectionPool(
         dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
     ) as pool:
@@ -92,6 +106,9 @@ async def with_pool(dsn: str, *steps: str, interval: float = 10.0) -> list[Shrun
                 await shrinker.once()
             else:
                 done.append(await shrinker.once())
+        async with pool.connection() as c:
+            cursor = await c.execute(CONNECTION_STATE)
+            assert await cursor.fetchone() == ("0", "0", 0)
         return done
 
 
@@ -105,7 +122,7 @@ def test_a_drained_backlog_gives_all_its_space_back(
     assert sum(full.values()) > 2**20  # big enough to be worth it
     before = shrinks()
     with caplog.at_level(logging.INFO, logger="outbox_farm"):
-        (done,) = asyncio.run(with_pool(dsn, "vacuum", "look", "shrink"))
+        (done,) = asyncio.run(with_pool(dsn, "vacuum", "look", "look", "shrink"))
     assert done is not None
     assert not done.locked
     assert not done.vacuum_skipped
@@ -128,7 +145,7 @@ def test_a_drained_backlog_gives_all_its_space_back(
 def test_a_table_in_use_is_left_alone(dsn: str, conn: psycopg.Connection[Any]) -> None:
     backlog(conn)  # every row still there: big, but not sparse
     full = sizes(conn)
-    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink")) == [None]
+    assert asyncio.run(with_pool(dsn, "vacuum", "look", "look", "shrink")) == [None]
     assert sizes(conn) == full
 
 
@@ -163,9 +180,11 @@ def test_without_statistics_the_table_is_never_shrunk(
     conn.execute("DELETE FROM outbox")
     dbname = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
     conn.execute(sql.SQL("ALTER DATABASE {} SET track_counts = off").format(dbname))
-    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink", interval=0)) == [None]
+    assert asyncio.run(with_pool(dsn, "vacuum", "look", "look", "shrink", interval=0)) == [None]
     conn.execute(sql.SQL("ALTER DATABASE {} RESET track_counts").format(dbname))
-    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink", interval=0))[0] is not None
+    assert (
+        asyncio.run(with_pool(dsn, "vacuum", "look", "look", "shrink", interval=0))[0] is not None
+    )
 
 
 def test_a_small_table_is_left_alone(
@@ -174,7 +193,7 @@ def test_a_small_table_is_left_alone(
     monkeypatch.setattr(shrink_chore, "SHRINK_AT", 2**30)
     backlog(conn)
     conn.execute("DELETE FROM outbox")
-    assert asyncio.run(with_pool(dsn, "vacuum", "look", "shrink")) == [None]
+    assert asyncio.run(with_pool(dsn, "vacuum", "look", "look", "shrink")) == [None]
     assert sum(sizes(conn).values()) > 2**20
 
 
@@ -186,14 +205,14 @@ def test_a_table_that_stays_sparse_is_shrunk_again_only_after_a_wait(
     backlog(conn)
     conn.execute("DELETE FROM outbox WHERE id < (SELECT max(id) FROM outbox)")
     table = sizes(conn)["outbox"]
-    first, second = asyncio.run(with_pool(dsn, "vacuum", "look", "shrink", "shrink"))
+    first, second = asyncio.run(with_pool(dsn, "vacuum", "look", "look", "shrink", "shrink"))
     assert first is not None
     assert first.rebuilt
     assert sizes(conn)["outbox"] == table  # the live last row holds the tail
     assert second is None  # sparse still, but the wait is not over
     # With a short interval the wait passes: shrunk again, then the wait is two intervals.
     third, fourth, fifth = asyncio.run(
-        with_pool(dsn, "look", "shrink", "shrink", "shrink", interval=0)
+        with_pool(dsn, "look", "look", "shrink", "shrink", "shrink", interval=0)
     )
     assert third is not None
     assert fourth is not None
@@ -211,6 +230,7 @@ def test_the_wait_doubles_up_to_its_bound(dsn: str, conn: psycopg.Connection[Any
         ) as pool:
             shrinker = Shrinker(pool, QUERIES, 0.0)
             assert await shrinker.once() is None  # the first pass notes the inserts so far
+            assert await shrinker.once() is None  # the second finds the table quiet, once
             assert shrinker.gap == 1
             seen = []
             for _ in range(8):
@@ -253,10 +273,12 @@ def test_the_leftover_of_a_cut_rebuild_is_dropped_and_a_users_invalid_index_kept
     conn.execute("INSERT INTO outbox (queue, payload) VALUES ('q', 'a'), ('q', 'a')")
     with pytest.raises(psycopg.errors.UniqueViolation):
         conn.execute("CREATE UNIQUE INDEX CONCURRENTLY users_own ON outbox (payload)")
-    (done,) = asyncio.run(with_pool(dsn, "shrink"))  # the table is not sparse: leftovers only
+    vacuums = vacuum_count(conn)
+    (done,) = asyncio.run(with_pool(dsn, "shrink"))  # a small table: the leftover, nothing else
     assert done is not None
     assert done.dropped == [leftover]
     assert not done.rebuilt
+    assert vacuum_count(conn) == vacuums  # no truncating VACUUM for a table not due a shrink
     assert leftover not in valid(conn)
     assert valid(conn)["users_own"] is False
     assert valid(conn)["outbox_pkey"] is True
@@ -268,14 +290,15 @@ def test_another_session_shrinking_the_table_is_left_to_it(
     backlog(conn)
     conn.execute("DELETE FROM outbox")
     full = sizes(conn)
-    table = {"table": QUERIES.names.outbox.identifier().as_string(None)}
+    table = QUERIES.names.outbox.identifier().as_string(None)
+    begin = {"table": table, "lock_timeout": "1s", "statement_timeout": "1min"}
     with psycopg.connect(dsn, autocommit=True) as other:
-        assert other.execute(QUERIES["shrink_lock"], table).fetchone() == (True,)
-        (done,) = asyncio.run(with_pool(dsn, "look", "shrink"))
+        assert other.execute(QUERIES["shrink_begin"], begin).fetchone() == (True,)
+        (done,) = asyncio.run(with_pool(dsn, "look", "look", "shrink"))
         assert done is not None
         assert done.locked
         assert sizes(conn) == full
-    (done,) = asyncio.run(with_pool(dsn, "vacuum", "look", "shrink"))  # the other one ended
+    (done,) = asyncio.run(with_pool(dsn, "vacuum", "look", "look", "shrink"))  # the other one ended
     assert done is not None
     assert not done.locked
     assert sum(sizes(conn).values()) < sum(full.values())
@@ -285,8 +308,8 @@ def test_a_rebuild_that_cannot_have_its_lock_is_reported_and_the_rest_done(
     dsn: str, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
     """A migration (or a user's REINDEX) holding the table: each rebuild gives up after the
-    lock timeout instead of queueing behind it, says so, and leaves no leftover."""
-    monkeypatch.setattr(shrink_chore, "LOCK_TIMEOUT", 0.2)
+    time out instead of queueing behind it for good, says so, and leave no leftover."""
+    monkeypatch.setattr(shrink_chore, "REBUILD_TIMEOUT", 0.3)
     backlog(conn)
     conn.execute("DELETE FROM outbox")
     asyncio.run(with_pool(dsn, "vacuum"))
@@ -294,7 +317,9 @@ def test_a_rebuild_that_cannot_have_its_lock_is_reported_and_the_rest_done(
     with psycopg.connect(dsn) as holder:
         holder.execute("LOCK TABLE outbox IN SHARE UPDATE EXCLUSIVE MODE")
         with caplog.at_level(logging.WARNING, logger="outbox_farm"):
-            (done,) = asyncio.run(asyncio.wait_for(with_pool(dsn, "look", "shrink"), timeout=30))
+            (done,) = asyncio.run(
+                asyncio.wait_for(with_pool(dsn, "look", "look", "shrink"), timeout=30)
+            )
         holder.rollback()
     assert done is not None
     assert done.vacuum_skipped
@@ -305,7 +330,17 @@ def test_a_rebuild_that_cannot_have_its_lock_is_reported_and_the_rest_done(
     assert all(valid(conn).values())  # nothing left half-built
     failed = [r for r in caplog.records if getattr(r, "event", None) == "shrink_failed"]
     assert len(failed) == len(done.failed)
-    assert "lock timeout" in failed[0].getMessage()
+    assert "statement timeout" in failed[0].getMessage()
+    # Said once per index: the next shrink that fails the same way says it at DEBUG.
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE outbox IN SHARE UPDATE EXCLUSIVE MODE")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="outbox_farm"):
+            shrinking = with_pool(dsn, "look", "look", "shrink", "shrink", interval=0)
+            asyncio.run(asyncio.wait_for(shrinking, timeout=30))
+        holder.rollback()
+    again = [r for r in caplog.records if getattr(r, "event", None) == "shrink_failed"]
+    assert len(again) == len(done.failed)
 
 
 def test_a_running_farm_shrinks_its_table_after_a_backlog_and_loses_nothing(
@@ -334,7 +369,7 @@ def test_a_running_farm_shrinks_its_table_after_a_backlog_and_loses_nothing(
                 farm.publish(producer, {"n": n}, queue="q")
                 published.append(n)
                 n += 1
-                time.sleep(0.002)
+                time.sleep(0.1)  # quiet: a trickle, as after a backlog
 
     before = shrinks()
 
