@@ -4,6 +4,7 @@ write lost to another lease from one whose reply was lost."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -20,7 +21,7 @@ from outbox_farm.observe import observers
 from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.queries import Queries
 from outbox_farm.storage import Claim
-from outbox_farm.worker.completer import AT_ONCE, Completer
+from outbox_farm.worker.completer import AT_ONCE, STREAM_GAP, Completer
 from outbox_farm.worker.inflight import Ledger
 
 metrics()  # register the collectors before the first sample is read
@@ -183,8 +184,8 @@ def test_an_outcome_goes_at_once_when_the_process_holds_only_a_handful(
     """With nothing else held, no more outcomes are coming: the batch is written now, not
     `flush_interval` (an hour here) after its first outcome, keyed or not (the next row of a
     key cannot be claimed before this one's ack; the write would otherwise land on a later
-    message's claim). More than a handful held, or a held row whose outcome is still to come,
-    keep the interval."""
+    message's claim). More than a handful held, a held row whose outcome is still to come, or
+    an unkeyed outcome within `STREAM_GAP` of the last write (a stream), keep the interval."""
     token = uuid.uuid4()
     row = conn.execute(
         "INSERT INTO outbox (queue, payload, ordering_key, acquired_token, acquired_at)"
@@ -216,7 +217,15 @@ def test_an_outcome_goes_at_once_when_the_process_holds_only_a_handful(
             ledger.settle_all([(i, token) for i in list(ledger.rows)[2:]])
             assert not completer.awaited(1)  # the other held row's outcome is still to come
             ledger.settle_all([(i, token) for i in list(ledger.rows)[1:]])
-            assert completer.awaited(1)  # an unkeyed row's, alone, goes at once too
+            # An unkeyed row's, alone, goes at once too, unless the last write was just now:
+            # outcomes that close together are a stream, whose writes keep their batches.
+            completer.written_at = time.monotonic()
+            assert not completer.awaited(1)
+            ledger.keyed = True  # a key's next row waits for this ack: it goes all the same
+            assert completer.awaited(1)
+            ledger.keyed = False
+            completer.written_at -= STREAM_GAP  # the last write, longer ago
+            assert completer.awaited(1)
 
     asyncio.run(scenario())
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
