@@ -112,20 +112,29 @@ async def vacuum_state(pool: Pool, queries: Queries) -> VacuumState:
 async def vacuum(pool: Pool, queries: Queries) -> Vacuumed:
     """VACUUM the outbox table, never waiting for its lock (SKIP_LOCKED) and never truncating
     it. A role that may not vacuum it only gets warnings: check `vacuum_state` first."""
+    with boundary():
+        async with pool.connection() as conn:
+            notices = await _vacuum_notices(conn, queries["vacuum"])
+    skipped = any(state == LOCK_NOT_AVAILABLE for state, _ in notices)
+    return Vacuumed(skipped, [str(message) for state, message in notices if message is not None])
+
+
+async def _vacuum_notices(
+    conn: psycopg.AsyncConnection[Any], statement: str
+) -> list[tuple[str | None, str | None]]:
+    """Run a VACUUM `statement`; the (sqlstate, message) of each notice it sent: VACUUM says
+    what it skipped (a lock not available, a table it may not touch) only as notices."""
     notices: list[tuple[str | None, str | None]] = []
 
     def collect(diag: psycopg.errors.Diagnostic) -> None:
         notices.append((diag.sqlstate, diag.message_primary))  # valid only in the callback
 
-    with boundary():
-        async with pool.connection() as conn:
-            conn.add_notice_handler(collect)
-            try:
-                await conn.execute(queries["vacuum"])
-            finally:
-                conn.remove_notice_handler(collect)
-    skipped = any(state == LOCK_NOT_AVAILABLE for state, _ in notices)
-    return Vacuumed(skipped, [str(message) for state, message in notices if message is not None])
+    conn.add_notice_handler(collect)
+    try:
+        await conn.execute(statement)
+    finally:
+        conn.remove_notice_handler(collect)
+    return notices
 
 
 class Relation(NamedTuple):
@@ -208,11 +217,8 @@ async def shrink(
     lock, its settings put back), or closed."""
     named = {"table": queries.names.outbox.identifier().as_string(None)}
     limits = {"lock_timeout": _ms(lock_timeout), "statement_timeout": _ms(rebuild_timeout)}
-    states: list[str | None] = []
+    notices: list[tuple[str | None, str | None]] = []
     failed: list[tuple[str, str]] = []
-
-    def collect(diag: psycopg.errors.Diagnostic) -> None:
-        states.append(diag.sqlstate)
 
     async def each(
         conn: psycopg.AsyncConnection[Any], block: str, indexes: list[Relation]
@@ -239,11 +245,7 @@ async def shrink(
                     return Shrunk(True, False, [], [], [])
                 dropped = await each(conn, "shrink_drop", drop)
                 if vacuum:
-                    conn.add_notice_handler(collect)
-                    try:
-                        await conn.execute(queries["shrink_vacuum"])
-                    finally:
-                        conn.remove_notice_handler(collect)
+                    notices = await _vacuum_notices(conn, queries["shrink_vacuum"])
                 rebuilt: list[str] = []
                 if rebuild:
                     await conn.execute(queries["shrink_rebuilding"])
@@ -252,7 +254,8 @@ async def shrink(
             except BaseException:
                 await conn.close()  # its lock and settings end with the session
                 raise
-    return Shrunk(False, LOCK_NOT_AVAILABLE in states, rebuilt, dropped, failed)
+    skipped = any(state == LOCK_NOT_AVAILABLE for state, _ in notices)
+    return Shrunk(False, skipped, rebuilt, dropped, failed)
 
 
 def _ms(seconds: float) -> str:
