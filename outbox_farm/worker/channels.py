@@ -46,6 +46,13 @@ class Fetching(Protocol):
         outside them)."""
         ...
 
+    @property
+    def has_room(self) -> bool:
+        """Whether the fetcher claims its next rows without waiting for a write: neither out of
+        slots, nor held by an operator, nor claiming within farm-wide limits (a running limit
+        waits for the queue's rows to be written)."""
+        ...
+
     def note_due(self, delay: float) -> None:
         """A row of the queue becomes due in `delay` seconds (a retry just written)."""
         ...

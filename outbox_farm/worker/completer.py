@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -33,8 +34,8 @@ from .writes import Statement, statements, write_for
 
 log = logging.getLogger("outbox_farm.completer")
 AT_ONCE = 4  # rows held, at most, for a batch to be written without waiting
-# Seconds since the last write under which an unkeyed batch waits for its interval all the same:
-# outcomes this close together are a stream, not a lone message (see `awaited`).
+# Seconds since the last write under which a handful of unkeyed outcomes wait for their interval
+# all the same, while their fetchers can claim more: a stream, not a lone message (`awaited`).
 STREAM_GAP = 0.002
 # Past the stop deadline, a final flush whose database sent nothing for this long is given up.
 STALL = 1.0
@@ -83,7 +84,7 @@ class Completer:
         # showed it answers (a reply, or the start of a write): what `close` judges by.
         self._todo: list[Statement] = []
         self._progress = 0.0
-        self.written_at = -STREAM_GAP  # monotonic time the last write ended
+        self.written_at = -math.inf  # monotonic time the last write ended
         self.observer = observer or observers()
 
     # -- executor side -------------------------------------------------------------------
@@ -228,7 +229,8 @@ class Completer:
     def awaited(self, waiting: int) -> bool:
         """Whether the batch goes now rather than `flush_interval` after its first outcome: the
         process holds only a handful of rows (`AT_ONCE`), all of them with their outcome here,
-        so no more are coming this interval. Nothing is gained by waiting then, and much lost:
+        so no more are coming this interval; unless they come as a stream (below). Nothing is
+        gained by waiting then, and much lost:
         - a keyed queue's next row of the key no process can claim until this batch deletes
           the one before it, so a hot key would move a row per interval, not per round trip;
         - on a farm taking a message every few milliseconds, the write would land on the
@@ -238,15 +240,24 @@ class Completer:
         slower (more, smaller writes, each waking every fetcher of the queue). So does a steady
         stream of lone messages, whose outcomes come within `STREAM_GAP` of the last write: at
         2,000 msg/s a write per message cost a round trip and a commit each, and the tail of
-        commit-to-handler measured 10-20 % longer than with the interval's batches."""
+        commit-to-handler measured 10-20 % longer than with the interval's batches. A stream
+        keeps its batches only while no queue holding rows is keyed and every such queue's
+        fetcher can claim its next rows before this write (`Fetching.has_room`): else the
+        write is what the next row waits for (a queue of one running row would move a row per
+        interval)."""
         held = 0
         keyed = False
+        room = True
         for fetcher in self.fetchers.values():
-            held += len(fetcher.ledger.rows)
-            keyed = keyed or fetcher.ledger.keyed
+            ledger = fetcher.ledger
+            rows = len(ledger.rows)
+            if rows:
+                held += rows
+                keyed = keyed or ledger.keyed
+                room = room and fetcher.has_room
         if held > min(waiting, AT_ONCE):
             return False
-        return keyed or time.monotonic() - self.written_at >= STREAM_GAP
+        return keyed or not room or time.monotonic() - self.written_at >= STREAM_GAP
 
     def _failed(self, outcomes: list[Outcome]) -> None:
         """Count outcomes given up on without a write (each one is logged by its caller)."""

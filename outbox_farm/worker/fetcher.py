@@ -147,6 +147,12 @@ class Fetcher:
         """See `channels.Fetching.hands_over`."""
         return self.held_by is None and not self.limits
 
+    @property
+    def has_room(self) -> bool:
+        """See `channels.Fetching.has_room`: a claim now waits neither for a slot (as `_run`
+        tests it) nor for an operator or the limits."""
+        return self.hands_over and (self.ledger.free >= self.batch or not len(self.ledger))
+
     def limit(self, limits: Limits) -> None:
         """Claim within `limits` from now on (`Limits()`: without), starting at once."""
         self.limits = limits

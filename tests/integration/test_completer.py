@@ -14,6 +14,8 @@ from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm.db.store import PostgresStore
+from outbox_farm.handler import HandlerSpec
+from outbox_farm.limits import Limits
 from outbox_farm.message import Message
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
@@ -22,6 +24,8 @@ from outbox_farm.outcome import Kind, Outcome, Reason
 from outbox_farm.queries import Queries
 from outbox_farm.storage import Claim
 from outbox_farm.worker.completer import AT_ONCE, STREAM_GAP, Completer
+from outbox_farm.worker.fetcher import Fetcher
+from outbox_farm.worker.inbox import Inbox
 from outbox_farm.worker.inflight import Ledger
 
 metrics()  # register the collectors before the first sample is read
@@ -185,7 +189,8 @@ def test_an_outcome_goes_at_once_when_the_process_holds_only_a_handful(
     `flush_interval` (an hour here) after its first outcome, keyed or not (the next row of a
     key cannot be claimed before this one's ack; the write would otherwise land on a later
     message's claim). More than a handful held, a held row whose outcome is still to come, or
-    an unkeyed outcome within `STREAM_GAP` of the last write (a stream), keep the interval."""
+    an unkeyed outcome within `STREAM_GAP` of the last write (a stream) while the fetcher can
+    claim more without it, keep the interval."""
     token = uuid.uuid4()
     row = conn.execute(
         "INSERT INTO outbox (queue, payload, ordering_key, acquired_token, acquired_at)"
@@ -201,7 +206,8 @@ def test_an_outcome_goes_at_once_when_the_process_holds_only_a_handful(
         ledger.keyed = True
         async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
             completer = Completer(PostgresStore(pool, queries), flush_interval=3600)
-            completer.connect({"q": _Fetcher("q", ledger)})
+            fetcher = _Fetcher("q", ledger)
+            completer.connect({"q": fetcher})
             await completer.put(Outcome(Kind.ACK, row[0], token, "q", 1))
             assert completer.awaited(len(completer._pending))
             batch = await asyncio.wait_for(completer._collect(), 30)
@@ -218,17 +224,52 @@ def test_an_outcome_goes_at_once_when_the_process_holds_only_a_handful(
             assert not completer.awaited(1)  # the other held row's outcome is still to come
             ledger.settle_all([(i, token) for i in list(ledger.rows)[1:]])
             # An unkeyed row's, alone, goes at once too, unless the last write was just now:
-            # outcomes that close together are a stream, whose writes keep their batches.
-            completer.written_at = time.monotonic()
+            # outcomes that close together are a stream, whose writes keep their batches. (A
+            # minute ahead: however slow the machine, the check sees that write as just now.)
+            completer.written_at = time.monotonic() + 60
             assert not completer.awaited(1)
             ledger.keyed = True  # a key's next row waits for this ack: it goes all the same
             assert completer.awaited(1)
             ledger.keyed = False
-            completer.written_at -= STREAM_GAP  # the last write, longer ago
+            fetcher.has_room = False  # the next claim waits for this write: it goes too
+            assert completer.awaited(1)
+            fetcher.has_room = True
+            completer.written_at = time.monotonic() - STREAM_GAP  # the last write, longer ago
             assert completer.awaited(1)
 
     asyncio.run(scenario())
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+
+
+def test_a_fetcher_has_room_while_its_next_claim_waits_for_no_write(dsn: str) -> None:
+    """What the completer asks before it holds a stream's outcomes for their batch: the queue's
+    fetcher would claim its next rows without their write. Not once a claim's worth of slots
+    is taken (one running, one prefetched: two rows), nor while an operator holds the queue,
+    nor under farm-wide limits (a running limit waits for the rows' writes)."""
+
+    async def scenario() -> None:
+        queries = Queries(TableNames.build("outbox", "outbox_dlq"))
+        spec = HandlerSpec(queue="roomy", func=lambda msg: None, concurrency=1, prefetch=1)
+        async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
+            store = PostgresStore(pool, queries)
+            fetcher = Fetcher(spec, store, Inbox(), observers(), Completer(store))
+            token = uuid.uuid4()
+            assert fetcher.has_room
+            fetcher.ledger.hold([1], token)
+            assert fetcher.has_room  # one slot left: a claim's worth (one row)
+            fetcher.ledger.hold([2], token)
+            assert not fetcher.has_room
+            fetcher.ledger.settle_all([(2, token)])
+            assert fetcher.has_room
+            fetcher.hold("an operator's pause")
+            assert not fetcher.has_room
+            fetcher.release()
+            fetcher.limit(Limits(max_running=1))
+            assert not fetcher.has_room
+            fetcher.limit(Limits())
+            assert fetcher.has_room
+
+    asyncio.run(scenario())
 
 
 class _Fetcher:
@@ -241,6 +282,7 @@ class _Fetcher:
         self.token = uuid.uuid4()
         self.taken: list[list[Message]] = []
         self.hands_over = True  # neither paused nor limited: the hand-over may claim
+        self.has_room = True  # and its fetcher's next claim waits for no write
 
     def note_due(self, delay: float) -> None:
         pass
