@@ -53,6 +53,12 @@ class Fetching(Protocol):
         waits for the queue's rows to be written)."""
         ...
 
+    @property
+    def running_limited(self) -> bool:
+        """Whether the queue runs under a farm-wide running limit (`max_running`, or one per
+        fair key): a place under it is free again only once its row's outcome is written."""
+        ...
+
     def note_due(self, delay: float) -> None:
         """A row of the queue becomes due in `delay` seconds (a retry just written)."""
         ...

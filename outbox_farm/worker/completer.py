@@ -244,7 +244,10 @@ class Completer:
         keeps its batches only while no queue holding rows is keyed and every such queue's
         fetcher can claim its next rows before this write (`Fetching.has_room`): else the
         write is what the next row waits for (a queue of one running row would move a row per
-        interval)."""
+        interval). And a queue under a running limit has every outcome written at once, however
+        many rows its process holds: the place each frees is the scarce thing, which this
+        process takes back as soon as it is written (the interval would add a fifth to the
+        time a 50 ms handler holds its place)."""
         held = 0
         keyed = False
         room = True
@@ -252,6 +255,8 @@ class Completer:
             ledger = fetcher.ledger
             rows = len(ledger.rows)
             if rows:
+                if fetcher.running_limited:
+                    return True
                 held += rows
                 keyed = keyed or ledger.keyed
                 room = room and fetcher.has_room

@@ -153,6 +153,11 @@ class Fetcher:
         tests it) nor for an operator or the limits."""
         return self.hands_over and (self.ledger.free >= self.batch or not len(self.ledger))
 
+    @property
+    def running_limited(self) -> bool:
+        """See `channels.Fetching.running_limited`."""
+        return self.limits.max_running is not None or self.limits.key_max_running is not None
+
     def limit(self, limits: Limits) -> None:
         """Claim within `limits` from now on (`Limits()`: without), starting at once."""
         self.limits = limits

@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox_farm.db.store import PostgresStore
 from outbox_farm.handler import HandlerSpec
-from outbox_farm.limits import Limits
+from outbox_farm.limits import Limits, parse_rate
 from outbox_farm.message import Message
 from outbox_farm.metrics import metrics
 from outbox_farm.names import TableNames
@@ -236,6 +236,12 @@ def test_an_outcome_goes_at_once_when_the_process_holds_only_a_handful(
             fetcher.has_room = True
             completer.written_at = time.monotonic() - STREAM_GAP  # the last write, longer ago
             assert completer.awaited(1)
+            # Under a running limit, each outcome frees a place: it goes at once, however
+            # many rows are held and still running.
+            ledger.hold(range(2000, 2000 + AT_ONCE + 1), token)
+            assert not completer.awaited(1)
+            fetcher.running_limited = True
+            assert completer.awaited(1)
 
     asyncio.run(scenario())
     assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
@@ -245,7 +251,8 @@ def test_a_fetcher_has_room_while_its_next_claim_waits_for_no_write(dsn: str) ->
     """What the completer asks before it holds a stream's outcomes for their batch: the queue's
     fetcher would claim its next rows without their write. Not once a claim's worth of slots
     is taken (one running, one prefetched: two rows), nor while an operator holds the queue,
-    nor under farm-wide limits (a running limit waits for the rows' writes)."""
+    nor under farm-wide limits. And whether a running limit holds it, under which every
+    outcome is written at once: a written row's place is what the next claim waits for."""
 
     async def scenario() -> None:
         queries = Queries(TableNames.build("outbox", "outbox_dlq"))
@@ -264,8 +271,15 @@ def test_a_fetcher_has_room_while_its_next_claim_waits_for_no_write(dsn: str) ->
             fetcher.hold("an operator's pause")
             assert not fetcher.has_room
             fetcher.release()
+            assert not fetcher.running_limited
             fetcher.limit(Limits(max_running=1))
             assert not fetcher.has_room
+            assert fetcher.running_limited
+            fetcher.limit(Limits(key_max_running=2))
+            assert fetcher.running_limited
+            fetcher.limit(Limits(rate=parse_rate("10/s")))
+            assert not fetcher.has_room  # the rate decides when it claims
+            assert not fetcher.running_limited  # but no write frees a place
             fetcher.limit(Limits())
             assert fetcher.has_room
 
@@ -283,6 +297,7 @@ class _Fetcher:
         self.taken: list[list[Message]] = []
         self.hands_over = True  # neither paused nor limited: the hand-over may claim
         self.has_room = True  # and its fetcher's next claim waits for no write
+        self.running_limited = False  # nor under a running limit
 
     def note_due(self, delay: float) -> None:
         pass
