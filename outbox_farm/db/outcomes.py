@@ -30,7 +30,7 @@ from ..queries import Queries
 from ..storage import Claim, Write, Written
 from .boundary import DRIVER_ERRORS, boundary, translate
 from .claims import send_handover
-from .pool import Pool
+from .pool import Pool, pooled
 
 _STATEMENTS = {"ack": "ack", "retry": "retry", "release": "release", "dlq_move": "dlq_move"}
 """The statement of each kind of `Write`."""
@@ -141,7 +141,7 @@ class PipelineFlush:
             query = self._queries[statement(single)]
             try:
                 with boundary():
-                    async with self._pool.connection() as conn:
+                    async with pooled(self._pool) as conn:
                         cursor = await conn.execute(query, params(single))
                         if await cursor.fetchall():
                             matched.add(index)

@@ -25,7 +25,7 @@ from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Tripped, Wri
 from .boundary import boundary
 from .claims import SET_ASIDE_TOKEN, send_claim, send_fair_claim
 from .outcomes import PipelineFlush, params, statement
-from .pool import Pool
+from .pool import Pool, pooled
 
 
 class PostgresStore:
@@ -41,7 +41,7 @@ class PostgresStore:
 
     async def claim(self, claim: Claim) -> list[Message]:
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 return await (await send_claim(conn, self.queries, claim)).fetchall()
 
     async def claim_limited(self, claim: Claim) -> Allowed:
@@ -59,7 +59,7 @@ class PostgresStore:
             "burst_least": BURST_LEAST,
         }
         with boundary():
-            async with self.pool.connection() as conn, conn.transaction():
+            async with pooled(self.pool) as conn, conn.transaction():
                 await conn.execute(self.queries["limit_lock"], key)
                 found = await (await conn.execute(self.queries["limit_allowance"], args)).fetchone()
                 if found is None:  # the controls' row is gone: nothing limits the queue
@@ -124,14 +124,14 @@ class PostgresStore:
         """The statement `name` on a pooled connection: its first row, None when it has none
         (or returns no rows at all)."""
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 cursor = await conn.execute(self.queries[name], args)
                 return await cursor.fetchone() if cursor.description is not None else None
 
     async def next_due(self, queue: str) -> float | None:
         """On the database clock."""
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 cursor = await conn.execute(self.queries["next_due"], {"queue": queue})
                 row = await cursor.fetchone()
         return None if row is None or row[0] is None else float(row[0])
@@ -140,7 +140,7 @@ class PostgresStore:
         """The rows marked `key_blocked` with nothing left before them in their key (see the
         statement): rare, so the fetcher looks every few seconds, not on every claim."""
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 cursor = await conn.execute(self.queries["free_stranded"], {"queue": queue})
                 row = await cursor.fetchone()
         return 0 if row is None else int(row[0])
@@ -149,7 +149,7 @@ class PostgresStore:
         """Under `SET_ASIDE_TOKEN`, which only the lease's expiry frees."""
         args = {"ids": ids, "token": token, "aside": SET_ASIDE_TOKEN, "seconds": seconds}
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 cursor = await conn.execute(self.queries["set_aside"], args)
                 return [row[0] for row in await cursor.fetchall()]
 
@@ -162,7 +162,7 @@ class PostgresStore:
         """To `lease_ttl` seconds past the database's now()."""
         args = {"ids": ids, "tokens": tokens, "lease_ttl": lease_ttl}
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 cursor = await conn.execute(self.queries["extend_leases"], args)
                 return {row[0] for row in await cursor.fetchall()}
 
@@ -173,7 +173,7 @@ class PostgresStore:
         cost it another round trip. `ConnectionLost` also when the last sync fails as the
         block ends."""
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 if single:
                     yield PipelineFlush(self.pool, self.queries, conn, None)
                     return
@@ -194,7 +194,7 @@ class PostgresStore:
         """From `outbox_farm_queues` (migration 0011), on the database clock."""
         target = str(self.queries.names.outbox)
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 cursor = await conn.execute(self.queries["control_load"], {"target": target})
                 rows = await cursor.fetchall()
         return {row[0]: _control(*row) for row in rows}
@@ -202,7 +202,7 @@ class PostgresStore:
     async def _execute(self, write: Write) -> None:
         """`write` alone, on a pooled connection, its result unread."""
         with boundary():
-            async with self.pool.connection() as conn:
+            async with pooled(self.pool) as conn:
                 await conn.execute(self.queries[statement(write)], params(write))
 
 

@@ -1,0 +1,89 @@
+"""`db.pool.pooled`, the store's way to borrow a pooled connection: whatever the block did, the
+pool gets the connection back ready for its next user, or replaces it. A connection handed out
+in an open or failed transaction would make every later statement on it fail."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+
+from outbox_farm.db.pool import open_pool, pooled
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_a_connection_is_given_back_idle_after_a_refused_statement(dsn: str) -> None:
+    async def scenario() -> tuple[TransactionStatus, int]:
+        pool = await open_pool(dsn, max_size=1)
+        try:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                async with pooled(pool) as conn:
+                    await conn.execute("SELECT 1 / 0")
+            async with pooled(pool) as again:
+                status = again.pgconn.transaction_status
+                row = await (await again.execute("SELECT 7")).fetchone()
+            return status, row[0] if row else 0
+        finally:
+            await pool.close()
+
+    assert run(scenario()) == (TransactionStatus.IDLE, 7)
+
+
+def test_a_connection_left_in_a_transaction_is_rolled_back_before_its_next_user(
+    dsn: str,
+) -> None:
+    """A block that began a transaction and left by an error: the write it made is undone, and
+    the next user of the same connection starts outside any transaction."""
+
+    async def scenario() -> tuple[TransactionStatus, Any]:
+        pool = await open_pool(dsn, max_size=1)
+        try:
+            async with pooled(pool) as conn:
+                await conn.execute("CREATE TEMP TABLE pooled_probe (n int)")
+
+            async def broken_off() -> None:
+                async with pooled(pool) as conn:
+                    await conn.execute("BEGIN")
+                    await conn.execute("INSERT INTO pooled_probe VALUES (1)")
+                    raise RuntimeError("the block broke off")
+
+            with pytest.raises(RuntimeError):
+                await broken_off()
+            async with pooled(pool) as again:
+                status = again.pgconn.transaction_status
+                row = await (await again.execute("SELECT count(*) FROM pooled_probe")).fetchone()
+            return status, row
+        finally:
+            await pool.close()
+
+    assert run(scenario()) == (TransactionStatus.IDLE, (0,))
+
+
+def test_a_connection_whose_session_ended_is_replaced(dsn: str) -> None:
+    """The server ended the session under the block (a restart, a terminated backend): the
+    block fails, and the pool's next user gets a new, working connection."""
+
+    async def scenario() -> tuple[int, int]:
+        pool = await open_pool(dsn, max_size=1)
+        try:
+            async with pooled(pool) as conn:
+                first = conn.info.backend_pid
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+                await admin.execute("SELECT pg_terminate_backend(%s)", [first])
+            with pytest.raises(psycopg.OperationalError):
+                async with pooled(pool) as conn:
+                    await conn.execute("SELECT 1")
+            async with pooled(pool) as again:
+                row = await (await again.execute("SELECT pg_backend_pid()")).fetchone()
+            return first, row[0] if row else first
+        finally:
+            await pool.close()
+
+    first, second = run(scenario())
+    assert second != first
