@@ -20,6 +20,11 @@ flow, and the runtime wires them once, every fetcher built, before anything star
   becomes due rather than at its next poll.
 - hand-over (both ways): for an ack of keyed rows, the completer asks the fetcher for a claim
   to send with it (`handover`) and gives it the messages that claim took (`handed`).
+
+Beside the signals, the completer asks each fetcher two questions when it decides whether an
+outcome waits for its batch or is written at once (`Completer.awaited`): whether its next claim
+waits for no write (`has_room`), and whether the queue runs under a running limit, whose places
+only written outcomes free (`running_limited`).
 """
 
 from __future__ import annotations

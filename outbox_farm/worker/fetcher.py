@@ -149,9 +149,15 @@ class Fetcher:
 
     @property
     def has_room(self) -> bool:
-        """See `channels.Fetching.has_room`: a claim now waits neither for a slot (as `_run`
-        tests it) nor for an operator or the limits."""
-        return self.hands_over and (self.ledger.free >= self.batch or not len(self.ledger))
+        """See `channels.Fetching.has_room`: a claim now waits neither for a slot (`starved`)
+        nor for an operator or the limits."""
+        return self.hands_over and not self.starved
+
+    @property
+    def starved(self) -> bool:
+        """The next claim waits for slots, which only written outcomes free: less than a batch
+        is free while rows are held (with none held, the whole capacity is)."""
+        return self.ledger.free < self.batch and bool(len(self.ledger))
 
     @property
     def running_limited(self) -> bool:
@@ -195,8 +201,7 @@ class Fetcher:
         backoff = Backoff()
         ledger = self.ledger
         while not self._stopping:
-            free = ledger.free
-            if free < self.batch and len(ledger):
+            if self.starved:
                 ledger.slots.clear()
                 self.completer.flush_now()  # outcomes written free slots: write them now
                 await ledger.slots.wait()
@@ -208,7 +213,7 @@ class Fetcher:
             if self.breaker is not None and self.breaker.tripped is not None:
                 await self._probe(self.breaker)
                 continue
-            want = min(free, self.batch)
+            want = min(ledger.free, self.batch)
             try:
                 if await self.pause.held():
                     continue
