@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import TracebackType
 from typing import Any, TypeAlias
 
 import orjson
@@ -17,7 +18,7 @@ from .connect import CONNECT_TIMEOUT
 
 Pool: TypeAlias = AsyncConnectionPool[Any]
 """What every function of `outbox_farm.db` takes: any `psycopg_pool.AsyncConnectionPool` of
-autocommit connections (the functions never open a transaction of their own)."""
+autocommit connections; the blocks that need a transaction open one (`conn.transaction()`)."""
 
 OPEN_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 0.2  # seconds a pool cancelled while opening waits for its attempts to end
@@ -26,12 +27,13 @@ CLOSE_TIMEOUT = 0.2  # seconds a pool cancelled while opening waits for its atte
 class pooled:
     """A connection of `pool` for one block, given back as the block ends, whatever it raised.
 
-    `pool.connection()` without its transaction block, which the pool's autocommit connections
-    do not need: its commit at the end took a lock and a round of the driver's wait loop for
+    `pool.connection()` without the connection's own block, which autocommit connections do
+    not need: its commit at the end took a lock and a round of the driver's wait loop for
     nothing, and with its generator-based context it cost a claim of one row about 15 µs of
-    the event loop, against 6 µs here. A connection given back in a transaction (a statement
-    of `conn.transaction()` broken off) is rolled back by the pool as it was before, and a
-    broken one replaced."""
+    the event loop, against 6 µs here. A `conn.transaction()` cut short rolls itself back, and
+    the pool rolls back a connection given back in a transaction anyway and replaces a broken
+    one. A pool that is not autocommit (not one `open_pool` made) gets the connection's block
+    all the same, so its writes are committed, not rolled back by the pool."""
 
     __slots__ = ("_conn", "_pool")
     _conn: psycopg.AsyncConnection[Any]
@@ -43,8 +45,18 @@ class pooled:
         self._conn = await self._pool.getconn()
         return self._conn
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self._pool.putconn(self._conn)
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn = self._conn
+        try:
+            if not conn.autocommit:
+                await conn.__aexit__(kind, exc, tb)
+        finally:
+            await self._pool.putconn(conn)
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import pytest
 from psycopg.pq import TransactionStatus
 
@@ -87,3 +88,66 @@ def test_a_connection_whose_session_ended_is_replaced(dsn: str) -> None:
 
     first, second = run(scenario())
     assert second != first
+
+
+def test_a_block_cancelled_midway_gives_its_connection_back(dsn: str) -> None:
+    """A stop (or a timeout) that cancels the task inside the block: the pool of one connection
+    still serves its next user, outside any transaction."""
+
+    async def scenario() -> tuple[TransactionStatus, Any]:
+        pool = await open_pool(dsn, max_size=1)
+        try:
+            inside = asyncio.Event()
+
+            async def sleeper() -> None:
+                async with pooled(pool) as conn:
+                    await conn.execute("BEGIN")
+                    inside.set()
+                    await conn.execute("SELECT pg_sleep(30)")
+
+            task = asyncio.create_task(sleeper())
+            await inside.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            async with asyncio.timeout(10), pooled(pool) as again:
+                status = again.pgconn.transaction_status
+                row = await (await again.execute("SELECT 3")).fetchone()
+            return status, row
+        finally:
+            await pool.close()
+
+    assert run(scenario()) == (TransactionStatus.IDLE, (3,))
+
+
+def test_a_pool_that_is_not_autocommit_keeps_what_the_block_wrote(dsn: str) -> None:
+    """Not a pool `open_pool` made: the block's transaction is committed as it ends (and rolled
+    back when it raised), as `pool.connection()` does, instead of being undone by the pool."""
+
+    async def scenario() -> tuple[Any, Any]:
+        async with (
+            psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool,
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other,
+        ):
+            await other.execute("CREATE TABLE pooled_kept (n int)")
+            try:
+                async with pooled(pool) as conn:
+                    await conn.execute("INSERT INTO pooled_kept VALUES (1)")
+
+                async def refused() -> None:
+                    async with pooled(pool) as conn:
+                        await conn.execute("INSERT INTO pooled_kept VALUES (2)")
+                        raise RuntimeError("the block broke off")
+
+                with pytest.raises(RuntimeError):
+                    await refused()
+                kept = await (
+                    await other.execute("SELECT array_agg(n) FROM pooled_kept")
+                ).fetchone()
+                async with pooled(pool) as again:
+                    status = again.pgconn.transaction_status
+                return kept, status
+            finally:
+                await other.execute("DROP TABLE pooled_kept")
+
+    assert run(scenario()) == (([1],), TransactionStatus.IDLE)
