@@ -19,21 +19,36 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+async def next_user(pool: psycopg_pool.AsyncConnectionPool[Any], query: str) -> tuple[Any, ...]:
+    """What the pool's next user finds: its connection's transaction status as it gets it, and
+    the first row of `query` run on it (within 10 s: a connection never given back would
+    leave it waiting for the pool's timeout)."""
+    async with asyncio.timeout(10), pooled(pool) as conn:
+        status = conn.pgconn.transaction_status
+        row = await (await conn.execute(query)).fetchone()
+    return status, row
+
+
+async def broken_off(pool: psycopg_pool.AsyncConnectionPool[Any], *statements: str) -> None:
+    """A block that runs `statements`, then leaves by an error."""
+    async with pooled(pool) as conn:
+        for statement in statements:
+            await conn.execute(statement)
+        raise RuntimeError("the block broke off")
+
+
 def test_a_connection_is_given_back_idle_after_a_refused_statement(dsn: str) -> None:
-    async def scenario() -> tuple[TransactionStatus, int]:
+    async def scenario() -> tuple[Any, ...]:
         pool = await open_pool(dsn, max_size=1)
         try:
             with pytest.raises(psycopg.errors.DivisionByZero):
                 async with pooled(pool) as conn:
                     await conn.execute("SELECT 1 / 0")
-            async with pooled(pool) as again:
-                status = again.pgconn.transaction_status
-                row = await (await again.execute("SELECT 7")).fetchone()
-            return status, row[0] if row else 0
+            return await next_user(pool, "SELECT 7")
         finally:
             await pool.close()
 
-    assert run(scenario()) == (TransactionStatus.IDLE, 7)
+    assert run(scenario()) == (TransactionStatus.IDLE, (7,))
 
 
 def test_a_connection_left_in_a_transaction_is_rolled_back_before_its_next_user(
@@ -42,24 +57,14 @@ def test_a_connection_left_in_a_transaction_is_rolled_back_before_its_next_user(
     """A block that began a transaction and left by an error: the write it made is undone, and
     the next user of the same connection starts outside any transaction."""
 
-    async def scenario() -> tuple[TransactionStatus, Any]:
+    async def scenario() -> tuple[Any, ...]:
         pool = await open_pool(dsn, max_size=1)
         try:
             async with pooled(pool) as conn:
                 await conn.execute("CREATE TEMP TABLE pooled_probe (n int)")
-
-            async def broken_off() -> None:
-                async with pooled(pool) as conn:
-                    await conn.execute("BEGIN")
-                    await conn.execute("INSERT INTO pooled_probe VALUES (1)")
-                    raise RuntimeError("the block broke off")
-
             with pytest.raises(RuntimeError):
-                await broken_off()
-            async with pooled(pool) as again:
-                status = again.pgconn.transaction_status
-                row = await (await again.execute("SELECT count(*) FROM pooled_probe")).fetchone()
-            return status, row
+                await broken_off(pool, "BEGIN", "INSERT INTO pooled_probe VALUES (1)")
+            return await next_user(pool, "SELECT count(*) FROM pooled_probe")
         finally:
             await pool.close()
 
@@ -94,7 +99,7 @@ def test_a_block_cancelled_midway_gives_its_connection_back(dsn: str) -> None:
     """A stop (or a timeout) that cancels the task inside the block: the pool of one connection
     still serves its next user, outside any transaction."""
 
-    async def scenario() -> tuple[TransactionStatus, Any]:
+    async def scenario() -> tuple[Any, ...]:
         pool = await open_pool(dsn, max_size=1)
         try:
             inside = asyncio.Event()
@@ -110,10 +115,7 @@ def test_a_block_cancelled_midway_gives_its_connection_back(dsn: str) -> None:
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            async with asyncio.timeout(10), pooled(pool) as again:
-                status = again.pgconn.transaction_status
-                row = await (await again.execute("SELECT 3")).fetchone()
-            return status, row
+            return await next_user(pool, "SELECT 3")
         finally:
             await pool.close()
 
@@ -133,14 +135,8 @@ def test_a_pool_that_is_not_autocommit_keeps_what_the_block_wrote(dsn: str) -> N
             try:
                 async with pooled(pool) as conn:
                     await conn.execute("INSERT INTO pooled_kept VALUES (1)")
-
-                async def refused() -> None:
-                    async with pooled(pool) as conn:
-                        await conn.execute("INSERT INTO pooled_kept VALUES (2)")
-                        raise RuntimeError("the block broke off")
-
                 with pytest.raises(RuntimeError):
-                    await refused()
+                    await broken_off(pool, "INSERT INTO pooled_kept VALUES (2)")
                 kept = await (
                     await other.execute("SELECT array_agg(n) FROM pooled_kept")
                 ).fetchone()
