@@ -12,7 +12,7 @@ from ..names import TableNames
 from ..queries import Queries
 from .boundary import translate
 from .connect import Connection
-from .pool import Pool
+from .pool import Pool, pooled
 
 
 class CodeSeen(NamedTuple):
@@ -46,7 +46,7 @@ async def publish(
     code; what every live process reports for those queues, this one included."""
     target = str(queries.names.outbox)
     try:
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             await conn.execute(
                 queries["code_publish"],
                 {
@@ -70,7 +70,7 @@ async def forget(pool: Pool, queries: Queries, worker: str) -> None:
     """This worker's reports, gone: it stops."""
     params = {"target": str(queries.names.outbox), "worker": worker}
     try:
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             await conn.execute(queries["code_forget"], params)
     except psycopg.Error as exc:
         raise translate(exc, doing="withdrawing the farm's code failed") from exc

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from ..queries import load_blocks
 from .boundary import boundary
 from .connect import Connection, bounded
-from .pool import Pool
+from .pool import Pool, pooled
 
 
 def _text(name: str) -> str:
@@ -79,7 +79,7 @@ async def play_round(
         "ttl": ttl,
     }
     with boundary():
-        async with pool.connection() as conn, conn.transaction():
+        async with pooled(pool) as conn, conn.transaction():
             row = await (await conn.execute(_text("fleet_beat"), params)).fetchone()
             members = int(row[0]) if row is not None else 1
             renewed = await (await conn.execute(_text("fleet_renew"), params)).fetchall()
@@ -107,7 +107,7 @@ async def play_round(
 async def release(pool: Pool, member: Member, databases: list[str]) -> None:
     """Give `databases` up, for another process to take at its next round."""
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             await conn.execute(
                 _text("fleet_release"),
                 {"fleet": member.fleet, "member": member.name, "databases": databases},
@@ -117,7 +117,7 @@ async def release(pool: Pool, member: Member, databases: list[str]) -> None:
 async def leave(pool: Pool, member: Member) -> None:
     """This process stops: its row and all its leases go."""
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             await conn.execute(_text("fleet_leave"), {"fleet": member.fleet, "member": member.name})
 
 

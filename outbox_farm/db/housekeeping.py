@@ -12,7 +12,7 @@ from ..errors import SchemaError
 from ..queries import Queries, load_blocks
 from .boundary import boundary
 from .operator import XminHolder
-from .pool import Pool
+from .pool import Pool, pooled
 
 LOCK_NOT_AVAILABLE = "55P03"  # VACUUM (SKIP_LOCKED) warns with it when someone else holds it
 
@@ -56,7 +56,7 @@ async def scanning(pool: Pool, statement: str) -> list[Any]:
     (`pool._configure_farm`): a count of every row reads them all, and the table is the
     cheapest way to."""
     with boundary():
-        async with pool.connection() as conn, conn.transaction():
+        async with pooled(pool) as conn, conn.transaction():
             await conn.execute("SET LOCAL enable_seqscan = on")
             rows: list[Any] = await (await conn.execute(statement)).fetchall()
     return rows
@@ -72,7 +72,7 @@ async def xmin_holders(pool: Pool, queries: Queries) -> list[XminHolder]:
     """The oldest session, prepared transaction or replication slot holding back this
     database's xmin horizon (what `doctor` reports): one, or none."""
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             rows = await (await conn.execute(queries["admin_xmin_holder"])).fetchall()
     return [XminHolder(*row) for row in rows]
 
@@ -89,7 +89,7 @@ async def dlq_signature(pool: Pool, queries: Queries) -> tuple[int, int] | None:
     assert queries.names.dlq is not None
     table = queries.names.dlq.identifier().as_string(None)
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             cursor = await conn.execute(queries["dlq_signature"], {"table": table})
             row = await cursor.fetchone()
     if row is None or row[1] is None:
@@ -101,7 +101,7 @@ async def vacuum_state(pool: Pool, queries: Queries) -> VacuumState:
     """What the statistics say about the outbox table; SchemaError when there is none."""
     table = queries.names.outbox.identifier().as_string(None)
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             row = await (await conn.execute(queries["vacuum_state"], {"table": table})).fetchone()
     if row is None:
         raise SchemaError(f"table {table} does not exist")
@@ -113,7 +113,7 @@ async def vacuum(pool: Pool, queries: Queries) -> Vacuumed:
     """VACUUM the outbox table, never waiting for its lock (SKIP_LOCKED) and never truncating
     it. A role that may not vacuum it only gets warnings: check `vacuum_state` first."""
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             notices = await _vacuum_notices(conn, queries["vacuum"])
     skipped = any(state == LOCK_NOT_AVAILABLE for state, _ in notices)
     return Vacuumed(skipped, [str(message) for state, message in notices if message is not None])
@@ -174,7 +174,7 @@ async def shrink_state(pool: Pool, queries: Queries) -> ShrinkState:
     """The outbox table's relations and inserts; SchemaError when there is no table."""
     table = queries.names.outbox.identifier().as_string(None)
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             rows = await (await conn.execute(queries["shrink_state"], {"table": table})).fetchall()
     if not rows:
         raise SchemaError(f"table {table} does not exist")
@@ -187,7 +187,7 @@ async def shrink_state(pool: Pool, queries: Queries) -> ShrinkState:
 async def live_rows(pool: Pool, queries: Queries, limit: int) -> int:
     """The outbox table's live rows, counted up to `limit`."""
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             row = await (await conn.execute(queries["shrink_live"], {"limit": limit})).fetchone()
     return int(row[0]) if row else 0
 
@@ -236,7 +236,7 @@ async def shrink(
         return done
 
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             try:
                 begun = await (
                     await conn.execute(queries["shrink_begin"], named | limits)
@@ -266,7 +266,7 @@ def _ms(seconds: float) -> str:
 async def dlq_queues(pool: Pool, queries: Queries) -> list[str]:
     """The queues that have DLQ rows (a loose scan of the DLQ's (queue, failed_at) index)."""
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             rows = await (await conn.execute(queries["dlq_queues"])).fetchall()
     return [row[0] for row in rows]
 
@@ -276,6 +276,6 @@ async def expire_dlq(pool: Pool, queries: Queries, queue: str, age: float, batch
     (database clock), skipping rows someone holds; how many were deleted."""
     params: dict[str, Any] = {"queue": queue, "age": age, "batch": batch}
     with boundary():
-        async with pool.connection() as conn:
+        async with pooled(pool) as conn:
             row = await (await conn.execute(queries["dlq_expire_queue"], params)).fetchone()
     return int(row[0]) if row else 0

@@ -25,7 +25,8 @@ CLOSE_TIMEOUT = 0.2  # seconds a pool cancelled while opening waits for its atte
 
 
 class pooled:
-    """A connection of `pool` for one block, given back as the block ends, whatever it raised.
+    """A connection of `pool` for one block, given back as the block ends, whatever it raised:
+    how every function of `outbox_farm.db` borrows one.
 
     `pool.connection()` without the connection's own block, which autocommit connections do
     not need: its commit at the end took a lock and a round of the driver's wait loop for

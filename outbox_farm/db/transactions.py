@@ -18,7 +18,7 @@ import psycopg
 from ..queries import Queries
 from .boundary import boundary
 from .connect import AsyncConnection
-from .pool import Pool
+from .pool import Pool, pooled
 
 
 class Completion(enum.Enum):
@@ -41,7 +41,7 @@ async def run_completing(
     completion = Completion.DECLINED
     in_work = False
     try:
-        async with pool.connection() as conn, conn.transaction() as tx:
+        async with pooled(pool) as conn, conn.transaction() as tx:
             in_work = True
             completes = await work(conn)
             in_work = False
