@@ -12,7 +12,7 @@ import psycopg_pool
 import pytest
 from psycopg.pq import TransactionStatus
 
-from outbox_farm.db.pool import open_pool, pooled
+from outbox_farm.db.pool import RecentFirstPool, open_pool, pooled
 
 
 def run(coro: Any) -> Any:
@@ -147,3 +147,28 @@ def test_a_pool_that_is_not_autocommit_keeps_what_the_block_wrote(dsn: str) -> N
                 await other.execute("DROP TABLE pooled_kept")
 
     assert run(scenario()) == (([1],), TransactionStatus.IDLE)
+
+
+def test_the_pool_hands_out_the_connection_given_back_last(dsn: str) -> None:
+    """Three connections given back one after the other: the next users get the last one, as
+    long as they give it back before the next checkout; the others stay idle."""
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        pool = await open_pool(dsn, max_size=3)
+        assert isinstance(pool, RecentFirstPool)
+        try:
+            held = [await pool.getconn(timeout=10) for _ in range(3)]
+            returned = [conn.info.backend_pid for conn in held]
+            for conn in held:
+                await pool.putconn(conn)
+            taken = []
+            for _ in range(5):
+                async with pooled(pool) as conn:
+                    taken.append(conn.info.backend_pid)
+            return returned, taken
+        finally:
+            await pool.close()
+
+    returned, taken = run(scenario())
+    assert len(set(returned)) == 3
+    assert taken == [returned[-1]] * 5
