@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..dsn import check_dsn, redact, scrub
 from ..errors import ConfigurationError
 from .boundary import boundary
+from .claims import JSONB_OID, HeadersLoader
 from .connect import CONNECT_TIMEOUT
 
 Pool: TypeAlias = AsyncConnectionPool[Any]
@@ -93,6 +94,9 @@ async def _configure_farm(conn: psycopg.AsyncConnection[Any]) -> None:
       row has three). The statements' only use of the zone is the text of a timestamp a client
       cannot load (the claim's `unloadable`, which the DLQ keeps): in UTC too. A user's
       transaction keeps the server's zone.
+    - The claims' headers loader (`claims.HeadersLoader`) on the connection, not on each
+      claim's cursor (`claims.claim_cursor`). No other statement of the farm's asks for
+      results in binary, so it loads nothing else.
     - No sequential scan where an index can answer (`enable_seqscan` off). Every statement of
       the farm's hot path finds its rows by an index (ids by the primary key, due rows by the
       pending index), and each is prepared once and run on its cached plan. A plan made while
@@ -102,6 +106,7 @@ async def _configure_farm(conn: psycopg.AsyncConnection[Any]) -> None:
       claim's time. The statements that do count whole tables (the gauges) turn it back on
       for their own transaction (`housekeeping.scanning`)."""
     await _configure(conn)
+    conn.adapters.register_loader(JSONB_OID, HeadersLoader)
     await conn.execute("SET TimeZone = 'UTC'")
     await conn.execute("SET enable_seqscan = off")
 
