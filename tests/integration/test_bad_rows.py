@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import pytest
 from click.testing import CliRunner
 
@@ -407,3 +408,43 @@ def test_a_table_name_the_driver_cannot_carry_is_refused_at_every_entry_point(
         assert "may hold any character but '%'" in result.output
     token = uuid.uuid4().hex  # a quoted name with other odd characters still works
     assert TableNames.build(f'we"ird {token}').outbox.name == f'we"ird {token}'
+
+
+@pytest.mark.parametrize("kind", ["farm", "plain", "user"])
+def test_headers_that_are_no_object_fail_only_their_row_through_any_pool(
+    dsn: str, conn: Conn, kind: str
+) -> None:
+    """The claims' headers loader is on the farm's own connections (`open_pool(farm=True)`)
+    and on the claim's cursor elsewhere: through either, a document that is not an object
+    marks its row, and the rows around it load."""
+    without_checks(conn)
+    good = insert_bad(conn, "q", headers=psycopg.types.json.Jsonb({"k": "v"}))
+    bad = [
+        insert_bad(conn, "q", headers=psycopg.types.json.Jsonb(doc))
+        for doc in ([1, 2], "text", None)
+    ]
+    conn.commit()
+
+    async def claimed(pool: Any) -> dict[int, Message]:
+        claim = Claim("q", 10, 60.0, uuid.uuid4(), sent=0.0, start_by=60.0)
+        msgs = await PostgresStore(pool, Queries(NAMES)).claim(claim)
+        return {msg.id: msg for msg in msgs}
+
+    async def scenario() -> dict[int, Message]:
+        if kind == "user":
+            async with psycopg_pool.AsyncConnectionPool(
+                dsn, kwargs={"autocommit": True}, min_size=1, max_size=1
+            ) as pool:
+                return await claimed(pool)
+        pool = await open_pool(dsn, 1, farm=kind == "farm")
+        try:
+            return await claimed(pool)
+        finally:
+            await pool.close()
+
+    msgs = asyncio.run(scenario())
+    assert sorted(msgs) == sorted([good, *bad])
+    assert msgs[good].headers == {"k": "v"}
+    assert msgs[good].invalid is None
+    for row in bad:
+        assert msgs[row].invalid is not None, row
