@@ -88,7 +88,7 @@ class Listening:
                 pgconn.consume_input()
                 while (note := pgconn.notifies()) is not None:
                     on_notify(note.extra.decode(encoding))
-            except BaseException as exc:  # the session or the callback: the relay's to raise
+            except Exception as exc:  # the session or the callback: the relay's to raise
                 loop.remove_reader(fd)
                 if not failed.done():
                     failed.set_exception(exc)
@@ -102,8 +102,10 @@ class Listening:
                     await failed
         finally:
             loop.remove_reader(fd)
-            if failed.done() and not failed.cancelled():
-                failed.exception()  # retrieved: a stop that came first leaves it unraised
+            # Retrieved whatever ends the wait: a stop that came first leaves it unraised.
+            error = failed.exception() if failed.done() and not failed.cancelled() else None
+        if error is not None:
+            raise error  # it came in the same round as the end of the wait
 
 
 @asynccontextmanager

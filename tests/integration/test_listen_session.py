@@ -33,15 +33,6 @@ def _notify(conn: psycopg.Connection[Any], *payloads: str) -> None:
             conn.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
 
 
-def _listener_pid(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid() AND query ~ '(^|\\n)LISTEN '"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 async def _relay_until(session: Listening, got: list[str], count: int) -> None:
     """Relay until `count` payloads came (each relay ends with its health check)."""
     async with asyncio.timeout(30):
@@ -116,7 +107,8 @@ def test_a_terminated_session_is_noticed_before_the_relay_ends(
     async def scenario(session: Listening) -> None:
         relay = asyncio.create_task(session.relay(lambda _: None, 3600))
         await asyncio.sleep(0)  # the reader is in place
-        conn.execute("SELECT pg_terminate_backend(%s, 5000)", [_listener_pid(conn)])
+        pid = session._conn.info.backend_pid
+        conn.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
         async with asyncio.timeout(30):
             with pytest.raises(ConnectionLost):
                 await relay

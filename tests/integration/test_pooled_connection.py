@@ -172,3 +172,30 @@ def test_the_pool_hands_out_the_connection_given_back_last(dsn: str) -> None:
     returned, taken = run(scenario())
     assert len(set(returned)) == 3
     assert taken == [returned[-1]] * 5
+
+
+def test_a_connection_not_handed_out_for_keep_warm_seconds_goes_first(dsn: str) -> None:
+    """Unused for `keep_warm` seconds (0 here: at once), the connection idle longest is handed
+    out before the one given back last, so none sits unused until a server or a NAT drops it;
+    each in turn, as long as each was unused that long."""
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        pool = await open_pool(dsn, max_size=3)
+        assert isinstance(pool, RecentFirstPool)
+        pool.keep_warm = 0.0
+        try:
+            held = [await pool.getconn(timeout=10) for _ in range(3)]
+            returned = [conn.info.backend_pid for conn in held]
+            for conn in held:
+                await pool.putconn(conn)
+            taken = []
+            for _ in range(4):
+                async with pooled(pool) as conn:
+                    taken.append(conn.info.backend_pid)
+            return returned, taken
+        finally:
+            await pool.close()
+
+    returned, taken = run(scenario())
+    assert len(set(returned)) == 3
+    assert taken == [*returned, returned[0]]
