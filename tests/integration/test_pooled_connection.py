@@ -12,7 +12,7 @@ import psycopg_pool
 import pytest
 from psycopg.pq import TransactionStatus
 
-from outbox_farm.db.pool import RecentFirstPool, open_pool, pooled
+from outbox_farm.db.pool import KEEP_WARM, RecentFirstPool, open_pool, pooled
 
 
 def run(coro: Any) -> Any:
@@ -149,20 +149,21 @@ def test_a_pool_that_is_not_autocommit_keeps_what_the_block_wrote(dsn: str) -> N
     assert run(scenario()) == (([1],), TransactionStatus.IDLE)
 
 
-def test_the_pool_hands_out_the_connection_given_back_last(dsn: str) -> None:
-    """Three connections given back one after the other: the next users get the last one, as
-    long as they give it back before the next checkout; the others stay idle."""
+def handouts(dsn: str, keep_warm: float, checkouts: int) -> tuple[list[int], list[int]]:
+    """The backends of three connections of a farm pool given back one after the other, and
+    those of the `checkouts` blocks that borrow one after that, one at a time."""
 
     async def scenario() -> tuple[list[int], list[int]]:
         pool = await open_pool(dsn, max_size=3)
         assert isinstance(pool, RecentFirstPool)
+        pool.keep_warm = keep_warm
         try:
             held = [await pool.getconn(timeout=10) for _ in range(3)]
             returned = [conn.info.backend_pid for conn in held]
             for conn in held:
                 await pool.putconn(conn)
             taken = []
-            for _ in range(5):
+            for _ in range(checkouts):
                 async with pooled(pool) as conn:
                     taken.append(conn.info.backend_pid)
             return returned, taken
@@ -171,6 +172,13 @@ def test_the_pool_hands_out_the_connection_given_back_last(dsn: str) -> None:
 
     returned, taken = run(scenario())
     assert len(set(returned)) == 3
+    return returned, taken
+
+
+def test_the_pool_hands_out_the_connection_given_back_last(dsn: str) -> None:
+    """Three connections given back one after the other: the next users get the last one, as
+    long as they give it back before the next checkout; the others stay idle."""
+    returned, taken = handouts(dsn, KEEP_WARM, 5)
     assert taken == [returned[-1]] * 5
 
 
@@ -178,24 +186,5 @@ def test_a_connection_not_handed_out_for_keep_warm_seconds_goes_first(dsn: str) 
     """Unused for `keep_warm` seconds (0 here: at once), the connection idle longest is handed
     out before the one given back last, so none sits unused until a server or a NAT drops it;
     each in turn, as long as each was unused that long."""
-
-    async def scenario() -> tuple[list[int], list[int]]:
-        pool = await open_pool(dsn, max_size=3)
-        assert isinstance(pool, RecentFirstPool)
-        pool.keep_warm = 0.0
-        try:
-            held = [await pool.getconn(timeout=10) for _ in range(3)]
-            returned = [conn.info.backend_pid for conn in held]
-            for conn in held:
-                await pool.putconn(conn)
-            taken = []
-            for _ in range(4):
-                async with pooled(pool) as conn:
-                    taken.append(conn.info.backend_pid)
-            return returned, taken
-        finally:
-            await pool.close()
-
-    returned, taken = run(scenario())
-    assert len(set(returned)) == 3
+    returned, taken = handouts(dsn, 0.0, 4)
     assert taken == [*returned, returned[0]]
