@@ -106,6 +106,10 @@ class HeadersLoader(Loader):
         return headers if headers is not None else _undecodable(text, why or "")
 
 
+JSONB_OID = postgres.types["jsonb"].oid
+R = TypeVar("R")
+
+
 def claim_cursor(conn: AsyncConnection[Any], row_factory: AsyncRowFactory[R]) -> AsyncCursor[R]:
     """A cursor of `conn` for a claim's rows: its headers loaded by `HeadersLoader`. The
     farm's own pool has it on every connection already (`pool.open_pool`): registering it on
@@ -119,8 +123,6 @@ def claim_cursor(conn: AsyncConnection[Any], row_factory: AsyncRowFactory[R]) ->
 
 _CLAIMED_NAMES = tuple(name.encode() for name in CLAIMED_COLUMNS)
 _new = object.__new__
-JSONB_OID = postgres.types["jsonb"].oid
-R = TypeVar("R")
 
 MessageMaker = Callable[[Sequence[Any]], Message]
 

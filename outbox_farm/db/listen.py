@@ -47,13 +47,10 @@ class Listening:
 
     def _handled(self, note: psycopg.Notify) -> None:
         """The driver's notify handler: a NOTIFY it read with a statement's result."""
-        self._deliver(note.payload)
-
-    def _deliver(self, payload: str) -> None:
         if self._on_notify is None:
-            self._kept.append(payload)
+            self._kept.append(note.payload)
         else:
-            self._on_notify(payload)
+            self._on_notify(note.payload)
 
     async def relay(self, on_notify: Callable[[str], None], timeout: float) -> None:
         """Call `on_notify` with each NOTIFY's payload as it arrives, for `timeout` seconds;
@@ -67,19 +64,17 @@ class Listening:
                 for payload in kept:
                     on_notify(payload)
                 async with self._conn.lock:
-                    await self._read(timeout)
+                    await self._read(on_notify, timeout)
                 await self._conn.execute(load_blocks()["listen_check"])
         finally:
             self._on_notify = None
 
-    async def _read(self, timeout: float) -> None:
+    async def _read(self, on_notify: Callable[[str], None], timeout: float) -> None:
         """Hand on each NOTIFY from the socket's reader callback for `timeout` seconds, or
         until reading fails (raised here). The callback runs once first: bytes the driver
         read along with the last statement's result but did not parse wait in its buffer,
         and the socket would not say readable for them."""
         pgconn, encoding = self._conn.pgconn, self._encoding
-        on_notify = self._on_notify
-        assert on_notify is not None
         loop = asyncio.get_running_loop()
         failed: asyncio.Future[None] = loop.create_future()
 

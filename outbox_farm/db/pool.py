@@ -97,13 +97,13 @@ class RecentFirstPool(AsyncConnectionPool[Any]):
         self._handed_at: WeakKeyDictionary[Any, float] = WeakKeyDictionary()
 
     async def _get_ready_connection(self, timeout: float | None) -> Any:
-        idle = self._pool
+        idle, now = self._pool, time.monotonic()
         taking = bool(idle) and (timeout is None or timeout > 0.0)
-        if taking and time.monotonic() - self._handed_at.get(idle[0], 0.0) < self.keep_warm:
+        if taking and now - self._handed_at.get(idle[0], 0.0) < self.keep_warm:
             idle.rotate(1)  # the connection given back last first
         conn = await super()._get_ready_connection(timeout)
         if conn is not None:
-            self._handed_at[conn] = time.monotonic()
+            self._handed_at[conn] = now
         return conn
 
 
