@@ -169,7 +169,8 @@ class Fetcher:
         return self.limits.max_running is not None or self.limits.key_max_running is not None
 
     def limit(self, limits: Limits) -> None:
-        """Claim within `limits` from now on (`Limits()`: without), starting at once."""
+        """Claim within `limits` from now on (`Limits()`: without), starting at once: the
+        claim under way, if any, still delivers its rows, as at a `hold`."""
         self.limits = limits
         self._wake.set()
 

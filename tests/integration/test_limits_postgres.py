@@ -15,7 +15,7 @@ from outbox_farm.db.store import PostgresStore
 from outbox_farm.limits import Limits
 from outbox_farm.names import TableNames
 from outbox_farm.queries import Queries
-from outbox_farm.storage import QueueControl
+from outbox_farm.storage import Allowed, Claim, QueueControl
 from tests.steps import eventually
 
 NAMES = TableNames.build("outbox", "outbox_dlq")
@@ -46,10 +46,20 @@ def test_max_running_bounds_a_runtime_from_the_limits_notify_on(dsn: str) -> Non
 
     async def scenario() -> None:
         async with farm.running(dsn, poll_interval=0.05, flush_interval=0.01) as runtime:
+            fetcher = runtime.fetchers["q"]
+            limited = asyncio.Event()
+            claim_limited = fetcher.store.claim_limited
+
+            async def noted(claim: Claim) -> Allowed:
+                limited.set()
+                return await claim_limited(claim)
+
+            fetcher.store.claim_limited = noted  # type: ignore[method-assign]
             set_max_running(dsn, "q", 3)
-            await eventually(
-                lambda: runtime.fetchers["q"].limits == Limits(max_running=3), "the limit"
-            )
+            await eventually(lambda: fetcher.limits == Limits(max_running=3), "the limit")
+            # A claim sent before the limit came still takes what it was sent for (as one under
+            # way when a pause comes does): the rows go in once a claim under the limit began.
+            await eventually(limited.is_set, "a claim under the limit")
             with psycopg.connect(dsn, autocommit=True) as conn:
                 farm.publish_batch(conn, [{"n": n} for n in range(30)], queue="q")
             await eventually(lambda: running[0] == 3, "three rows running")
