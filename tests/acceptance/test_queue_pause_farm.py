@@ -1,9 +1,11 @@
 """`outbox-farm queue pause|resume` against a real farm of two processes (issue 47, item 1).
 
 The app has a slow queue ("slow": each handler sleeps) and a quick one ("other"); each handler
-records when it started and when it finished (this machine's clock, the database's too). A pause
-must stop every start of the slow queue within a second of the command's change, in both
-processes, while the handlers already running finish; a resume lets rows flow again; a pause
+records when its row was claimed (the database's clock), when it started (this machine's) and
+when it finished (the database's). A pause must stop every claim of the slow queue within a
+second of the command's change, in both processes, while the handlers already running finish
+(and the rows a claim under way took, which may start a wave of handlers later: the promise is
+on claims, not starts); a resume lets rows flow again; a pause
 `--for 2s` ends by itself; a farm started while the queue is paused claims nothing of it (its
 other queue, handled, is the positive control) and shows the pause in /healthz (a note, 200,
 not a stall) and in the gauge. Every wait is a deadline-bounded poll on a condition.
@@ -30,7 +32,7 @@ SLEEP = 1.0  # seconds each "slow" handler runs
 CONCURRENCY = 3  # per process
 
 PAUSEAPP = '''\
-"""Two queues; every handler records its start and its end in `starts`."""
+"""Two queues; every handler records its claim, its start and its end in `starts`."""
 import asyncio
 import os
 import time
@@ -49,9 +51,9 @@ async def _record(msg, started):
             await psycopg.AsyncConnection.connect(os.environ["FARMAPP_DSN"], autocommit=True)
         )
     await _box[0].execute(
-        "INSERT INTO starts (id, queue, pid, started_at, finished_at) "
-        "VALUES (%s, %s, %s, to_timestamp(%s), clock_timestamp())",
-        (msg.id, msg.queue, os.getpid(), started),
+        "INSERT INTO starts (id, queue, pid, claimed_at, started_at, finished_at) "
+        "VALUES (%s, %s, %s, %s, to_timestamp(%s), clock_timestamp())",
+        (msg.id, msg.queue, os.getpid(), msg.claimed_at, started),
     )
 
 
@@ -72,8 +74,8 @@ async def other(msg: Message) -> None:
 def pause_app(tmp_path: Path, conn: Conn) -> Path:
     (tmp_path / "pauseapp.py").write_text(PAUSEAPP)
     conn.execute(
-        "CREATE TABLE starts (id bigint, queue text, pid int, started_at timestamptz, "
-        "finished_at timestamptz)"
+        "CREATE TABLE starts (id bigint, queue text, pid int, claimed_at timestamptz, "
+        "started_at timestamptz, finished_at timestamptz)"
     )
     return tmp_path
 
@@ -108,6 +110,14 @@ def starts(conn: Conn, name: str) -> list[tuple[datetime, int]]:
         "SELECT started_at, pid FROM starts WHERE queue = %s ORDER BY started_at", [name]
     ).fetchall()
     return [(row[0], row[1]) for row in rows]
+
+
+def claims(conn: Conn, name: str) -> list[datetime]:
+    """When each handled row of queue `name` was claimed (its claim's now()), in order."""
+    rows = conn.execute(
+        "SELECT claimed_at FROM starts WHERE queue = %s ORDER BY claimed_at", [name]
+    ).fetchall()
+    return [row[0] for row in rows]
 
 
 def settled(conn: Conn, name: str, published: int) -> bool:
@@ -161,8 +171,8 @@ def test_a_pause_stops_every_process_within_a_second_and_a_resume_or_its_end_res
         )
         wait_for(lambda: settled(conn, "slow", 400), "the running handlers finished", 60, farm)
         before = starts(conn, "slow")
-        last = before[-1][0]
-        assert last - paused_at < BOUND, f"a row started {last - paused_at} after the pause"
+        last = claims(conn, "slow")[-1]
+        assert last - paused_at < BOUND, f"a row was claimed {last - paused_at} after the pause"
         # The handlers running when the pause came finished (and were acked), not abandoned.
         assert running <= handled_ids(conn, "slow")
         waiting = int(scalar(conn, "SELECT count(*) FROM outbox WHERE queue = 'slow'"))
@@ -176,7 +186,7 @@ def test_a_pause_stops_every_process_within_a_second_and_a_resume_or_its_end_res
             30,
             farm,
         )
-        assert all(at < paused_at + BOUND or at >= resumed_at for at, _ in starts(conn, "slow"))
+        assert all(at < paused_at + BOUND or at >= resumed_at for at in claims(conn, "slow"))
 
         queue(dsn, "pause", "slow", "--for", "2s")
         short_at = changed_at(conn, "slow")
@@ -184,13 +194,13 @@ def test_a_pause_stops_every_process_within_a_second_and_a_resume_or_its_end_res
         assert until - short_at == timedelta(seconds=2)
         # It ends by itself: rows start again after its end, with no resume.
         wait_for(
-            lambda: any(at >= until for at, _ in starts(conn, "slow")),
+            lambda: any(at >= until for at in claims(conn, "slow")),
             "rows flowing after the pause's end",
             30,
             farm,
         )
-        gap = [at for at, _ in starts(conn, "slow") if short_at + BOUND <= at < until]
-        assert gap == [], "rows started while the pause for 2s was in force"
+        gap = [at for at in claims(conn, "slow") if short_at + BOUND <= at < until]
+        assert gap == [], "rows claimed while the pause for 2s was in force"
         code, _ = farm.stop()
     assert code == 0, farm.log_tail()
 
