@@ -44,7 +44,9 @@ class Claim:
 
     `sent` (monotonic) is when it was made, which the lease's deadline is counted from, and
     `start_by` (monotonic) when too little of that lease is left to start a handler: both are
-    carried into each `Message` the claim builds."""
+    carried into each `Message` the claim builds. `keep`: the store may keep what the claim
+    used (a connection) for the queue's next statements, until `Store.rest`; a fetcher's
+    claims, whose fetcher says when it rests."""
 
     queue: str
     limit: int | None
@@ -54,6 +56,7 @@ class Claim:
     start_by: float
     held: list[uuid.UUID] = field(default_factory=list)
     sweep: bool = True
+    keep: bool = False
 
 
 @dataclass(slots=True)
@@ -231,6 +234,11 @@ class Store(Protocol):
     async def next_due(self, queue: str) -> float | None:
         """Seconds until `queue` has a row due or a lease expiring; negative when one is due
         already; None when the queue holds no rows."""
+        ...
+
+    async def rest(self, queue: str) -> None:
+        """The fetcher of `queue` waits now for longer than a NOTIFY's gap in a stream, or
+        stops: what its claims kept (`Claim.keep`) goes back."""
         ...
 
     async def free_stranded(self, queue: str) -> int:

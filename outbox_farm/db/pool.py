@@ -23,6 +23,7 @@ Pool: TypeAlias = AsyncConnectionPool[Any]
 """What every function of `outbox_farm.db` takes: any `psycopg_pool.AsyncConnectionPool` of
 autocommit connections; the blocks that need a transaction open one (`conn.transaction()`)."""
 
+IDLE = psycopg.pq.TransactionStatus.IDLE
 OPEN_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 0.2  # seconds a pool cancelled while opening waits for its attempts to end
 
@@ -61,6 +62,73 @@ class pooled:
                 await conn.__aexit__(kind, exc, tb)
         finally:
             await self._pool.putconn(conn)
+
+
+class kept(pooled):
+    """`pooled`, for a block of a user who may come back soon (`Keeper.use`): its connection
+    is the one its key kept, if any, and is kept (again) when the block ends well with no
+    transaction open on it, if it was kept or `keep` says so. Raised through, or on a pool that
+    is not autocommit, it goes back to the pool as `pooled` gives it back."""
+
+    __slots__ = ("_keep", "_keeper", "_key")
+
+    def __init__(self, keeper: Keeper, key: str, keep: bool) -> None:
+        super().__init__(keeper.pool)
+        self._keeper = keeper
+        self._key = key
+        self._keep = keep
+
+    async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
+        conn = self._keeper.kept.pop(self._key, None)
+        if conn is None:
+            return await super().__aenter__()
+        self._conn = conn
+        self._keep = True
+        return conn
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn = self._conn
+        # Kept, unless a block beside this one kept its own first: then this one goes back.
+        if (
+            self._keep
+            and kind is None
+            and conn.autocommit
+            and conn.info.transaction_status == IDLE
+            and self._keeper.kept.setdefault(self._key, conn) is conn
+        ):
+            return
+        await super().__aexit__(kind, exc, tb)
+
+
+class Keeper:
+    """Connections of `pool` kept between blocks, one per key, each until `give_back`.
+
+    A fetcher's claims come one after another while NOTIFYs keep coming, a few milliseconds
+    apart: each checkout and return cost an idle farm's claim about 35 µs of the event loop
+    between the NOTIFY and the claim sent, where the message waits. Kept, the claims of a
+    queue also run on a server process of their own, never one the flushes just used. The
+    fetcher gives its connection back before every longer wait (`Fetcher._run`), so none is
+    kept idle for long."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.kept: dict[str, psycopg.AsyncConnection[Any]] = {}
+
+    def use(self, key: str, *, keep: bool = False) -> kept:
+        """A block on the connection `key` kept, or one of the pool's, kept after it when
+        `keep` (see `kept`)."""
+        return kept(self, key, keep)
+
+    async def give_back(self, key: str) -> None:
+        """The connection `key` kept, if any, back to the pool."""
+        conn = self.kept.pop(key, None)
+        if conn is not None:
+            await self.pool.putconn(conn)
 
 
 KEEP_WARM = 30.0

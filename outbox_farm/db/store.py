@@ -25,7 +25,7 @@ from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Tripped, Wri
 from .boundary import boundary
 from .claims import SET_ASIDE_TOKEN, send_claim, send_fair_claim
 from .outcomes import PipelineFlush, params, statement
-from .pool import Pool, pooled
+from .pool import Keeper, Pool, pooled
 
 
 class PostgresStore:
@@ -34,6 +34,9 @@ class PostgresStore:
     def __init__(self, pool: Pool, queries: Queries) -> None:
         self.pool = pool
         self.queries = queries
+        # The fetchers' statements (claims, next-due looks): each queue's on the connection
+        # its last claim kept (`Claim.keep`), until its fetcher rests (`rest`).
+        self._fetching = Keeper(pool)
 
     @property
     def has_dlq(self) -> bool:
@@ -41,7 +44,7 @@ class PostgresStore:
 
     async def claim(self, claim: Claim) -> list[Message]:
         with boundary():
-            async with pooled(self.pool) as conn:
+            async with self._fetching.use(claim.queue, keep=claim.keep) as conn:
                 return await (await send_claim(conn, self.queries, claim)).fetchall()
 
     async def claim_limited(self, claim: Claim) -> Allowed:
@@ -59,7 +62,7 @@ class PostgresStore:
             "burst_least": BURST_LEAST,
         }
         with boundary():
-            async with pooled(self.pool) as conn, conn.transaction():
+            async with self._fetching.use(claim.queue, keep=claim.keep) as conn, conn.transaction():
                 await conn.execute(self.queries["limit_lock"], key)
                 found = await (await conn.execute(self.queries["limit_allowance"], args)).fetchone()
                 if found is None:  # the controls' row is gone: nothing limits the queue
@@ -131,16 +134,19 @@ class PostgresStore:
     async def next_due(self, queue: str) -> float | None:
         """On the database clock."""
         with boundary():
-            async with pooled(self.pool) as conn:
+            async with self._fetching.use(queue) as conn:
                 cursor = await conn.execute(self.queries["next_due"], {"queue": queue})
                 row = await cursor.fetchone()
         return None if row is None or row[0] is None else float(row[0])
+
+    async def rest(self, queue: str) -> None:
+        await self._fetching.give_back(queue)
 
     async def free_stranded(self, queue: str) -> int:
         """The rows marked `key_blocked` with nothing left before them in their key (see the
         statement): rare, so the fetcher looks every few seconds, not on every claim."""
         with boundary():
-            async with pooled(self.pool) as conn:
+            async with self._fetching.use(queue) as conn:
                 cursor = await conn.execute(self.queries["free_stranded"], {"queue": queue})
                 row = await cursor.fetchone()
         return 0 if row is None else int(row[0])

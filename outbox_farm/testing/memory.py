@@ -425,6 +425,9 @@ class MemoryStore:
             times += [row.lease_expires_at for row in rows if row.lease_expires_at is not None]
         return (min(times) - now).total_seconds() if times else None
 
+    async def rest(self, queue: str) -> None:
+        """Nothing is kept between claims here (no connections)."""
+
     async def free_stranded(self, queue: str) -> int:
         """Nothing is ever marked here (no `key_blocked`), so nothing is stranded."""
         return 0

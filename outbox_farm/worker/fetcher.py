@@ -203,9 +203,23 @@ class Fetcher:
     # -- the loop ------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._claim_loop()
+        finally:
+            await self.store.rest(self.spec.queue)  # however the loop ended
+
+    async def _claim_loop(self) -> None:
+        """Claim, wait, claim. What the claims keep in the store (a connection) stays with
+        the fetcher only through the short look for the next NOTIFY after a claim that took
+        rows (`_woken_soon`): any other wait gives it back first (`Store.rest`)."""
         backoff = Backoff()
         ledger = self.ledger
+        queue = self.spec.queue
+        keep = False
         while not self._stopping:
+            if not keep:
+                await self.store.rest(queue)
+            keep = False
             if self.starved:
                 ledger.slots.clear()
                 self.completer.flush_now()  # outcomes written free slots: write them now
@@ -229,6 +243,7 @@ class Fetcher:
                     continue  # more may be waiting: claim again at once
                 if self._held_back is not None:  # cut short by the limits, not by the rows
                     backoff.reset()
+                    await self.store.rest(queue)
                     await self._held(self._held_back)
                     continue
                 if got:
@@ -239,6 +254,7 @@ class Fetcher:
                     await asyncio.sleep(0)
                     if await self._woken_soon(claimed_at):
                         backoff.reset()
+                        keep = True
                         continue
                 wait = await self._next_wait(idle=not len(ledger))
                 backoff.reset()
@@ -256,6 +272,7 @@ class Fetcher:
                             "queue": self.spec.queue,
                         },
                     )
+            await self.store.rest(queue)
             await self._rest(wait)
 
     async def _woken_soon(self, claimed_at: float) -> bool:
@@ -401,7 +418,8 @@ class Fetcher:
         held = self.ledger.held() if limit is not None else []
         start_by = sent + spec.lease_ttl - spec.start_margin
         token, self._token = self._token or lease_token(self.worker_id), None
-        return Claim(spec.queue, limit, spec.lease_ttl, token, sent, start_by, held, sweep)
+        keep = limit is not None  # a claim of the loop's: the loop says when it rests
+        return Claim(spec.queue, limit, spec.lease_ttl, token, sent, start_by, held, sweep, keep)
 
     def handover(self) -> Claim:
         """The claim of the next rows of the keys an ack deletes rows of, for the completer to
