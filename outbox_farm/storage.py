@@ -238,7 +238,8 @@ class Store(Protocol):
 
     async def rest(self, queue: str) -> None:
         """The fetcher of `queue` waits now for longer than a NOTIFY's gap in a stream, or
-        stops: what its claims kept (`Claim.keep`) goes back."""
+        stops: what its claims kept (`Claim.keep`) goes back. Never raises. Optional: a store
+        without it is given no claim with `keep`."""
         ...
 
     async def free_stranded(self, queue: str) -> int:

@@ -30,7 +30,8 @@ CLOSE_TIMEOUT = 0.2  # seconds a pool cancelled while opening waits for its atte
 
 class pooled:
     """A connection of `pool` for one block, given back as the block ends, whatever it raised:
-    how every function of `outbox_farm.db` borrows one.
+    how every function of `outbox_farm.db` borrows one (the fetchers' statements through
+    `Keeper`, which may keep theirs from one claim to the next).
 
     `pool.connection()` without the connection's own block, which autocommit connections do
     not need: its commit at the end took a lock and a round of the driver's wait loop for
@@ -66,9 +67,10 @@ class pooled:
 
 class kept(pooled):
     """`pooled`, for a block of a user who may come back soon (`Keeper.use`): its connection
-    is the one its key kept, if any, and is kept (again) when the block ends well with no
-    transaction open on it, if it was kept or `keep` says so. Raised through, or on a pool that
-    is not autocommit, it goes back to the pool as `pooled` gives it back."""
+    is the one its key kept, if any, and is kept when `keep` says so and the block ends well,
+    with no transaction open on it. Otherwise it goes back to the pool as `pooled` gives it
+    back: a block without `keep` (a look before a rest, another caller's) leaves nothing
+    kept, so nothing it took is kept past its key's `give_back`."""
 
     __slots__ = ("_keep", "_keeper", "_key")
 
@@ -83,7 +85,6 @@ class kept(pooled):
         if conn is None:
             return await super().__aenter__()
         self._conn = conn
-        self._keep = True
         return conn
 
     async def __aexit__(
@@ -112,8 +113,8 @@ class Keeper:
     apart: each checkout and return cost an idle farm's claim about 35 µs of the event loop
     between the NOTIFY and the claim sent, where the message waits. Kept, the claims of a
     queue also run on a server process of their own, never one the flushes just used. The
-    fetcher gives its connection back before every longer wait (`Fetcher._run`), so none is
-    kept idle for long."""
+    fetcher keeps its connection only through the short look for the next NOTIFY and gives it
+    back before any other wait (`Fetcher._give_back`), so none is kept idle for long."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool

@@ -123,6 +123,10 @@ class Fetcher:
         self.limits = Limits()  # the queue's farm-wide limits; none: claim as the room allows
         self._held_back: float | None = None  # seconds the limits asked the last claim to wait
         self.breaker: QueueBreaker | None = None  # the queue's, when it has one (`runtime`)
+        # Whether the store may keep something of the last claims for the next (`Claim.keep`),
+        # until `Store.rest`; a store written before that method keeps nothing.
+        self._keeps = getattr(store, "rest", None) is not None
+        self._keeping = False
         # The next claim's lease token, made while the fetcher had nothing else to do (`_rest`):
         # after a rest, the new token's first use cost an idle farm's claim 18 µs of the event
         # loop, about 4 % of its commit-to-handler time. Used once (`_new_claim`).
@@ -206,19 +210,19 @@ class Fetcher:
         try:
             await self._claim_loop()
         finally:
-            await self.store.rest(self.spec.queue)  # however the loop ended
+            await self._give_back()  # however the loop ended
 
     async def _claim_loop(self) -> None:
         """Claim, wait, claim. What the claims keep in the store (a connection) stays with
         the fetcher only through the short look for the next NOTIFY after a claim that took
-        rows (`_woken_soon`): any other wait gives it back first (`Store.rest`)."""
+        rows (`_woken_soon`), and then only when a claim follows at once: any other wait gives
+        it back first (`_give_back`)."""
         backoff = Backoff()
         ledger = self.ledger
-        queue = self.spec.queue
         keep = False
         while not self._stopping:
-            if not keep:
-                await self.store.rest(queue)
+            if self._keeping and not (keep and self._claims_now):
+                await self._give_back()
             keep = False
             if self.starved:
                 ledger.slots.clear()
@@ -243,7 +247,7 @@ class Fetcher:
                     continue  # more may be waiting: claim again at once
                 if self._held_back is not None:  # cut short by the limits, not by the rows
                     backoff.reset()
-                    await self.store.rest(queue)
+                    await self._give_back()
                     await self._held(self._held_back)
                     continue
                 if got:
@@ -272,8 +276,26 @@ class Fetcher:
                             "queue": self.spec.queue,
                         },
                     )
-            await self.store.rest(queue)
+            await self._give_back()
             await self._rest(wait)
+
+    @property
+    def _claims_now(self) -> bool:
+        """The loop's next step is a claim, with no wait before it."""
+        return (
+            not self.starved
+            and self.held_by is None
+            and (self.breaker is None or self.breaker.tripped is None)
+            and not self.pause.paused
+        )
+
+    async def _give_back(self) -> None:
+        """What the claims kept for the next one goes back (`Store.rest`): before a wait
+        longer than a NOTIFY's gap in a stream, for a connection kept idle longer might be
+        one a server's `idle_session_timeout`, a load balancer or a NAT drops."""
+        if self._keeping:
+            self._keeping = False
+            await self.store.rest(self.spec.queue)
 
     async def _woken_soon(self, claimed_at: float) -> bool:
         """After a claim, sent at `claimed_at`, that took rows: whether a NOTIFY (or a retry,
@@ -418,7 +440,8 @@ class Fetcher:
         held = self.ledger.held() if limit is not None else []
         start_by = sent + spec.lease_ttl - spec.start_margin
         token, self._token = self._token or lease_token(self.worker_id), None
-        keep = limit is not None  # a claim of the loop's: the loop says when it rests
+        keep = limit is not None and self._keeps  # the loop's: it says when it rests
+        self._keeping = self._keeping or keep
         return Claim(spec.queue, limit, spec.lease_ttl, token, sent, start_by, held, sweep, keep)
 
     def handover(self) -> Claim:

@@ -30,6 +30,11 @@ class Pause:
         self._probe_at = 0.0  # monotonic time of the next probe, while paused
         self._stopped = asyncio.Event()
 
+    @property
+    def paused(self) -> bool:
+        """The queue's claims are paused now: `held` may wait before it says."""
+        return self.queue in self.problems.paused
+
     def stop(self) -> None:
         """End the wait for the next probe at once (see `held`)."""
         self._stopped.set()

@@ -46,8 +46,7 @@ def test_a_kept_connection_serves_its_key_until_given_back(dsn: str) -> None:
         try:
             first = await pid(keeper, "q", keep=True)
             assert not idle(pool)
-            assert await pid(keeper, "q") == first  # kept still: a block without `keep` too
-            assert await pid(keeper, "q") == first
+            assert await pid(keeper, "q", keep=True) == first
             async with pooled(pool) as other:  # the pool's other users get another one
                 assert other.info.backend_pid != first
             assert await pid(keeper, "r") != first  # and so does another key
@@ -55,6 +54,10 @@ def test_a_kept_connection_serves_its_key_until_given_back(dsn: str) -> None:
             await keeper.give_back("q")
             assert idle(pool)
             await keeper.give_back("q")  # nothing kept: nothing to do
+            assert idle(pool)
+            # A block without `keep` takes what its key kept, and gives it back to the pool.
+            kept_pid = await pid(keeper, "q", keep=True)
+            assert await pid(keeper, "q") == kept_pid
             assert idle(pool)
         finally:
             await pool.close()
@@ -141,8 +144,12 @@ def test_the_store_keeps_a_claims_connection_only_when_the_claim_says_so(dsn: st
             assert idle(pool)
             await claim(store, keep=True)
             assert not idle(pool)
-            await store.next_due("q")  # on the kept connection: a pool of one does not wait
+            async with asyncio.timeout(5):  # the kept connection: a pool of one does not wait
+                await store.next_due("q")
+            assert idle(pool)  # a look before a rest gives it back
             await claim(store, keep=True)
+            await claim(store, keep=True)
+            assert not idle(pool)
             await store.rest("q")
             assert idle(pool)
         finally:

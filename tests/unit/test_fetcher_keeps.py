@@ -1,0 +1,166 @@
+"""What a fetcher's claims keep in the store for the next one (`Claim.keep`: on Postgres, the
+connection): kept from claim to claim while NOTIFYs keep coming, and given back (`Store.rest`)
+before any other wait: a claim held back by a full ledger, a pause, and the stop. A connection
+kept through a long wait is one a server's idle timeout or a NAT may drop, and one the pool
+lacks meanwhile. Over the in-memory store, which records what it was told."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from outbox_farm import Farm, Message
+from outbox_farm.storage import Claim
+from outbox_farm.testing import MemoryStore
+from tests.steps import eventually
+
+
+class Keeping(MemoryStore):
+    """Records whether something is kept (a claim with `keep` since the last `rest`) and how
+    many claims came while something was kept (each one a claim that skipped the pool); runs
+    `after[n]`, if any, right after the n-th claim.
+
+    A fetcher looks for the next NOTIFY after a claim that came back short only once it has
+    looked for stranded rows, which it does after its first short claim and every two seconds:
+    so the scenarios below keep from their second short claim on."""
+
+    def __init__(self, farm: Farm) -> None:
+        super().__init__(farm)
+        self.keeping = False
+        self.reused = 0
+        self.claims = 0
+        self.after: dict[int, Callable[[], None]] = {}
+
+    async def claim(self, claim: Claim) -> list[Message]:
+        taken = await super().claim(claim)
+        self.claims += 1
+        self.reused += self.keeping
+        self.keeping = self.keeping or claim.keep
+        then = self.after.pop(self.claims, None)
+        if then is not None:
+            then()
+        return taken
+
+    async def rest(self, queue: str) -> None:
+        self.keeping = False
+
+
+def run(scenario: Callable[[], Any]) -> None:
+    asyncio.run(scenario())
+
+
+def stream(rows: int) -> tuple[Farm, Keeping, list[int]]:
+    """A farm over a `Keeping` store holding one row of "q", whose handler publishes the next
+    row until `rows` are handled: each NOTIFY comes within the fetcher's look after a claim.
+    The ids handled, as they are."""
+    farm = Farm()
+    store = Keeping(farm)
+    done: list[int] = []
+
+    @farm.handler("q")
+    async def handle(msg: Message) -> None:
+        done.append(msg.id)
+        if len(done) < rows:
+            store.publish({"n": len(done)}, queue="q")
+
+    store.publish({"n": 0}, queue="q")
+    return farm, store, done
+
+
+def test_a_stream_claims_on_what_the_last_claim_kept_and_gives_it_back_at_the_stop() -> None:
+    """Each claim but the first finds the last one's connection kept."""
+    _, store, done = stream(40)
+
+    async def scenario() -> None:
+        async with store.running(flush_interval=0.01):
+            await eventually(lambda: len(done) == 40, "the stream handled")
+            assert store.reused > 0
+
+    run(scenario)
+    assert store.keeping is False
+
+
+def test_a_fetcher_held_by_a_full_ledger_gives_back_what_it_kept() -> None:
+    """Capacity 4, claims of 2, three rows claimed one at a time, each next one published (or
+    a NOTIFY come) within the look: after the third, the next claim waits for slots that only
+    the blocked handlers free."""
+    farm = Farm()
+    go = asyncio.Event()
+
+    @farm.handler("q", concurrency=2, prefetch=2)
+    async def handle(msg: Message) -> None:
+        await go.wait()
+
+    store = Keeping(farm)
+    store.publish({"n": 0}, queue="q")
+
+    async def scenario() -> None:
+        async with store.running(flush_interval=0.01) as runtime:
+            fetcher = runtime.fetchers["q"]
+
+            def publish_and_wake() -> None:
+                store.publish({"n": store.claims}, queue="q")
+                fetcher.wake()
+
+            store.after = {1: publish_and_wake, 2: publish_and_wake, 3: fetcher.wake}
+            await eventually(lambda: store.claims >= 3 and fetcher.starved, "the ledger full")
+            await eventually(lambda: not store.keeping, "what was kept given back")
+            assert store.reused > 0  # the third claim did find the second's kept
+            go.set()
+
+    run(scenario)
+
+
+def test_a_fetcher_held_by_an_operator_gives_back_what_it_kept() -> None:
+    """The pause comes with a NOTIFY, both within the look after a claim that took rows."""
+    farm = Farm()
+
+    @farm.handler("q", concurrency=2)
+    async def handle(msg: Message) -> None:
+        pass
+
+    store = Keeping(farm)
+    store.publish({"n": 0}, queue="q")
+
+    async def scenario() -> None:
+        async with store.running(flush_interval=0.01) as runtime:
+            fetcher = runtime.fetchers["q"]
+
+            def publish_and_wake() -> None:
+                store.publish({"n": 1}, queue="q")
+                fetcher.wake()
+
+            def pause() -> None:
+                fetcher.hold("paused by the test")
+                fetcher.wake()
+
+            store.after = {1: publish_and_wake, 2: pause}
+            await eventually(lambda: fetcher.held_by is not None, "the queue held")
+            await eventually(lambda: not store.keeping, "what was kept given back")
+
+    run(scenario)
+
+
+class WithoutRest:
+    """A store written before `Store.rest`: every other method is the memory store's."""
+
+    def __init__(self, inner: Keeping) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "rest":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_a_store_without_rest_is_given_no_claim_to_keep() -> None:
+    farm, inner, done = stream(20)
+
+    async def scenario() -> None:
+        async with farm.running(None, store=WithoutRest(inner), flush_interval=0.01):
+            await eventually(lambda: len(done) == 20, "the stream handled")
+
+    run(scenario)
+    assert inner.claims > 0
+    assert inner.keeping is False  # no claim asked to keep
