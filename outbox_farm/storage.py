@@ -45,8 +45,8 @@ class Claim:
     `sent` (monotonic) is when it was made, which the lease's deadline is counted from, and
     `start_by` (monotonic) when too little of that lease is left to start a handler: both are
     carried into each `Message` the claim builds. `keep`: the store may keep what the claim
-    used (a connection) for the queue's next statements, until `Store.rest`; a fetcher's
-    claims, whose fetcher says when it rests."""
+    used (a connection) for the queue's next claim, until `Store.rest` or a statement of the
+    queue that does not keep it; a fetcher's claims, whose fetcher says when it rests."""
 
     queue: str
     limit: int | None
@@ -238,8 +238,8 @@ class Store(Protocol):
 
     async def rest(self, queue: str) -> None:
         """The fetcher of `queue` waits now for longer than a NOTIFY's gap in a stream, or
-        stops: what its claims kept (`Claim.keep`) goes back. Never raises. Optional: a store
-        without it is given no claim with `keep`."""
+        stops: what its claims kept (`Claim.keep`) goes back. Never raises. A store without
+        it (one written before it) is given no claim with `keep`."""
         ...
 
     async def free_stranded(self, queue: str) -> int:

@@ -68,9 +68,9 @@ class pooled:
 class kept(pooled):
     """`pooled`, for a block of a user who may come back soon (`Keeper.use`): its connection
     is the one its key kept, if any, and is kept when `keep` says so and the block ends well,
-    with no transaction open on it. Otherwise it goes back to the pool as `pooled` gives it
-    back: a block without `keep` (a look before a rest, another caller's) leaves nothing
-    kept, so nothing it took is kept past its key's `give_back`."""
+    on an autocommit connection with no transaction open. Otherwise it goes back to the pool
+    as `pooled` gives it back: a block without `keep` (a look before a rest, another
+    caller's) leaves nothing kept, so nothing it took is kept past its key's `give_back`."""
 
     __slots__ = ("_keep", "_keeper", "_key")
 

@@ -34,8 +34,9 @@ class PostgresStore:
     def __init__(self, pool: Pool, queries: Queries) -> None:
         self.pool = pool
         self.queries = queries
-        # The fetchers' statements (claims, next-due looks): each queue's on the connection
-        # its last claim kept (`Claim.keep`), until its fetcher rests (`rest`).
+        # The fetchers' statements (claims, looks for the next due row): each queue's on the
+        # connection its last claim kept (`Claim.keep`), if any; a look gives it back, as
+        # its fetcher's rest does (`rest`).
         self._fetching = Keeper(pool)
 
     @property
