@@ -13,6 +13,7 @@ from typing import Any
 from outbox_farm import Farm, Message
 from outbox_farm.storage import Claim
 from outbox_farm.testing import MemoryStore
+from outbox_farm.worker.fetcher import Fetcher
 from tests.steps import eventually
 
 
@@ -44,6 +45,16 @@ class Keeping(MemoryStore):
 
     async def rest(self, queue: str) -> None:
         self.keeping = False
+
+    def next_row(self, fetcher: Fetcher) -> Callable[[], None]:
+        """A hook that publishes one more row of "q" and wakes `fetcher`, as the row's NOTIFY
+        would."""
+
+        def hook() -> None:
+            self.publish({"n": self.claims}, queue="q")
+            fetcher.wake()
+
+        return hook
 
 
 def run(scenario: Callable[[], Any]) -> None:
@@ -99,12 +110,7 @@ def test_a_fetcher_held_by_a_full_ledger_gives_back_what_it_kept() -> None:
     async def scenario() -> None:
         async with store.running(flush_interval=0.01) as runtime:
             fetcher = runtime.fetchers["q"]
-
-            def publish_and_wake() -> None:
-                store.publish({"n": store.claims}, queue="q")
-                fetcher.wake()
-
-            store.after = {1: publish_and_wake, 2: publish_and_wake, 3: fetcher.wake}
+            store.after = {1: store.next_row(fetcher), 2: store.next_row(fetcher), 3: fetcher.wake}
             try:
                 await eventually(lambda: store.claims >= 3 and fetcher.starved, "a full ledger")
                 await eventually(lambda: not store.keeping, "what was kept given back")
@@ -130,15 +136,11 @@ def test_a_fetcher_held_by_an_operator_gives_back_what_it_kept() -> None:
         async with store.running(flush_interval=0.01) as runtime:
             fetcher = runtime.fetchers["q"]
 
-            def publish_and_wake() -> None:
-                store.publish({"n": 1}, queue="q")
-                fetcher.wake()
-
             def pause() -> None:
                 fetcher.hold("paused by the test")
                 fetcher.wake()
 
-            store.after = {1: publish_and_wake, 2: pause}
+            store.after = {1: store.next_row(fetcher), 2: pause}
             await eventually(lambda: fetcher.held_by is not None, "the queue held")
             await eventually(lambda: not store.keeping, "what was kept given back")
 
