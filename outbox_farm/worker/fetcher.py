@@ -281,7 +281,8 @@ class Fetcher:
 
     @property
     def _claims_now(self) -> bool:
-        """The loop's next step is a claim, with no wait before it."""
+        """The loop's next step is a claim, with no wait before it: none of the waits that
+        come before the claim in `_claim_loop` (a new one there belongs here too)."""
         return (
             not self.starved
             and self.held_by is None
