@@ -233,11 +233,11 @@ class Fetcher:
             if self.held_by is not None:
                 await self._wake.wait()  # set by `release`, by a stop, or by a NOTIFY
                 continue
-            if self.breaker is not None and self.breaker.tripped is not None:
-                await self._probe(self.breaker)
-                continue
             want = min(ledger.free, self.batch)
             try:
+                if self.breaker is not None and self.breaker.tripped is not None:
+                    await self._probe(self.breaker)  # setting its row aside fails as a claim does
+                    continue
                 if await self.pause.held():
                     continue
                 claimed_at = time.monotonic()
@@ -345,7 +345,9 @@ class Fetcher:
     async def _probe(self, breaker: QueueBreaker) -> None:
         """While the queue's breaker is open, claim nothing but its probe: one row, when this
         process wins the probe's turn (one process of one host wins each interval), and only
-        once its last probe ended. A breaker open is no stall, as a pause is none."""
+        once its last probe ended. A breaker open is no stall, as a pause is none. A refused
+        turn or claim leaves the probe to the next interval; its row's set-aside refused
+        (`_take`) is raised, for the loop to back off as after a failed claim."""
         if self.stall.paused():
             self.observer.stalled(self.spec.queue, None)
         # A probe written without a run (past `max_deliveries`, say) is over too.

@@ -1,0 +1,68 @@
+"""A breaker's probe that claims a row no client can load, on a farm without a DLQ, sets it
+aside; when the store fails to, the fetcher backs off and says so as after any failed claim,
+and probes again: it does not end (for its supervisor to restart). The row stays claimed under
+its lease meanwhile. Over the in-memory store, whose set-aside here always fails as the
+Postgres store's does when its connection breaks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from outbox_farm import Breaker, Farm, Message
+from outbox_farm.errors import ConnectionLost
+from outbox_farm.storage import Claim
+from outbox_farm.testing.memory import MemoryStore
+from tests.steps import eventually
+
+
+class Unloadable(MemoryStore):
+    """Every row claimed is one no client could load (`Message.invalid`), and setting rows
+    aside fails; counts the tries."""
+
+    def __init__(self, farm: Farm) -> None:
+        super().__init__(farm)
+        self.set_aside_tries = 0
+
+    async def claim(self, claim: Claim) -> list[Message]:
+        taken = await super().claim(claim)
+        return [replace(msg, invalid="payload is not valid JSON") for msg in taken]
+
+    async def set_aside(self, ids: list[int], token: uuid.UUID, seconds: float) -> list[int]:
+        self.set_aside_tries += 1
+        raise ConnectionLost("server closed the connection unexpectedly")
+
+
+def events(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == event]
+
+
+def test_a_probe_whose_row_cannot_be_set_aside_backs_off_and_probes_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "outbox_farm")
+    farm = Farm(dlq_table=None)
+
+    @farm.handler("q", breaker=Breaker(failures=1, probe_every=0.05))
+    async def handle(msg: Message) -> None:
+        pass
+
+    store = Unloadable(farm)
+
+    async def scenario() -> None:
+        async with store.running(flush_interval=0.01) as runtime:
+            fetcher = runtime.fetchers["q"]
+            assert fetcher.breaker is not None
+            await fetcher.breaker.trip("the test's downstream is out of reach")
+            for n in range(3):
+                store.publish({"n": n}, queue="q")
+            await eventually(lambda: store.set_aside_tries >= 2, "a second probe's set-aside")
+            assert events(caplog, "task_failed") == []
+            assert events(caplog, "db_reconnect")  # the claim's warning, with its backoff
+            assert fetcher.alive
+
+    asyncio.run(scenario())
