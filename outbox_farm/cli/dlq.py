@@ -4,33 +4,30 @@ Replay and purge first count what the selection matches (by queue and reason) an
 run to it; they ask before touching more than one row unless --yes, and --dry-run prints that
 count and what would be done, and changes nothing. Both commit batch by batch: Ctrl-C (or a
 kill) leaves whole batches done and the rest untouched, and the same command run again
-finishes the job. The filters, and what replay and purge select with them, are in `dlq_filters`.
+finishes the job. The filters, and what replay and purge select with them, are in `dlq_filters`;
+what `list` prints, from one database or the whole set, is in `dlq_listing`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from collections.abc import Callable, Sequence
-from typing import Any
 
 import click
 
 from ..admin import DlqFilter, Done, When, dlq_list, dlq_purge, dlq_replay, dlq_show
 from ..admin.dlq import (
     DEFAULT_BATCH,
-    CauseGroup,
     dlq_causes,
     dlq_unfit,
 )
 from ..db.connect import Connection
-from ..db.dlq import DlqRow
 from ..names import TableNames
 from ..ops.server import connected
 from .bulk import Bulk, Progress
 from .bulk_set import run_over
 from .dlq_filters import filter_options, selected
+from .dlq_listing import list_over, print_causes, print_rows
 from .options import (
     EPILOG,
     Decorator,
@@ -41,8 +38,7 @@ from .options import (
     tenant_dsn_options,
     tenant_set_options,
 )
-from .output import echo_json, notice, text_table
-from .over_set import named, over
+from .output import echo_json, notice
 
 
 def _bulk_options(doing: str, past: str, moved: str) -> Decorator:
@@ -112,127 +108,15 @@ def list_(
     rows in all; a database that cannot be read is named, the others still listed, and the
     exit status is then 1."""
     if isinstance(dsn, dict):
-        _list_over(dsn, names, where, limit, by_cause, as_json)
+        list_over(dsn, names, where, limit, by_cause, as_json)
         return
     if by_cause:
         with connected(dsn, notice, autocommit=True) as conn:
-            _print_causes([(None, g) for g in dlq_causes(conn, names, where, limit)], as_json)
+            print_causes([(None, g) for g in dlq_causes(conn, names, where, limit)], as_json)
         return
     with connected(dsn, notice, autocommit=True) as conn:
         rows = dlq_list(conn, names, where, limit)
-    _print_rows([(None, r) for r in rows], as_json)
-
-
-def _list_over(
-    databases: dict[str, str],
-    names: TableNames,
-    where: DlqFilter,
-    limit: int,
-    by_cause: bool,
-    as_json: bool,
-) -> None:
-    """`list` over the set: each database's newest `limit` rows (or causes), merged and cut
-    to `limit` again."""
-    notice(f"reading the DLQ of {len(databases)} database(s)")
-    if by_cause:
-        failed = _merged(
-            databases,
-            lambda conn: dlq_causes(conn, names, where, limit),
-            lambda group: group.rows,
-            lambda groups: _print_causes(groups[:limit], as_json),
-            "cause(s)",
-        )
-    else:
-        failed = _merged(
-            databases,
-            lambda conn: dlq_list(conn, names, where, limit),
-            lambda row: row.failed_at,
-            lambda rows: _print_rows(rows[:limit], as_json),
-            "row(s)",
-        )
-    if failed:
-        notice(f"not read: {len(failed)} database(s){named(failed)}")
-        sys.exit(1)
-
-
-def _merged(
-    databases: dict[str, str],
-    read: Callable[[Connection], list[Any]],
-    rank: Callable[[Any], Any],
-    show: Callable[[list[tuple[str | None, Any]]], None],
-    noun: str,
-) -> dict[str, str]:
-    """`read` in every database, its items labelled with their database and shown by `rank`,
-    highest first; the databases not read."""
-    outcome = over(databases, read, lambda _, found: f"{len(found)} {noun}", autocommit=True)
-    items: list[tuple[str | None, Any]] = [
-        (name, item) for name, found in outcome.lines.items() for item in found
-    ]
-    items.sort(key=lambda pair: rank(pair[1]), reverse=True)
-    show(items)
-    return outcome.failed
-
-
-def _labelled(database: str | None, item: Any) -> Any:
-    """A row or cause for --json: as it is, or with its database first."""
-    if database is None:
-        return item
-    return {"database": database, **dataclasses.asdict(item)}
-
-
-def _print_rows(rows: Sequence[tuple[str | None, DlqRow]], as_json: bool) -> None:
-    if as_json:
-        echo_json([_labelled(d, r) for d, r in rows])
-        return
-    if not rows:
-        click.echo("no DLQ rows match")
-        return
-    lines = [
-        [
-            r.id,
-            f"{r.failed_at:%Y-%m-%d %H:%M:%S}",
-            r.queue,
-            r.reason,
-            r.deliveries_count,
-            r.payload_bytes,
-            r.exception[:80],
-        ]
-        for _, r in rows
-    ]
-    headers = ["id", "failed at", "queue", "reason", "deliveries", "bytes", "exception"]
-    click.echo(text_table(*_with_databases(rows, headers, lines)))
-
-
-def _with_databases(
-    labelled: Sequence[tuple[str | None, Any]], headers: list[str], lines: list[list[Any]]
-) -> tuple[list[str], list[list[Any]]]:
-    """The table as it is, or, over the set, with a first column naming each line's database."""
-    if all(database is None for database, _ in labelled):
-        return headers, lines
-    labels = [database for database, _ in labelled]
-    return ["database", *headers], [[d, *line] for d, line in zip(labels, lines, strict=True)]
-
-
-def _print_causes(groups: Sequence[tuple[str | None, CauseGroup]], as_json: bool) -> None:
-    if as_json:
-        echo_json([_labelled(d, g) for d, g in groups])
-        return
-    if not groups:
-        click.echo("no DLQ rows match")
-        return
-    lines = [
-        [
-            g.rows,
-            g.cause,
-            ", ".join(g.queues),
-            ", ".join(g.reasons),
-            "-" if g.last_failed_at is None else f"{g.last_failed_at:%Y-%m-%d %H:%M:%S}",
-        ]
-        for _, g in groups
-    ]
-    headers = ["rows", "cause", "queues", "reasons", "last failed"]
-    click.echo(text_table(*_with_databases(groups, headers, lines)))
-    click.echo(f'\nthe rows of one cause: outbox-farm dlq list --cause "{groups[0][1].cause}"')
+    print_rows([(None, r) for r in rows], as_json)
 
 
 @dlq.command(epilog=EPILOG)
