@@ -4,12 +4,12 @@ Executors hand outcomes over with `put()`; one task flushes them when `flush_siz
 waiting or `flush_interval` after the first one arrived, whichever comes first. A flush is one
 set-based write per kind of outcome (ack, retry, release, expire, terminal), which the store
 sends as one flush (on Postgres, one pipeline with a sync after each write, so that a refused
-DLQ move cannot roll back the acks beside it). Every write matches id and lease token. Here
-each row's result is counted and logged: written; refused (`write_failed`); taken over by
-another lease (`lease_lost`); or, when a lost connection made the write go out again, found
-gone or free (`outcome_unconfirmed`: its first attempt most likely wrote it). Once written (or
-given up on), a row is settled in its queue's in-flight ledger, which frees its slot; that and
-the other signals back to the fetchers are drawn in `channels`."""
+DLQ move cannot roll back the acks beside it). Every write matches id and lease token. Each
+row's result is counted and logged in `accounting`: written; refused (`write_failed`); taken
+over by another lease (`lease_lost`); or, when a lost connection made the write go out again,
+found gone or free (`outcome_unconfirmed`: its first attempt most likely wrote it). Once
+written (or given up on), a row is settled in its queue's in-flight ledger, which frees its
+slot; that and the other signals back to the fetchers are drawn in `channels`."""
 
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import partial
 
-from .. import storage
-from ..backoff import Backoff
-from ..errors import ConnectionLost, DatabaseError
-from ..observe import Observer, observers
-from ..outcome import Outcome
-from ..problems import Problems
-from .channels import Fetching
-from .supervised import Supervisor
-from .writes import Statement, statements, write_for
+from ... import storage
+from ...backoff import Backoff
+from ...errors import ConnectionLost
+from ...observe import Observer, observers
+from ...outcome import Outcome
+from ...problems import Problems
+from ..channels import Fetching
+from ..supervised import Supervisor
+from ..writes import Statement, statements
+from .accounting import Accounting
 
 log = logging.getLogger("outbox_farm.completer")
 AT_ONCE = 4  # rows held, at most, for a batch to be written without waiting
@@ -72,7 +72,6 @@ class Completer:
         self.high_water = high_water
         self._quick = min(flush_size - 1, high_water)  # `offer` appends below this
         self.fetchers: Mapping[str, Fetching] = {}  # see `connect`
-        self.problems = problems or Problems()
         self._pending: list[Outcome] = []
         self._wake = asyncio.Event()  # set when the first outcome of a batch arrives
         self._full = asyncio.Event()  # set when a batch reached flush_size, or at close
@@ -86,6 +85,7 @@ class Completer:
         self._progress = 0.0
         self.written_at = -math.inf  # monotonic time the last write ended
         self.observer = observer or observers()
+        self.accounting = Accounting(store, self.observer, problems or Problems(), self._retry_due)
 
     # -- executor side -------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ class Completer:
             extra={"event": "flush_abandoned", "outcomes": len(unwritten)},
         )
         task.cancel()
-        self._failed(unwritten)
+        self.accounting.given_up(unwritten)
 
     async def _run(self) -> None:
         while (batch := await self._collect()) is not None:
@@ -201,7 +201,7 @@ class Completer:
                     len(batch),
                     extra={"event": "flush_failed"},
                 )
-                self._failed(batch)
+                self.accounting.given_up(batch)
 
     async def _collect(self) -> list[Outcome] | None:
         """The next batch, once it is due (full, or `flush_interval` after its first outcome);
@@ -264,12 +264,6 @@ class Completer:
             return False
         return keyed or not room or time.monotonic() - self.written_at >= STREAM_GAP
 
-    def _failed(self, outcomes: list[Outcome]) -> None:
-        """Count outcomes given up on without a write (each one is logged by its caller)."""
-        counts = Counter((o.kind.value, o.queue) for o in outcomes)
-        for (kind, queue), n in counts.items():
-            self.observer.write_failed(kind, queue, n)
-
     # -- writing -------------------------------------------------------------------------
 
     async def write(self, batch: list[Outcome]) -> None:
@@ -330,7 +324,7 @@ class Completer:
                         claim = handing.claim if handing is not None else None
                         written = await flush.send(todo[0].write, claim)
                         self._progress = time.monotonic()
-                        self._account(todo.pop(0), written)
+                        self.accounting.account(todo.pop(0), written)
                         if handing is not None and written.claimed:
                             await handing.fetcher.handed(
                                 handing.claim, written.claimed, time.perf_counter() - sent
@@ -344,7 +338,7 @@ class Completer:
                         exc,
                         extra={"event": "flush_abandoned"},
                     )
-                    self._failed([o for stmt in todo for o in stmt.outcomes])
+                    self.accounting.given_up([o for stmt in todo for o in stmt.outcomes])
                     return
                 delay = backoff.next()
                 log.warning(
@@ -355,67 +349,6 @@ class Completer:
                 )
                 await asyncio.sleep(delay)
         self.observer.flushed(time.perf_counter() - started, len(batch))
-
-    def _report_failure(self, phase: str, outcome: Outcome, exc: DatabaseError) -> None:
-        queue = outcome.queue
-        self.observer.write_failed(phase, queue, 1)
-        fields = {"event": "write_failed", "phase": phase, "row_id": outcome.row_id, "queue": queue}
-        probe = partial(self.store.refusal, write_for(phase, [], dlq=self.store.has_dlq))
-        if self.problems.write_refused(phase, queue, exc, probe, log, fields):
-            return  # logged, at most once a minute, as the problem it is
-        hint = (
-            " The DLQ table is missing or does not match: run `outbox-farm check`."
-            if phase == "terminal" and self.store.has_dlq
-            else ""
-        )
-        log.error(
-            "%s write failed for row %s of queue %s: %s. The row stays in the outbox under its "
-            "lease and is delivered again when the lease expires.%s",
-            phase,
-            outcome.row_id,
-            queue,
-            exc,
-            hint,
-            extra=fields,
-        )
-
-    def _account(self, stmt: Statement, written: storage.Written) -> None:
-        observer = self.observer
-        phase = stmt.phase
-        matched, refused = written.matched, written.refused
-        if len(refused) < len(stmt.outcomes):
-            self.problems.solved(f"{phase} write")
-        dead_letters = phase == "terminal" and self.store.has_dlq
-        outcomes = stmt.outcomes
-        if phase == "ack" and len(matched) == len(outcomes):  # the common case, in one go
-            queues = {outcome.queue for outcome in outcomes}
-            if len(queues) == 1:
-                done = Counter({queues.pop(): len(outcomes)})
-            else:
-                done = Counter(outcome.queue for outcome in outcomes)
-        else:
-            done = Counter()
-            for n, outcome in enumerate(outcomes):
-                if n in matched:
-                    done[outcome.queue] += 1
-                    if phase == "retry":
-                        self._retry_due(outcome.queue, outcome.delay)
-                    elif dead_letters:
-                        observer.dead_lettered(outcome)
-                    continue
-                error = refused.get(n) if refused else None
-                if error is not None:
-                    self._report_failure(phase, outcome, error)
-                elif phase == "expire":
-                    pass  # handed back because its lease ran short: losing it is expected
-                elif n in written.unconfirmed:
-                    observer.outcome_unconfirmed(phase, outcome)
-                else:
-                    observer.lease_lost(
-                        phase, outcome.queue, outcome.row_id, outcome.deliveries_count
-                    )
-        for queue, count in done.items():
-            observer.written(phase, queue, count)
 
     def _retry_due(self, queue: str, delay: float) -> None:
         fetcher = self.fetchers.get(queue)
