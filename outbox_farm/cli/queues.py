@@ -16,7 +16,6 @@ import click
 from ..admin import When
 from ..admin.queues import (
     UNCHANGED,
-    BreakerState,
     QueueState,
     Unchanged,
     close_breaker,
@@ -39,7 +38,8 @@ from .options import (
     usage_error,
     when,
 )
-from .output import echo_json, notice, text_table
+from .output import echo_json, notice
+from .queue_views import local_time, print_tables, state_json
 
 FARMS_STOP = "every farm stops claiming it within a second; running handlers finish"
 FARMS_GO = "every farm claims it again within a second"
@@ -56,61 +56,15 @@ by_option = click.option(
 )
 
 
-def state_json(state: QueueState) -> dict[str, Any]:
-    """A queue's controls as `--json` prints them: the rate as written (`6000/min`) and as a
-    number per second, for scripts."""
-    rate = state.limits.rate
-    return {
-        "queue": state.queue,
-        "paused": state.paused,
-        "paused_until": state.paused_until,
-        "reason": state.reason,
-        "changed_by": state.changed_by,
-        "changed_at": state.changed_at,
-        "rate": None if rate is None else str(rate),
-        "rate_per_second": None if rate is None else rate.per_second,
-        "max_running": state.limits.max_running,
-        "key_max_running": state.limits.key_max_running,
-        "breaker": breaker_json(state.breaker),
-    }
-
-
-def breaker_json(breaker: BreakerState) -> dict[str, Any]:
-    """A queue's breaker as `--json` prints it: open or not, the failures counted in a row, and
-    while open, since when, why and when its next probe may run."""
-    return {
-        "open": breaker.open,
-        "failures": breaker.failures,
-        "open_since": breaker.open_since,
-        "reason": breaker.reason,
-        "probe_at": breaker.probe_at,
-    }
-
-
-def _time(value: Any) -> str:
-    return "-" if value is None else f"{value.astimezone():%Y-%m-%d %H:%M:%S %z}"
-
-
-def _until(state: QueueState) -> str:
-    if not state.paused:
-        return "-"
-    return "resumed" if state.paused_until is None else _time(state.paused_until)
-
-
 def _pause_line(state: QueueState) -> str:
-    end = "until resumed" if state.paused_until is None else f"until {_time(state.paused_until)}"
+    end = (
+        "until resumed" if state.paused_until is None else f"until {local_time(state.paused_until)}"
+    )
     why = f" ({state.reason})" if state.reason else ""
     return (
         f"paused queue {state.queue} {end}{why}: {FARMS_STOP}. "
         f"Resume it with `outbox-farm queue resume {state.queue}`."
     )
-
-
-def _breaker(breaker: BreakerState) -> str:
-    """A breaker in one cell: OPEN, failures counted so far, or -."""
-    if breaker.open:
-        return "OPEN"
-    return f"{breaker.failures} failed" if breaker.failures else "-"
 
 
 @click.group(epilog=EPILOG)
@@ -333,7 +287,7 @@ def close_breaker_(
     elif closed.was_open:
         why = f": {closed.reason}" if closed.reason else ""
         click.echo(
-            f"closed the breaker of queue {queue} (open since {_time(closed.since)}{why}): "
+            f"closed the breaker of queue {queue} (open since {local_time(closed.since)}{why}): "
             f"{FARMS_GO}. Should its handler keep failing, the breaker opens again."
         )
     else:
@@ -365,50 +319,4 @@ def list_(dsn: str | None, names: TableNames, as_json: bool) -> None:
             "pauses one"
         )
         return
-    rows = [
-        [
-            s.queue,
-            "PAUSED" if s.paused else "-",
-            "-"
-            if not s.paused
-            else ("resumed" if s.paused_until is None else _time(s.paused_until)),
-            s.reason or "-",
-            s.changed_by or "-",
-            _time(s.changed_at),
-            "-" if s.limits.rate is None else str(s.limits.rate),
-            "-" if s.limits.max_running is None else s.limits.max_running,
-            "-" if s.limits.key_max_running is None else s.limits.key_max_running,
-        ]
-        for s in states
-    ]
-    headers = [
-        "queue",
-        "paused",
-        "until",
-        "reason",
-        "changed by",
-        "changed at",
-        "rate",
-        "max running",
-        "per key",
-    ]
-    click.echo(text_table(headers, rows))
-    breakers = [
-        [
-            s.queue,
-            _breaker(s.breaker),
-            _time(s.breaker.open_since),
-            _time(s.breaker.probe_at),
-            s.breaker.reason or "-",
-        ]
-        for s in states
-        if s.breaker.open or s.breaker.failures
-    ]
-    if breakers:
-        click.echo("")
-        click.echo(
-            "Breakers (an open one holds the queue on every farm but for one probe row each "
-            "interval; close it with `outbox-farm queue close-breaker QUEUE`):"
-        )
-        headers = ["queue", "breaker", "open since", "next probe", "why"]
-        click.echo(text_table(headers, breakers))
+    print_tables(states)
