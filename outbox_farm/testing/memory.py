@@ -19,50 +19,43 @@ serves the runtimes of this process); privileges (`refusal` never finds one miss
 no client can load (every row comes from `publish`, so no claim marks one `invalid`); and the
 `key_blocked` marks that keep Postgres's claim short along a deep key (the same rows are
 claimed without them, so `free_stranded` never finds one).
+
+The store itself locks, leases and wakes; the statements it runs are beside it: the outbox and
+DLQ rows and the outcome writes in `memory_table`, the claims' choice of rows in
+`memory_claims`, the producer's statements in `memory_publish`, the queues' table (pauses,
+limits, breakers) in `memory_controls`, and the NOTIFY in `memory_wakeups`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Unpack
 
-import orjson
-
 from ..breaker import Breaker
 from ..db.claims import SET_ASIDE_TOKEN
-from ..db.publish import Due, NewRow
 from ..farm import Farm
-from ..limits import ROOM_POLL, Limits, allowance
+from ..limits import ROOM_POLL, Limits
 from ..message import Message
 from ..observe import Observer
 from ..producer import BatchOptions, PublishOptions
 from ..settings import RuntimeSettings
-from ..storage import (
-    CONTROL_PREFIX,
-    Allowed,
-    Claim,
-    QueueControl,
-    Tripped,
-    Write,
-    Written,
-    release,
-)
+from ..storage import CONTROL_PREFIX, Allowed, Claim, QueueControl, Write, Written, release
 from ..worker.runtime import Runtime
-from .memory_rows import DeadLetter, Row, after, check_due
-from .memory_table import Heads, Tables, claim_order, due_order, fair_order, first_of_key, pending
+from .memory_claims import busy, chosen, chosen_fair, next_times, running
+from .memory_controls import Queues
+from .memory_publish import cancelled, published, published_batch
+from .memory_rows import DeadLetter, Row, after
+from .memory_table import Tables
+from .memory_wakeups import Wakeups
 
-Subscriber = tuple[Callable[[str], None], asyncio.AbstractEventLoop | None]
 SETTLED_POLL = 0.005  # seconds between looks while `settled` waits
-FAR_FUTURE = datetime.max.replace(tzinfo=UTC)  # a due time past anything the table admits
 
 
 class MemoryStore:
@@ -83,14 +76,12 @@ class MemoryStore:
     ) -> None:
         self.farm = farm = farm or Farm()
         self.clock = clock
-        # Both written under `_lock`, by whichever thread or task calls.
+        # The tables, written under `_lock` by whichever thread or task calls (the wake-ups
+        # keep a lock of their own).
         self._lock = threading.RLock()
         self._tables = Tables(farm.names.dlq is not None if dlq is None else dlq)
-        self._subscribers: list[Subscriber] = []
-        self._paused: dict[str, QueueControl] = {}
-        self._limits: dict[str, Limits] = {}
-        self._buckets: dict[str, tuple[float, float]] = {}  # queue: tokens left, when (clock)
-        self._breakers: dict[str, _BreakerRow] = {}
+        self._queues = Queues()
+        self._wakeups = Wakeups()
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -103,73 +94,25 @@ class MemoryStore:
         new, notify = self.farm.producer.build_row(body, **options)
         with self._lock:
             now = self.now()
-            row = self._publish(new, now)
+            row = published(self._tables, new, now)
         if row is not None and notify and row.next_attempt_at <= now:
-            self._notify([row.queue])
+            self._wakeups.notify([row.queue])
         return None if row is None else row.id
 
     def publish_batch(self, bodies: Sequence[object], **options: Unpack[BatchOptions]) -> list[int]:
         """`Farm.publish_batch` without a connection: ids in the order of `bodies`."""
         batch, notify = self.farm.producer.build_batch(bodies, **options)
-        keys = batch.ordering_keys or [None] * len(batch.payloads)
         with self._lock:
             now = self.now()
-            due = self._due(batch.due, now)
-            rows = [
-                self._tables.add(
-                    NewRow(
-                        batch.queue,
-                        payload,
-                        headers,
-                        batch.due,
-                        ordering_key=key,
-                        priority=batch.priority,
-                        fair_key=batch.fair_key,
-                    ),
-                    due,
-                    now,
-                )
-                for payload, headers, key in zip(batch.payloads, batch.headers, keys, strict=True)
-            ]
+            rows, due = published_batch(self._tables, batch, now)
         if rows and notify and due <= now:
-            self._notify([batch.queue])
+            self._wakeups.notify([batch.queue])
         return [row.id for row in rows]
 
     def cancel_timer(self, *, queue: str, timer_id: str) -> bool:
         """Delete a pending timer; False if there is none or its handler is running."""
         with self._lock:
-            live = self._timer(queue, timer_id)
-            if live is None or live.acquired_token is not None:
-                return False
-            del self._tables.rows[live.id]
-            return True
-
-    def _publish(self, new: NewRow, now: datetime) -> Row | None:
-        """`publish`, `publish_timer` or `publish_extend`: a live timer of the same queue and
-        id wins under `ignore`; under `extend` it takes the new body, headers and due time,
-        unless it is leased (a running handler's ack must not delete a newer timer)."""
-        due = self._due(new.due, now)
-        live = self._timer(new.queue, new.timer_id) if new.timer_id is not None else None
-        if live is None:
-            return self._tables.add(new, due, now)
-        if not new.extend_timer or live.acquired_token is not None:
-            return None
-        live.payload, live.headers = new.payload, orjson.loads(new.headers)
-        live.next_attempt_at = due
-        if new.priority:  # an extend without a priority keeps the timer's
-            live.priority = new.priority
-        return live
-
-    def _due(self, due: Due, now: datetime) -> datetime:
-        """`coalesce(at, now() + delay)`, refused when the table would refuse it."""
-        at = due.at.astimezone(UTC) if due.at is not None else after(now, due.delay, FAR_FUTURE)
-        return check_due(at)
-
-    def _timer(self, queue: str, timer_id: str | None) -> Row | None:
-        return next(
-            (r for r in self._tables.rows.values() if r.queue == queue and r.timer_id == timer_id),
-            None,
-        )
+            return cancelled(self._tables, queue, timer_id)
 
     # -- what a test reads -----------------------------------------------------------------
 
@@ -191,15 +134,7 @@ class MemoryStore:
         """Call `callback` with a queue whenever a row of it is published due, or a keyed row
         of it is deleted (which may free the next row of its key): when Postgres sends its
         NOTIFY. A subscriber that runs an event loop is called on that loop."""
-        entry: Subscriber = (callback, _running_loop())
-        with self._lock:
-            self._subscribers.append(entry)
-
-        def unsubscribe() -> None:
-            with self._lock, contextlib.suppress(ValueError):
-                self._subscribers.remove(entry)
-
-        return unsubscribe
+        return self._wakeups.subscribe(callback)
 
     def wake(self, queues: Iterable[str] | None = None) -> None:
         """Tell the subscribers to look at `queues` (every queue with rows when None): for a
@@ -208,18 +143,7 @@ class MemoryStore:
         if queues is None:
             with self._lock:
                 queues = {row.queue for row in self._tables.rows.values()}
-        self._notify(queues)
-
-    def _notify(self, queues: Iterable[str]) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for queue in dict.fromkeys(queues):
-            for callback, loop in subscribers:
-                if loop is None or loop is _running_loop():
-                    callback(queue)
-                else:
-                    with contextlib.suppress(RuntimeError):  # that loop is closed
-                        loop.call_soon_threadsafe(callback, queue)
+        self._wakeups.notify(queues)
 
     # -- running the farm over it ------------------------------------------------------------
 
@@ -240,24 +164,14 @@ class MemoryStore:
         until the clock moves. TimeoutError, naming those rows, after `timeout` seconds."""
         wanted = None if queues is None else set(queues)
         deadline = time.monotonic() + timeout
-        while busy := self._busy(wanted):
+        while held := self._busy(wanted):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"rows {busy} still held or due after {timeout}s")
+                raise TimeoutError(f"rows {held} still held or due after {timeout}s")
             await asyncio.sleep(SETTLED_POLL)
 
     def _busy(self, queues: set[str] | None) -> list[int]:
         with self._lock:
-            now = self.now()
-            heads = self._tables.heads()
-            return [
-                row.id
-                for row in self._tables.rows.values()
-                if (queues is None or row.queue in queues)
-                and (
-                    row.acquired_token not in (None, SET_ASIDE_TOKEN)
-                    or (pending(row, heads) and row.next_attempt_at <= now)
-                )
-            ]
+            return busy(self._tables, queues, self.now())
 
     # -- the operator's controls, as `outbox-farm queue pause|resume` --------------------
 
@@ -265,27 +179,21 @@ class MemoryStore:
         """Stop every runtime on this store claiming `queue` (until `until` on `clock`, or
         until `resume`); handlers running finish."""
         with self._lock:
-            self._paused[queue] = QueueControl(queue, True, until, reason)
-        self._notify([CONTROL_PREFIX + queue])
+            self._queues.pause(queue, until, reason)
+        self._wakeups.notify([CONTROL_PREFIX + queue])
 
     def resume(self, queue: str) -> None:
         """Let the runtimes claim `queue` again, at once."""
         with self._lock:
-            self._paused.pop(queue, None)
-        self._notify([CONTROL_PREFIX + queue])
+            self._queues.resume(queue)
+        self._wakeups.notify([CONTROL_PREFIX + queue])
 
     def limit(self, queue: str, limits: Limits) -> None:
         """Set `queue`'s limits, shared by every runtime on this store (`Limits()`: none); a
         new rate starts with a full bucket."""
         with self._lock:
-            if limits:
-                if limits.rate != self._limits.get(queue, Limits()).rate:
-                    self._buckets.pop(queue, None)
-                self._limits[queue] = limits
-            else:
-                self._limits.pop(queue, None)
-                self._buckets.pop(queue, None)
-        self._notify([CONTROL_PREFIX + queue])
+            self._queues.limit(queue, limits)
+        self._wakeups.notify([CONTROL_PREFIX + queue])
 
     # -- the storage port (storage.Store) ------------------------------------------------
 
@@ -302,13 +210,8 @@ class MemoryStore:
             raise ValueError("a hand-over claim is sent with its ack (Flush.send)")
         with self._lock:
             now = self.now()
-            heads = self._tables.heads()
-            rows = [row for row in self._tables.rows.values() if row.queue == claim.queue]
-            expired = _expired(rows, set(claim.held), now, heads)
-            due = [row for row in rows if pending(row, heads) and row.next_attempt_at <= now]
-            due.sort(key=due_order)
-            chosen = expired + claim_order(due, claim.limit)
-            return [row.take(claim, now) for row in chosen[: claim.limit]]
+            rows = chosen(self._tables, claim, claim.limit, now)
+            return [row.take(claim, now) for row in rows[: claim.limit]]
 
     async def claim_limited(self, claim: Claim) -> Allowed:
         """`claim` within the queue's limits (see `limits.allowance`): the rate's bucket
@@ -316,31 +219,11 @@ class MemoryStore:
         past its expiry, or a row set aside, is not running)."""
         want = claim.limit or 0
         with self._lock:
-            limits = self._limits.get(claim.queue, Limits())
-            now = self.now()
-            room = None
-            if limits.max_running is not None:
-                leased = sum(
-                    1
-                    for row in self._tables.rows.values()
-                    if row.queue == claim.queue
-                    and row.acquired_token not in (None, SET_ASIDE_TOKEN)
-                    and row.lease_expires_at is not None
-                    and row.lease_expires_at > now
-                )
-                room = limits.max_running - leased
-            rate, tokens, at = limits.rate, None, self.clock()
-            if rate is not None:
-                left, then = self._buckets.get(claim.queue, (rate.burst, at))
-                tokens = min(rate.burst, left + rate.per_second * max(at - then, 0.0))
-            allowed, wait = allowance(
-                want,
-                tokens=tokens,
-                per_second=rate.per_second if rate else None,
-                size=rate.burst if rate else None,
-                room=room,
+            now, at = self.now(), self.clock()
+            allowed, wait, tokens = self._queues.allowance(
+                claim.queue, want, lambda: running(self._tables, claim.queue, now), at
             )
-            key_max = limits.key_max_running
+            key_max = self._queues.limits.get(claim.queue, Limits()).key_max_running
             if not allowed:
                 messages = []
             elif key_max is None:
@@ -349,26 +232,15 @@ class MemoryStore:
                 messages = self._claim_fair(replace(claim, limit=allowed), key_max)
                 if len(messages) < allowed:  # as the Postgres store: held back, ask soon
                     allowed, wait = len(messages), max(wait, ROOM_POLL)
-            if tokens is not None:
-                self._buckets[claim.queue] = (tokens - len(messages), at)
+            self._queues.spend(claim.queue, tokens, len(messages), at)
         return Allowed(messages, allowed, wait)
 
     def _claim_fair(self, claim: Claim, key_max: int) -> list[Message]:
-        """`claim` of a queue with a per-key running limit (see `fair_order`)."""
+        """`claim` of a queue with a per-key running limit (see `chosen_fair`)."""
         with self._lock:
             now = self.now()
-            heads = self._tables.heads()
-            rows = [row for row in self._tables.rows.values() if row.queue == claim.queue]
-            expired = _expired(rows, set(claim.held), now, heads)
-            leased = Counter(
-                row.fair_key
-                for row in rows
-                if row.acquired_token not in (None, SET_ASIDE_TOKEN)  # expired ones too
-            )
-            due = [row for row in rows if pending(row, heads) and row.next_attempt_at <= now]
-            due.sort(key=due_order)
-            chosen = expired + fair_order(due, leased, key_max)
-            return [row.take(claim, now) for row in chosen[: claim.limit]]
+            rows = chosen_fair(self._tables, claim, key_max, now)
+            return [row.take(claim, now) for row in rows[: claim.limit]]
 
     async def breaker_failed(
         self, queue: str, breaker: Breaker, reason: str, *, down: bool
@@ -376,53 +248,32 @@ class MemoryStore:
         """As `breaker_failed`: counted under the lock, opened at the threshold or when
         `down`, the first probe `probe_every` seconds on; opening it wakes every runtime."""
         with self._lock:
-            row = self._breakers.setdefault(queue, _BreakerRow())
-            if row.open_since is not None:
-                return False, True
-            row.failures += 1
-            if not down and row.failures < breaker.failures:
-                return False, False
-            now = self.now()
-            row.open_since, row.reason = now, reason
-            row.probe_at = after(now, breaker.probe_every)
-        self._notify([CONTROL_PREFIX + queue])
-        return True, True
+            opened, is_open = self._queues.breaker_failed(queue, breaker, reason, down, self.now())
+        if opened:
+            self._wakeups.notify([CONTROL_PREFIX + queue])
+        return opened, is_open
 
     async def breaker_reset(self, queue: str) -> None:
         with self._lock:
-            row = self._breakers.get(queue)
-            if row is not None and row.open_since is None:
-                row.failures = 0
+            self._queues.breaker_reset(queue)
 
     async def breaker_probe(self, queue: str, every: float) -> bool:
         with self._lock:
-            row = self._breakers.get(queue)
-            now = self.now()
-            if row is None or row.open_since is None or row.probe_at is None:
-                return False
-            if row.probe_at > now:
-                return False
-            row.probe_at = after(now, every)
-            return True
+            return self._queues.breaker_probe(queue, every, self.now())
 
     async def breaker_close(self, queue: str) -> bool:
         with self._lock:
-            row = self._breakers.get(queue)
-            if row is None or row.open_since is None:
-                return False
-            self._breakers[queue] = _BreakerRow()
-        self._notify([CONTROL_PREFIX + queue])
-        return True
+            closed = self._queues.breaker_close(queue)
+        if closed:
+            self._wakeups.notify([CONTROL_PREFIX + queue])
+        return closed
 
     async def next_due(self, queue: str) -> float | None:
         """Seconds until the earliest due time of a row a claim could take (free, and first of
         its key) or the earliest lease expiry; None when neither exists."""
         with self._lock:
             now = self.now()
-            heads = self._tables.heads()
-            rows = [row for row in self._tables.rows.values() if row.queue == queue]
-            times = [row.next_attempt_at for row in rows if pending(row, heads)]
-            times += [row.lease_expires_at for row in rows if row.lease_expires_at is not None]
+            times = next_times(self._tables, queue)
         return (min(times) - now).total_seconds() if times else None
 
     async def rest(self, queue: str) -> None:
@@ -476,28 +327,7 @@ class MemoryStore:
         """The pauses set by `pause` whose `paused_until` is not yet past on `clock`, and the
         limits set by `limit`."""
         with self._lock:
-            now = self.now()
-            paused = {
-                queue: control
-                for queue, control in self._paused.items()
-                if control.paused_until is None or control.paused_until > now
-            }
-            breakers = {
-                q: row for q, row in self._breakers.items() if row.failures or row.open_since
-            }
-            found = {}
-            for queue in sorted({*paused, *self._limits, *breakers}):
-                control = paused.get(queue, QueueControl(queue, False))
-                row = breakers.get(queue, _BreakerRow())
-                tripped = None
-                if row.open_since is not None and row.probe_at is not None:
-                    probe_in = (row.probe_at - now).total_seconds()
-                    tripped = Tripped(row.open_since, probe_in, row.reason)
-                limits = self._limits.get(queue, Limits())
-                found[queue] = replace(
-                    control, limits=limits, tripped=tripped, failures=row.failures
-                )
-            return found
+            return self._queues.controls(self.now())
 
     # -- the writes ------------------------------------------------------------------------
 
@@ -506,7 +336,7 @@ class MemoryStore:
         `handover` (`ack_next`); then the wake-ups Postgres would send at its commit."""
         with self._lock:
             written, woken = self._tables.write(write, handover, self.now())
-        self._notify(woken)
+        self._wakeups.notify(woken)
         return written
 
 
@@ -520,36 +350,3 @@ class MemoryFlush:
         if handover is not None and write.kind != "ack":
             raise ValueError(f"a hand-over is sent with an ack, not with a {write.kind}")
         return self._store._write(write, handover)
-
-
-def _expired(rows: list[Row], held: set[uuid.UUID], now: datetime, heads: Heads) -> list[Row]:
-    """The claim's first branch: rows whose lease expired, soonest first, unless held under a
-    token of `held`; a keyed row only while it is the oldest of its key left."""
-    expired = [
-        row
-        for row in rows
-        if row.acquired_token is not None
-        and row.acquired_token not in held
-        and row.lease_expires_at is not None
-        and row.lease_expires_at < now
-        and first_of_key(row, heads)
-    ]
-    expired.sort(key=lambda row: (row.lease_expires_at, row.id))
-    return expired
-
-
-@dataclass(slots=True)
-class _BreakerRow:
-    """A queue's breaker, as its columns of `outbox_farm_queues` keep it."""
-
-    failures: int = 0
-    open_since: datetime | None = None
-    probe_at: datetime | None = None
-    reason: str | None = None
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
