@@ -1,8 +1,7 @@
-"""The options several commands share, each defined once, and how a bad value is reported.
+"""The options several commands share, each defined once.
 
-A value the user gave that cannot be used is a usage error (exit status 2) naming the option;
-anything that fails later is an `OutboxFarmError`, which the `outbox-farm` group reports as
-one line with exit status 1.
+A bad value is refused as `usage_errors` says; the fleet's set that --fleet and --database
+name a database of is read by `fleet_set`.
 """
 
 from __future__ import annotations
@@ -10,53 +9,29 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import click
 
 from ..admin import When, parse_duration
-from ..errors import ConfigurationError, OutboxFarmError
 from ..names import TableNames
 from ..ops.server import read_dsn_file
 
-if TYPE_CHECKING:
-    from ..fleet import Fleet
-    from ..fleet.databases import Listing
+# Also imported from here by `fleet` and `console`, with the options built on them.
+from .fleet_set import ALL_DATABASES as ALL_DATABASES
+from .fleet_set import chosen as chosen
+from .fleet_set import load_fleet as load_fleet
+from .fleet_set import read_set as read_set
+
+# Also imported from here by the commands (`start`, `queue`), with the options they check.
+from .usage_errors import parsed as parsed
+from .usage_errors import usage_error as usage_error
 
 EPILOG = "An option whose help ends in [env NAME] can also be set from that environment variable."
 DSN_FILE_HINT = "'--dsn-file' / OUTBOX_FARM_DSN_FILE"
 
-T = TypeVar("T")
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
-
-
-@contextmanager
-def usage_error(hint: str | None = None) -> Iterator[None]:
-    """A ConfigurationError in the block is the user's value at fault: a usage error, naming
-    the option (`hint`) when one is to blame."""
-    try:
-        yield
-    except ConfigurationError as exc:
-        if hint is None:
-            raise click.UsageError(str(exc)) from None
-        raise click.BadParameter(str(exc), param_hint=hint) from None
-
-
-def parsed(parse: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, Any], T | None]:
-    """An option callback: the value through `parse`, whose OutboxFarmError is a bad value of
-    this option; a missing value stays None."""
-
-    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> T | None:
-        if value is None:
-            return None
-        try:
-            return parse(value)
-        except OutboxFarmError as exc:
-            raise click.BadParameter(str(exc), ctx, param) from None
-
-    return callback
 
 
 # `30d`, `12h`, `15m`, `45s` or plain seconds, as seconds.
@@ -174,49 +149,6 @@ _dsn_file_option = click.option(
     help="Read the connection string from this file (e.g. a container secret), so no "
     "password shows on the command line. [env OUTBOX_FARM_DSN_FILE]",
 )
-
-ALL_DATABASES = "all"
-
-
-def load_fleet(app: str) -> Fleet:
-    """The Fleet at `app` (as `start` takes it); a usage error for anything else."""
-    from ..fleet import Fleet
-    from ..prefork.app import load_farm
-
-    with usage_error():
-        loaded = load_farm(app)
-    if not isinstance(loaded, Fleet):
-        raise click.UsageError(
-            f"{app!r} is a Farm, not a Fleet: the fleet's databases are named by the Fleet "
-            "`start` runs (for one database, give its DSN instead)"
-        )
-    return loaded
-
-
-def read_set(fleet: Fleet, home: str) -> Listing:
-    """The fleet's set as its processes read it; a source's problem goes to stderr."""
-    import asyncio
-
-    from ..fleet.databases import Sources
-
-    listing = asyncio.run(Sources(fleet.file, fleet.catalog, home).read())
-    for source, problem in sorted(listing.problems.items()):
-        click.echo(f"note: {source}: {problem}", err=True)
-    return listing
-
-
-def chosen(listing: Listing, database: str) -> dict[str, str]:
-    """The databases `database` names in `listing`: one by its name, or all of them."""
-    if database == ALL_DATABASES:
-        return dict(sorted(listing.databases.items()))
-    if database not in listing.databases:
-        known = sorted(listing.databases)
-        more = ", ..." if len(known) > 10 else ""
-        raise click.UsageError(
-            f"no database {database!r} in the fleet's set ({len(known)}: "
-            f"{', '.join(known[:10]) or 'none'}{more})"
-        )
-    return {database: listing.databases[database]}
 
 
 def _picked(
