@@ -20,39 +20,36 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 
-from .. import observe
-from ..chores import gauges, retention, vacuum
-from ..chores.farm_code import CodeWatch
-from ..db import transactions
-from ..db.pool import Pool, open_pool, probe
-from ..db.store import PostgresStore
-from ..dsn import redact
-from ..errors import ConfigurationError
-from ..handler import HandlerSpec
-from ..message import Message
-from ..observe import Observer
-from ..problems import Problems
-from ..queries import Queries
-from ..relay.runner import Relay
-from ..settings import RuntimeSettings
-from ..storage import Notifier, QueueControl, Store, is_control
-from .breaker import QueueBreaker
-from .breaker import describe as describe_tripped
-from .completer import Completer
-from .control import ControlWatch, describe
-from .executor import Executors
-from .fetcher import Fetcher
-from .heartbeat import Heartbeat
-from .inbox import Inbox
-from .listener import Listener
-from .supervised import Policy, Supervisor
-from .transactional import Complete
+from ... import observe
+from ...chores import gauges, retention, vacuum
+from ...chores.farm_code import CodeWatch
+from ...db import transactions
+from ...db.pool import Pool, open_pool, probe
+from ...db.store import PostgresStore
+from ...dsn import redact
+from ...errors import ConfigurationError
+from ...handler import HandlerSpec
+from ...message import Message
+from ...observe import Observer
+from ...problems import Problems
+from ...queries import Queries
+from ...relay.runner import Relay
+from ...settings import RuntimeSettings
+from ...storage import Notifier, QueueControl, Store, is_control
+from ..breaker import QueueBreaker
+from ..breaker import describe as describe_tripped
+from ..completer import Completer
+from ..control import ControlWatch, describe
+from ..executor import Executors
+from ..fetcher import Fetcher
+from ..heartbeat import Heartbeat
+from ..inbox import Inbox
+from ..listener import Listener
+from ..supervised import Policy, Supervisor
+from ..transactional import Complete
+from .stop_steps import CANCEL_GRACE, cancel, step
 
 log = logging.getLogger("outbox_farm.runtime")
-# A stop step still running when its time is up is cancelled, again every CANCEL_POLL seconds,
-# for at most CANCEL_GRACE seconds; then the stop goes on without it.
-CANCEL_GRACE = 0.2
-CANCEL_POLL = 0.02
 RELAY_CLOSE = 1.0  # seconds the relays get to close their broker connections past the deadline
 FLUSH_OVERTIME = 3.0  # seconds the final flush may run past the deadline while the database answers
 # The longest a graceful stop runs past its deadline, its overruns one after the other: the
@@ -286,16 +283,16 @@ class Runtime:
         deadline = time.monotonic() + timeout
         for executors in self.executors.values():
             executors.close()
-        await self._step("stop claiming", deadline, *(f.stop() for f in self.fetchers.values()))
+        await step("stop claiming", deadline, *(f.stop() for f in self.fetchers.values()))
         # The executors cancel their handlers at the deadline themselves; this bounds how long
         # a cancelled handler may take to end.
         drained = deadline + CANCEL_GRACE
-        await self._step("drain", drained, *(e.stop(deadline) for e in self.executors.values()))
+        await step("drain", drained, *(e.stop(deadline) for e in self.executors.values()))
         relays_by = max(deadline, time.monotonic()) + RELAY_CLOSE
-        await self._step("close relays", relays_by, *(relay.close() for relay in self.relays))
+        await step("close relays", relays_by, *(relay.close() for relay in self.relays))
         if self.completer is not None:
             flush = self.completer.close(deadline, overtime=FLUSH_OVERTIME)
-            await self._step("final flush", None, flush)
+            await step("final flush", None, flush)
         # Cancelled, these loops end at once, unless a statement or connection attempt of
         # theirs waits on a database that does not answer: the second cancellation ends that.
         if self._unsubscribe is not None:
@@ -304,54 +301,15 @@ class Runtime:
         loops += [self.controls.close()] if self.controls is not None else []
         if self.listener is not None:
             loops.append(self.listener.close())
-        loops += [_cancel(task) for task in self._chores]
+        loops += [cancel(task) for task in self._chores]
         if self.code_watch is not None and self._code_task is not None:
             loops.append(self.code_watch.forget(self._code_task))
-        await self._step("stop loops", time.monotonic() + CANCEL_GRACE, *loops)
+        await step("stop loops", time.monotonic() + CANCEL_GRACE, *loops)
         # A pool's close waits for its connection attempts no longer than its timeout.
         closes = (pool.close(timeout=CANCEL_GRACE) for pool in self._pools)
-        await self._step("close pools", time.monotonic() + 2 * CANCEL_GRACE, *closes)
+        await step("close pools", time.monotonic() + 2 * CANCEL_GRACE, *closes)
         self.observer.stopped()
         log.info("outbox_farm stopped", extra={"event": "stopped"})
-
-    async def _step(self, what: str, until: float | None, *steps: Awaitable[None]) -> None:
-        """Run `steps` concurrently until `until` (monotonic; None: until they end, for a
-        step that bounds its own time); log (with its traceback) whatever one of them raised.
-        Steps still running then are cancelled, and left behind (logged) if they have not
-        ended `CANCEL_GRACE` seconds later: each cancellation interrupts what a step waits for,
-        a driver's attempt to cancel its query included."""
-        tasks = [asyncio.ensure_future(step) for step in steps]
-        if not tasks:
-            return
-        timeout = None if until is None else max(until - time.monotonic(), 0)
-        _, running = await asyncio.wait(tasks, timeout=timeout)
-        if running:
-            log.warning(
-                "stop: %s still under way when its time was up (is the database answering?); "
-                "cancelling it: the rows it concerns come back when their leases expire",
-                what,
-                extra={"event": "stop_overrun", "step": what},
-            )
-            given_up = time.monotonic() + CANCEL_GRACE
-            while running and time.monotonic() < given_up:
-                for task in running:
-                    task.cancel()
-                _, running = await asyncio.wait(running, timeout=CANCEL_POLL)
-        if running:
-            log.error(
-                "stop: %s did not end when cancelled (is the database answering?); going on "
-                "without it",
-                what,
-                extra={"event": "stop_abandoned", "step": what},
-            )
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                log.error(
-                    "stop: %s failed",
-                    what,
-                    exc_info=task.exception(),
-                    extra={"event": "stop_failed", "step": what},
-                )
 
     @property
     def problem(self) -> str | None:
@@ -407,8 +365,3 @@ class Runtime:
             self.controls.changed()
         for fetcher in self.fetchers.values():
             fetcher.wake()
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
