@@ -15,15 +15,7 @@ up because workers cannot boot (exit status 3 instead of fork-looping), is `rest
 decision. A worker waiting for an unreachable database is not failing to boot: it stays, beats
 and reports itself unready.
 
-Signals: TERM/INT graceful drain (children get TERM, then KILL at the deadline); QUIT immediate;
-HUP rolling restart, one child at a time, each replacement booted before its predecessor is
-told to drain; TTIN / TTOU one child more / less.
-
-A fleet's HUP is first a request to read its set of databases again: every worker is sent
-`RECHECK` and reads it at once, keeping the databases that stay where they are. Only when the
-app's files changed since the workers were forked (or the last roll failed) does it roll the
-workers out as well; with `--preload` it never does, as the workers could only be restarted on
-the code they already run, moving every database for nothing.
+What each signal asks for, a fleet's HUP among them, is decided in `signals`.
 """
 
 from __future__ import annotations
@@ -48,9 +40,9 @@ from .child import ARBITER_SIGNALS, BOOT_ERROR, FORK_BLOCKED, describe_exit, run
 from .deaths import describe_death
 from .exposition import Exposition
 from .handback import HandBacks
-from .rechecks import RECHECK
 from .reloader import Rollout, SourceWatcher
 from .restarts import GIVING_UP, RestartBackoff
+from .signals import SignalHandlers
 from .wakeup import Wakeup
 
 log = logging.getLogger("outbox_farm.arbiter")
@@ -65,7 +57,7 @@ ARBITER_FAILED = 4  # exit status after an unexpected error in the arbiter's own
 
 
 @dataclass
-class Arbiter:
+class Arbiter(SignalHandlers):
     """Supervises the worker processes running `farm` against `dsn`, as `settings` say.
 
     With a `loader` and without `settings.preload`, each child imports the app afresh after
@@ -155,8 +147,7 @@ class Arbiter:
         while True:
             self._wait(self._next_turn())
             while self._wakeup.pending and self._stopping is None:
-                name = signal.Signals(self._wakeup.pending.pop(0)).name
-                getattr(self, f"handle_{name[3:].lower()}", lambda: None)()
+                self.handle(self._wakeup.pending.pop(0))
             if self._stopping is not None:
                 return self._stop(graceful=self._stopping)
             self._reap()
@@ -168,79 +159,6 @@ class Arbiter:
             self._handbacks.end_overdue(self._kill)
             self._watch_sources()
             self._manage()
-
-    # -- signals -------------------------------------------------------------------------
-
-    def handle_term(self) -> None:
-        self._stopping = True
-
-    handle_int = handle_term
-
-    def handle_quit(self) -> None:
-        self._stopping = False
-
-    def handle_hup(self) -> None:
-        if isinstance(self.farm, Fleet):
-            self._fleet_hup()
-            return
-        log.info(
-            "HUP: rolling restart of %d children",
-            len(self._active()),
-            extra={"event": "rolling_restart"},
-        )
-        self._rollout.begin(c.pid for c in self._active())
-
-    @property
-    def _fleet_code_may_change(self) -> bool:
-        """Whether a fleet's workers import its code afresh, so a HUP may bring them new code."""
-        return isinstance(self.farm, Fleet) and not self.settings.preload
-
-    def _fleet_hup(self) -> None:
-        """Every worker reads the set now (one booting reads it once it serves, one forked
-        later as it boots); and if the app's files changed since the workers were forked (or
-        the last roll failed: the running code is not the code on disk), they are rolled out
-        too. The one line logged says which."""
-        children = self._active()
-        for child in children:
-            self._kill(child.pid, RECHECK)
-        changed = None
-        if self._fleet_code_may_change and self._watcher is not None:
-            changed = self._watcher.changes()
-            if self._rollout.failed is not None:
-                changed = changed or "the last roll failed"
-        if changed is None:
-            if self.settings.preload:
-                why = "--preload: the code is never imported again"
-            else:
-                why = "no code changed"
-            rolling = " (the rolling restart under way goes on)" if self._rollout.pending else ""
-            log.info(
-                "HUP: every worker of the fleet reads its set of databases again; %s, no "
-                "worker restarted%s",
-                why,
-                rolling,
-                extra={"event": "fleet_reread", "procs": len(children)},
-            )
-            return
-        log.info(
-            "HUP: every worker of the fleet reads its set of databases again, and the code "
-            "changed (%s): rolling restart of %d children",
-            changed,
-            len(children),
-            extra={"event": "rolling_restart", "procs": len(children)},
-        )
-        self._rollout.begin(c.pid for c in children)
-
-    def handle_ttin(self) -> None:
-        self.procs += 1
-        log.info("TTIN: %d processes", self.procs, extra={"event": "scaled", "procs": self.procs})
-
-    def handle_ttou(self) -> None:
-        if self.procs > 1:
-            self.procs -= 1
-            log.info(
-                "TTOU: %d processes", self.procs, extra={"event": "scaled", "procs": self.procs}
-            )
 
     # -- children ------------------------------------------------------------------------
 
