@@ -19,14 +19,12 @@ from ..errors import ConfigurationError
 from ..names import TableNames
 from ..ops.server import located
 from ..settings import parse_bind
+from .fleet_set import ALL_DATABASES, load_fleet, read_set
 from .log_setup import configure
 from .options import (
-    ALL_DATABASES,
     EPILOG,
     dsn_or_embedded,
-    load_fleet,
     log_format_option,
-    read_set,
     table_options,
     tenant_dsn,
     tenant_options,

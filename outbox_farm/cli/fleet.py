@@ -23,14 +23,11 @@ from ..db.connect import Connection, connect
 from ..ops.migrate import migrate
 from ..ops.readiness import schema_report
 from ..ops.server import located
+from .fleet_set import ALL_DATABASES, chosen, load_fleet, read_set
 from .options import (
-    ALL_DATABASES,
     EPILOG,
-    chosen,
     dsn_options,
     json_option,
-    load_fleet,
-    read_set,
 )
 from .output import echo_json, notice, text_table
 from .over_set import named, over

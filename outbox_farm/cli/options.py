@@ -17,16 +17,8 @@ import click
 from ..admin import When, parse_duration
 from ..names import TableNames
 from ..ops.server import read_dsn_file
-
-# Also imported from here by `fleet` and `console`, with the options built on them.
-from .fleet_set import ALL_DATABASES as ALL_DATABASES
-from .fleet_set import chosen as chosen
-from .fleet_set import load_fleet as load_fleet
-from .fleet_set import read_set as read_set
-
-# Also imported from here by the commands (`start`, `queue`), with the options they check.
-from .usage_errors import parsed as parsed
-from .usage_errors import usage_error as usage_error
+from .fleet_set import ALL_DATABASES, chosen, load_fleet, read_set
+from .usage_errors import parsed, usage_error
 
 EPILOG = "An option whose help ends in [env NAME] can also be set from that environment variable."
 DSN_FILE_HINT = "'--dsn-file' / OUTBOX_FARM_DSN_FILE"

@@ -35,11 +35,11 @@ from .options import (
     json_option,
     table_options,
     tenant_dsn_options,
-    usage_error,
     when,
 )
 from .output import echo_json, notice
 from .queue_views import local_time, print_tables, state_json
+from .usage_errors import usage_error
 
 FARMS_STOP = "every farm stops claiming it within a second; running handlers finish"
 FARMS_GO = "every farm claims it again within a second"

@@ -16,10 +16,9 @@ from .options import (
     dsn_options,
     duration,
     log_format_option,
-    parsed,
     seconds_option,
-    usage_error,
 )
+from .usage_errors import parsed, usage_error
 
 METRICS_DIR_HINT = "'--metrics-dir' / OUTBOX_FARM_METRICS_DIR"
 
