@@ -8,6 +8,9 @@ roll failed), never with --preload.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 import logging
 import signal
 from pathlib import Path
@@ -16,6 +19,7 @@ import pytest
 
 from outbox_farm import Farm, Message
 from outbox_farm.fleet import Fleet
+from outbox_farm.prefork import signals as signals_module
 from outbox_farm.prefork.arbiter import Arbiter
 from outbox_farm.prefork.rechecks import RECHECK
 from outbox_farm.settings import SupervisorSettings
@@ -153,3 +157,24 @@ def test_a_preloaded_fleets_hup_never_rolls_the_workers_out(
     assert supervisor._watcher.looked == 0  # type: ignore[union-attr]
     [line] = [r for r in caplog.records if getattr(r, "event", None) == "fleet_reread"]
     assert "--preload" in line.getMessage()
+
+
+def test_every_name_the_handlers_declare_for_the_type_checker_is_the_arbiters() -> None:
+    """The handlers' view of the arbiter is declared for mypy only (`TYPE_CHECKING`), so mypy
+    cannot see one the arbiter no longer has: a field or method of its, by name."""
+    tree = ast.parse(inspect.getsource(signals_module.SignalHandlers))
+    block = next(node for node in ast.walk(tree) if isinstance(node, ast.If))
+    declared = {
+        node.target.id if isinstance(node, ast.AnnAssign) else node.name
+        for node in block.body
+        if isinstance(node, ast.FunctionDef)
+        or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name))
+    }
+    assert {"farm", "_watcher", "_active", "_kill"} <= declared
+    fields = {f.name for f in dataclasses.fields(Arbiter)}
+    missing = {
+        name
+        for name in declared
+        if name not in fields and name not in vars(Arbiter)  # not on the stub: it only types
+    }
+    assert not missing, missing

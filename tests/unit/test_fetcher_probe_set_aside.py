@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from outbox_farm import Breaker, Farm, Message
-from outbox_farm.errors import ConnectionLost
+from outbox_farm.errors import ConnectionLost, DatabaseError, PrivilegeError
 from outbox_farm.storage import Claim
 from outbox_farm.testing.memory import MemoryStore
 from tests.steps import eventually
@@ -22,11 +22,14 @@ from tests.steps import eventually
 
 class Unloadable(MemoryStore):
     """Every row claimed is one no client could load (`Message.invalid`), and setting rows
-    aside fails; counts the tries."""
+    aside fails with `refusal` while it is set; counts the tries."""
 
     def __init__(self, farm: Farm) -> None:
         super().__init__(farm)
         self.set_aside_tries = 0
+        self.refusal: DatabaseError | None = ConnectionLost(
+            "server closed the connection unexpectedly"
+        )
 
     async def claim(self, claim: Claim) -> list[Message]:
         taken = await super().claim(claim)
@@ -34,7 +37,9 @@ class Unloadable(MemoryStore):
 
     async def set_aside(self, ids: list[int], token: uuid.UUID, seconds: float) -> list[int]:
         self.set_aside_tries += 1
-        raise ConnectionLost("server closed the connection unexpectedly")
+        if self.refusal is not None:
+            raise self.refusal
+        return await super().set_aside(ids, token, seconds)
 
 
 def events(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
@@ -64,5 +69,33 @@ def test_a_probe_whose_row_cannot_be_set_aside_backs_off_and_probes_again(
             assert events(caplog, "task_failed") == []
             assert events(caplog, "db_reconnect")  # the claim's warning, with its backoff
             assert fetcher.alive
+
+    asyncio.run(scenario())
+
+
+def test_a_probe_set_aside_refused_is_the_runtimes_problem_until_one_goes_through() -> None:
+    """No other claim runs while the breaker is open: the probe's own claim, when its set-aside
+    goes through, is what says the claims' problem is over."""
+    farm = Farm(dlq_table=None)
+
+    @farm.handler("q", breaker=Breaker(failures=1, probe_every=0.05))
+    async def handle(msg: Message) -> None:
+        pass
+
+    store = Unloadable(farm)
+    store.refusal = PrivilegeError("permission denied for table outbox")
+
+    async def scenario() -> None:
+        async with store.running(flush_interval=0.01) as runtime:
+            fetcher = runtime.fetchers["q"]
+            assert fetcher.breaker is not None
+            await fetcher.breaker.trip("the test's downstream is out of reach")
+            for n in range(3):
+                store.publish({"n": n}, queue="q")
+            await eventually(lambda: runtime.problems.current is not None, "the problem")
+            assert "permission denied" in (runtime.problems.current or "")
+            store.refusal = None
+            await eventually(lambda: runtime.problems.current is None, "the problem over")
+            assert fetcher.breaker.tripped is not None  # still open: only its probe claimed
 
     asyncio.run(scenario())

@@ -316,6 +316,9 @@ class Fetcher(Claims):
         probed = await probe(self.store, breaker, self._new_claim)
         if probed is not None:
             await self._take(*probed)
+            # A claim that went through: a problem its set-aside reported is over, as after
+            # any claim (no other claim runs to say so while the breaker is open).
+            self.problems.solved(self.operation)
 
     async def _free_stranded(self) -> int:
         """At most every `STRANDED_EVERY` seconds, when a claim came back short: unmark the
