@@ -368,4 +368,4 @@ class Fetcher(Claims):
             self.observer.stalled(self.spec.queue, self.stall.reason)
         if due is not None and due <= 0:  # due now, yet the claim took none: maybe an expired lease
             self._sweep_at = 0.0
-        return self._due.sleep(wait, due)
+        return self._due.after_query(wait, due)

@@ -3,8 +3,8 @@ it was told of (`Fetcher.note_due`) and from its last next-due query (`Store.nex
 
 Its own module because two of the fetcher's waits end at those times, each its own way: the
 look for the next NOTIFY after a claim (`look`) and the sleep after a claim that came back
-short (`sleep`). Both read the clock here, and the store not at all: the fetcher asks the store,
-and decides which wait comes.
+short, once the next-due query answered (`after_query`). Both read the clock here, and the
+store not at all: the fetcher asks the store, and decides which wait comes.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class DueTimes:
                 window = min(window, due - now)
         return window
 
-    def sleep(self, poll: float, due: float | None) -> float:
+    def after_query(self, poll: float, due: float | None) -> float:
         """Seconds to sleep after a next-due query that found a row due in `due` seconds (None:
         no row): `poll`, or until a hair after the earliest due time known. A retry's time
         once past is forgotten: from then on, the next-due query's answer covers its row."""
