@@ -90,9 +90,13 @@ async def test_a_rate_allows_a_tenth_of_a_second_at_once(outbox: Outbox) -> None
     for n in range(30):
         await outbox.publish({"n": n}, queue="q")
     await outbox.limit("q", Limits(Rate(6000, 60.0)))  # 100/s: a bucket of 10
+    began = time.monotonic()
     assert (await limited(outbox, limit=25))[:2] == (10, 10)
     taken, allowed, wait = await limited(outbox, limit=25)
-    assert taken == allowed < 3  # what a few milliseconds refilled, at most
+    # What the time between the two claims refilled, at most: measured, not assumed short (a
+    # busy machine's few milliseconds are tens).
+    refilled = math.ceil((time.monotonic() - began) * 100)
+    assert taken == allowed <= min(10, refilled)
     assert 0 < wait <= 0.05  # until half the bucket is back: a late claim loses nothing
 
 
